@@ -1,0 +1,193 @@
+"""Decathlon-style datalists: read and validate a site's datalist, split cases, write datalists.
+
+A site's data is `<data_root>/<site>.json` with keys `training`, `validation`, `testing`; each entry
+is `{"image": path, "label": mask path or class index}`, paths relative to `data_root` (absolute
+paths are accepted too). Every problem is reported as a `DataError` naming the site and the file,
+before any training starts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from fairfl.errors import DataError
+
+SPLITS = ("training", "validation", "testing")
+TASKS = ("segmentation", "classification")
+NIFTI_SUFFIXES = (".nii", ".nii.gz")
+PIL_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
+
+
+def load_datalist(
+    data_root: str | Path,
+    site: str,
+    task: str = "segmentation",
+    num_classes: int = 2,
+    splits: Sequence[str] = SPLITS,
+) -> dict[str, list[dict]]:
+    """Read and validate `<data_root>/<site>.json`; return `{split: entries}` with absolute paths.
+
+    Checks, failing on the first problem with a `DataError` that names the site and the file:
+    the datalist exists and is JSON; each requested split is present and non-empty; every image
+    (and, for segmentation, mask) file exists; image and mask have the same spatial shape (image
+    read from its header only); mask values are integers in `[0, num_classes - 1]`; for
+    classification, each label is an integer in that range.
+    """
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    root = Path(data_root).expanduser()
+    datalist_path = root / f"{site}.json"
+    if not datalist_path.is_file():
+        raise DataError(site, datalist_path, "datalist not found (expected <data_root>/<site>.json)")
+    try:
+        datalist = json.loads(datalist_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DataError(site, datalist_path, f"datalist is not valid JSON: {err}") from err
+    if not isinstance(datalist, dict):
+        raise DataError(site, datalist_path, "datalist must be a JSON object with keys " + ", ".join(SPLITS))
+
+    result = {}
+    for split in splits:
+        entries = datalist.get(split)
+        if entries is None:
+            raise DataError(site, datalist_path, f"split {split!r} missing from datalist")
+        if not isinstance(entries, list) or not entries:
+            raise DataError(site, datalist_path, f"split {split!r} is empty (or not a list)")
+        result[split] = [
+            _checked_entry(entry, root, site, datalist_path, f"{split}[{index}]", task, num_classes)
+            for index, entry in enumerate(entries)
+        ]
+    return result
+
+
+def _checked_entry(entry, root: Path, site: str, datalist_path: Path, where: str, task: str, num_classes: int) -> dict:
+    if not isinstance(entry, dict) or "image" not in entry or "label" not in entry:
+        raise DataError(site, datalist_path, f"entry {where} must be an object with 'image' and 'label'")
+    image = _existing_file(entry["image"], root, site, datalist_path, where, "image")
+    checked = dict(entry, image=str(image))
+    label = entry["label"]
+    if task == "classification":
+        # bool is an int subclass, but `true` as a class label is almost surely a mistake.
+        if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < num_classes:
+            raise DataError(
+                site, image, f"classification label {label!r} (entry {where} of {datalist_path.name}) "
+                f"is not an integer in [0, {num_classes - 1}]"
+            )
+        return checked
+    mask = _existing_file(label, root, site, datalist_path, where, "label")
+    image_shape, mask_shape = spatial_shape(image, site), spatial_shape(mask, site)
+    if image_shape != mask_shape:
+        raise DataError(site, mask, f"mask shape {mask_shape} does not match image {image.name} shape {image_shape}")
+    _check_mask_values(read_array(mask, site), mask, site, num_classes)
+    checked["label"] = str(mask)
+    return checked
+
+
+def _existing_file(value, root: Path, site: str, datalist_path: Path, where: str, kind: str) -> Path:
+    if not isinstance(value, str) or not value:
+        raise DataError(site, datalist_path, f"entry {where}: {kind} must be a file path, got {value!r}")
+    path = Path(value).expanduser()
+    path = path if path.is_absolute() else root / path
+    if not path.is_file():
+        raise DataError(site, path, f"{kind} file not found (entry {where} of {datalist_path.name})")
+    return path
+
+
+def _check_mask_values(mask: np.ndarray, path: Path, site: str, num_classes: int) -> None:
+    values = np.unique(mask)
+    if not np.all(np.isfinite(values)) or not np.array_equal(values, np.round(values)):
+        raise DataError(site, path, f"mask holds non-integer values (e.g. {values[values != np.round(values)][:3]})")
+    outside = values[(values < 0) | (values > num_classes - 1)]
+    if outside.size:
+        raise DataError(
+            site, path, f"mask values {outside[:5].tolist()} outside [0, {num_classes - 1}] "
+            "(masks must hold class indices; binarise 0/255 masks)"
+        )
+
+
+def image_format(path: Path) -> str:
+    """'nifti' or 'pil' from the file name; anything else is not a format this package reads."""
+    name = path.name.lower()
+    if name.endswith(NIFTI_SUFFIXES):
+        return "nifti"
+    if name.endswith(PIL_SUFFIXES):
+        return "pil"
+    raise ValueError(f"unsupported image format {path.name!r}: use NIfTI ({', '.join(NIFTI_SUFFIXES)}) or PNG/JPEG")
+
+
+def spatial_shape(path: Path, site: str) -> tuple[int, ...]:
+    """Spatial shape as MONAI's LoadImage will see it, read from the header only.
+
+    NIfTI: the stored shape without trailing singleton axes (an HxWx1 slice is HxW). PNG/JPEG:
+    (width, height), because MONAI's PIL reader transposes to the ITK axis order; colour
+    channels are not spatial.
+    """
+    try:
+        if image_format(path) == "nifti":
+            import nibabel as nib
+
+            shape = tuple(int(n) for n in nib.load(path).header.get_data_shape())
+            while len(shape) > 2 and shape[-1] == 1:
+                shape = shape[:-1]
+            return shape
+        from PIL import Image
+
+        with Image.open(path) as image:
+            return tuple(image.size)
+    except Exception as err:  # unsupported, corrupt or unreadable: say which file
+        raise DataError(site, path, f"cannot read image header: {err}") from err
+
+
+def read_array(path: Path, site: str) -> np.ndarray:
+    """The stored pixel array (masks are small 2-D slices, so reading them whole is cheap)."""
+    try:
+        if image_format(path) == "nifti":
+            import nibabel as nib
+
+            return np.asanyarray(nib.load(path).dataobj)
+        from PIL import Image
+
+        with Image.open(path) as image:
+            return np.asarray(image)
+    except Exception as err:
+        raise DataError(site, path, f"cannot read file: {err}") from err
+
+
+def split_cases(
+    case_ids: Sequence[str], fractions: Sequence[float] = (0.6, 0.2, 0.2), seed: int | Sequence[int] = 0
+) -> dict[str, list[str]]:
+    """Assign whole cases to training/validation/testing, deterministically for a seed.
+
+    Slices of one patient are correlated, so splitting by case (never by slice) is what keeps the
+    test set honest. Validation and testing each get at least one case; training gets the rest.
+    Needs at least three cases.
+    """
+    if len(fractions) != len(SPLITS) or min(fractions) < 0 or sum(fractions) <= 0:
+        raise ValueError(f"fractions must be {len(SPLITS)} non-negative numbers, got {fractions}")
+    cases = sorted(case_ids)
+    if len(cases) < len(SPLITS):
+        raise ValueError(f"need at least {len(SPLITS)} cases to give every split one, got {len(cases)}")
+    n, total = len(cases), sum(fractions)
+    n_val = max(1, round(n * fractions[1] / total))
+    n_test = max(1, round(n * fractions[2] / total))
+    while n_val + n_test > n - 1:  # training keeps at least one case
+        if n_val >= n_test:
+            n_val -= 1
+        else:
+            n_test -= 1
+    shuffled = [cases[i] for i in np.random.default_rng(seed).permutation(n)]
+    n_train = n - n_val - n_test
+    parts = (shuffled[:n_train], shuffled[n_train : n_train + n_val], shuffled[n_train + n_val :])
+    return {split: sorted(part) for split, part in zip(SPLITS, parts)}
+
+
+def write_datalist(path: str | Path, splits: Mapping[str, list[dict]]) -> Path:
+    """Write a Decathlon-style datalist (keys in SPLITS order) and return its path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({split: list(splits[split]) for split in SPLITS}, indent=1) + "\n")
+    return path

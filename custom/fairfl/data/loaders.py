@@ -1,0 +1,141 @@
+"""MONAI transforms and cached data loaders for 2-D segmentation datalists (NIfTI or PNG/JPEG)."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+
+import numpy as np
+import torch
+from monai.config import KeysCollection
+from monai.data import CacheDataset, DataLoader
+from monai.transforms import (
+    CastToTyped,
+    Compose,
+    EnsureChannelFirstd,
+    EnsureTyped,
+    LoadImaged,
+    MapTransform,
+    NormalizeIntensityd,
+    RandFlipd,
+    RandRotate90d,
+    RandScaleIntensityd,
+    RandShiftIntensityd,
+    Resized,
+)
+
+KEYS = ("image", "label")
+
+
+class SqueezeTrailingSingletond(MapTransform):
+    """Turn a channel-first (C, H, W, 1) array into (C, H, W): 2-D slices stored as HxWx1 NIfTI."""
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> dict:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            while d[key].ndim > 3 and d[key].shape[-1] == 1:
+                d[key] = d[key][..., 0]
+        return d
+
+
+class MatchChannelsd(MapTransform):
+    """Give a channel-first array the expected number of channels.
+
+    RGB(A) to one channel by luminance (PNG exports of grey MR are often saved as RGB; alpha is
+    dropped); one channel to several by repetition (for networks built for RGB input).
+    """
+
+    LUMINANCE = (0.299, 0.587, 0.114)
+
+    def __init__(self, keys: KeysCollection, channels: int, allow_missing_keys: bool = False):
+        super().__init__(keys, allow_missing_keys)
+        self.channels = channels
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> dict:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            array, have = d[key], d[key].shape[0]
+            if have == self.channels:
+                continue
+            if self.channels == 1 and have in (3, 4):
+                weights = torch.as_tensor(self.LUMINANCE, dtype=array.dtype).reshape(3, *[1] * (array.ndim - 1))
+                d[key] = (array[:3] * weights).sum(0, keepdim=True)
+            elif have == 1:
+                d[key] = array.repeat(self.channels, *[1] * (array.ndim - 1))
+            else:
+                raise ValueError(f"{key}: cannot turn {have} channels into {self.channels}")
+        return d
+
+
+def segmentation_transforms(image_size: int, num_classes: int, train: bool, in_channels: int = 1) -> Compose:
+    """Load, normalise and resize an image/mask pair to `image_size` squared; augment if `train`.
+
+    Output: image float32 [in_channels, S, S], label int64 [1, S, S]. `num_classes` needs no
+    transform: `load_datalist` has already checked every mask holds values in [0, num_classes - 1].
+    The deterministic part comes first, so `CacheDataset` caches everything up to the first
+    random transform.
+    """
+    deterministic = [
+        LoadImaged(KEYS, image_only=True),
+        EnsureChannelFirstd(KEYS),
+        SqueezeTrailingSingletond(KEYS),
+        MatchChannelsd("image", in_channels),
+        MatchChannelsd("label", 1),
+        # Per-image z-score: MR intensities have no absolute scale (they differ by scanner, coil,
+        # protocol and even by scan), so each image is standardised on its own, as nnU-Net does
+        # for MR and as the multi-site prostate papers (MS-Net, SAML) preprocess. Over the whole
+        # slice (nonzero=False): the background is Rician noise, not exact zeros.
+        NormalizeIntensityd("image", nonzero=False, channel_wise=True),
+        Resized(KEYS, spatial_size=(image_size, image_size), mode=("bilinear", "nearest"), anti_aliasing=(True, False)),
+        CastToTyped("label", dtype=torch.long),
+    ]
+    augmentation = []
+    if train:
+        # Light and label-preserving: mirroring, quarter turns (cheap, no interpolation of the
+        # mask) and a small intensity scale/shift that mimics residual scanner differences.
+        augmentation = [
+            RandFlipd(KEYS, prob=0.5, spatial_axis=0),
+            RandFlipd(KEYS, prob=0.5, spatial_axis=1),
+            RandRotate90d(KEYS, prob=0.5, max_k=3),
+            RandScaleIntensityd("image", factors=0.1, prob=0.5),
+            RandShiftIntensityd("image", offsets=0.1, prob=0.5),
+        ]
+    # Plain tensors out: batches stay simple to hook, hash and send across FLARE.
+    return Compose([*deterministic, *augmentation, EnsureTyped(KEYS, track_meta=False)])
+
+
+def make_loader(
+    entries: Sequence[dict],
+    image_size: int,
+    num_classes: int,
+    batch_size: int,
+    train: bool,
+    seed: int,
+    max_samples: int | None = None,
+    in_channels: int = 1,
+) -> torch.utils.data.DataLoader:
+    """A loader over datalist entries, cached in memory after the first read.
+
+    Shuffles (with a generator seeded from `seed`) and augments only when `train`; the random
+    augmentation is seeded from the same generator, so a run is reproducible. `max_samples`
+    keeps the first N entries after a shuffle seeded by `seed` (a deterministic subset).
+    """
+    entries = list(entries)
+    if max_samples is not None and max_samples < len(entries):
+        keep = np.random.default_rng(seed).permutation(len(entries))[:max_samples]
+        entries = [entries[i] for i in keep]
+    dataset = CacheDataset(
+        entries,
+        transform=segmentation_transforms(image_size, num_classes, train, in_channels),
+        cache_rate=1.0,
+        num_workers=0,
+        progress=False,
+    )
+    # MONAI's DataLoader (a torch DataLoader) seeds the dataset's random transforms from this
+    # generator when num_workers is 0.
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=train,
+        num_workers=0,
+        generator=torch.Generator().manual_seed(seed),
+    )

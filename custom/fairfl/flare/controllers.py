@@ -1,0 +1,256 @@
+"""Server side of every fairfl job: one round loop, with the aggregation step as the method's hook.
+
+A round: send `train` (global model, or nothing for Solo) -> screen the returned weights (NaN/Inf, missing
+or mis-shaped tensors are rejected, naming the site) -> the method aggregates -> every `eval_every` rounds
+and at the end, send `validate` and record per-site Dice -> results.json, TensorBoard, checkpoint."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import torch
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.workflows.model_controller import ModelController
+
+from fairfl.aggregation import check_cka, check_site_state, layerwise_average, lwr_layer_weights, weighted_average
+from fairfl.cka import parameter_layers
+from fairfl.flare import protocol
+from fairfl.models import build_model, initial_state
+from fairfl.presets import apply_preset
+from fairfl.results import RESULTS_FILE, ResultsLog
+
+GLOBAL_MODEL_FILE = "global_model.pt"
+
+
+def _to_torch(state: dict) -> dict:
+    return {k: torch.as_tensor(np.asarray(v)) for k, v in state.items()}
+
+
+def _to_numpy(state: dict) -> dict:
+    return {k: v.detach().cpu().numpy() for k, v in state.items()}
+
+
+class FairRoundController(ModelController):
+    """FedAvg-shaped round loop; subclasses change where training starts and how results are aggregated."""
+
+    method = "fedavg"
+    start_from = protocol.FROM_GLOBAL
+    evaluate = protocol.FROM_GLOBAL
+
+    def __init__(self, num_rounds: int = 20, eval_every: int = 5, min_clients: int = 0,
+                 task_timeout: int = 3600, seed: int = 0, data_seed: int = 0, num_classes: int = 2,
+                 in_channels: int = 1, model_channels=(16, 32, 64, 128), model_strides=(2, 2, 2),
+                 weighting: str = "samples", preset: str = "", task_check_period: float = 0.5):
+        """
+        Args:
+            num_rounds: communication rounds (the paper: 200; CPU default 20).
+            eval_every: evaluate the global model on every site's test split every N rounds and at the end.
+            min_clients: sites that must answer a task for the round to go on; 0 = all sites.
+            task_timeout: seconds to wait for a task's answers before going on with those received.
+            seed: seed of the initial global model.
+            data_seed: seed of the built-in synthetic data (ignored with a data root).
+            num_classes, in_channels, model_channels, model_strides: the MONAI U-Net every site builds.
+            weighting: "samples" (FedAvg of McMahan et al., by training-set size) or "uniform" (1/K).
+            preset: named settings bundle (fairfl.presets); FAIRFL_PRESET overrides it.
+            task_check_period: how often the controller checks for answers, in seconds.
+        """
+        super().__init__(persistor_id="", task_check_period=task_check_period)
+        if weighting not in ("samples", "uniform"):
+            raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
+        self.num_rounds, self.eval_every, self.min_clients = num_rounds, eval_every, min_clients
+        self.task_timeout, self.seed, self.data_seed = task_timeout, seed, data_seed
+        self.num_classes, self.in_channels = num_classes, in_channels
+        self.model_channels, self.model_strides = list(model_channels), list(model_strides)
+        self.weighting, self.preset = weighting, preset
+
+    # --- the round loop --------------------------------------------------------------------------------
+    def run(self):
+        apply_preset(self, self.preset)
+        sites = sorted(self.sample_clients())
+        self.min_responses = self.min_clients or len(sites)
+        self.task_meta = {protocol.MODEL_SPEC: self.model_spec(), protocol.NUM_SITES: max(6, len(sites)),
+                          protocol.DATA_SEED: self.data_seed}
+        run_dir = self.get_run_dir()
+        self.results = ResultsLog(os.path.join(run_dir, RESULTS_FILE), method=self.method, task="segmentation",
+                                  metric="dice", seed=self.seed, sites=sites, config=self.config())
+        self.writers = {}
+        self.tb_dir = os.path.join(run_dir, "tb_events")
+        global_state = initial_state(self.model_spec(), self.seed)
+        self.info(f"{self.method}: {self.num_rounds} rounds on {len(sites)} sites; results -> "
+                  f"{self.results.path}")
+        per_site = None
+        for round_num in range(self.num_rounds):
+            started = time.time()
+            updates, rejected, train_metrics = self._train_round(round_num, global_state)
+            if self.abort_signal.triggered:
+                return
+            extras = {}
+            if updates or self.start_from == protocol.FROM_LOCAL:
+                global_state, extras = self.aggregate(round_num, global_state, updates, rejected)
+            else:
+                self.error(f"round {round_num}: no acceptable site result; the global model is kept unchanged")
+            last = round_num == self.num_rounds - 1
+            per_site = None
+            if last or (self.eval_every > 0 and (round_num + 1) % self.eval_every == 0):
+                per_site = self._evaluate(round_num, global_state)
+            self._log_tensorboard(round_num, per_site, train_metrics)
+            record = self.results.add_round(round_num, time.time() - started, per_site, train=train_metrics,
+                                            rejected=rejected or None, **extras)
+            if per_site:
+                self.info(f"round {round_num}: mean dice {record.get('mean', float('nan')):.4f} "
+                          f"std {record.get('std', float('nan')):.4f} worst {record.get('worst_site')}")
+            if self.start_from == protocol.FROM_GLOBAL:
+                torch.save(_to_torch(global_state), os.path.join(run_dir, GLOBAL_MODEL_FILE))
+        if per_site:
+            final = self.results.finish(per_site)
+            self.info(f"final: mean dice {final.get('mean', float('nan')):.4f} std {final.get('std', float('nan')):.4f}"
+                      f"; results: {self.results.path}")
+        for writer in self.writers.values():
+            writer.close()
+
+    def _train_round(self, round_num, global_state):
+        send_global = self.start_from == protocol.FROM_GLOBAL or round_num == 0
+        meta = {**self.task_meta, protocol.START_FROM: self.start_from,
+                protocol.SEND_PARAMS: self.start_from == protocol.FROM_GLOBAL}
+        results = self.send_model_and_wait(
+            task_name=protocol.TASK_TRAIN,
+            data=FLModel(params_type=ParamsType.FULL, params=global_state if send_global else {},
+                         current_round=round_num, total_rounds=self.num_rounds, meta=meta),
+            min_responses=self.min_responses, timeout=self.task_timeout)
+        updates, rejected, train_metrics = {}, {}, {}
+        for result in results:
+            site = result.meta.get("client_name", "?")
+            train_metrics[site] = dict(result.metrics or {})
+            if self.start_from == protocol.FROM_LOCAL:
+                continue  # Solo: weights never leave the site
+            problem = check_site_state(_to_torch(result.params or {}), _to_torch(global_state))
+            if problem is None:
+                num_samples = result.meta.get(protocol.NUM_SAMPLES)
+                if not isinstance(num_samples, (int, np.integer)) or num_samples <= 0:
+                    problem = f"invalid num_samples {num_samples!r}"
+            if problem:
+                rejected[site] = problem
+                self.error(f"round {round_num}: rejected the update of {site}: {problem}")
+                continue
+            updates[site] = (_to_torch(result.params), int(result.meta[protocol.NUM_SAMPLES]))
+        return updates, rejected, train_metrics
+
+    def _evaluate(self, round_num, global_state) -> dict:
+        results = self.send_model_and_wait(
+            task_name=protocol.TASK_VALIDATE,
+            data=FLModel(params_type=ParamsType.FULL,
+                         params=global_state if self.evaluate == protocol.FROM_GLOBAL else {},
+                         current_round=round_num, total_rounds=self.num_rounds,
+                         meta={**self.task_meta, protocol.EVALUATE: self.evaluate}),
+            min_responses=self.min_responses, timeout=self.task_timeout)
+        per_site = {}
+        for result in results:
+            site = result.meta.get("client_name", "?")
+            metrics = {k: float(v) for k, v in (result.metrics or {}).items()}
+            if not all(np.isfinite(list(metrics.values()))) or "dice" not in metrics:
+                self.error(f"round {round_num}: ignored the evaluation of {site}: {metrics}")
+                continue
+            per_site[site] = metrics
+        return per_site
+
+    # --- the method's hook -------------------------------------------------------------------------------
+    def aggregate(self, round_num, global_state, updates, rejected):
+        """Return (new global state as numpy arrays, extra fields for the round's results record)."""
+        sites = sorted(updates)
+        weights = self.site_weights({s: updates[s][1] for s in sites})
+        new_state = weighted_average([updates[s][0] for s in sites], [weights[s] for s in sites])
+        return _to_numpy(new_state), {"weights": weights}
+
+    def site_weights(self, num_samples: dict) -> dict:
+        if self.weighting == "uniform":
+            return {s: 1.0 / len(num_samples) for s in num_samples}
+        total = sum(num_samples.values())
+        return {s: n / total for s, n in num_samples.items()}
+
+    # --- plumbing ----------------------------------------------------------------------------------------
+    def model_spec(self) -> dict:
+        return {"name": "unet", "in_channels": self.in_channels, "num_classes": self.num_classes,
+                "channels": list(self.model_channels), "strides": list(self.model_strides)}
+
+    def config(self) -> dict:
+        keys = ["num_rounds", "eval_every", "min_clients", "task_timeout", "seed", "data_seed", "num_classes",
+                "in_channels", "model_channels", "model_strides", "weighting", "preset"]
+        return {"controller": type(self).__name__, **{k: getattr(self, k) for k in keys},
+                "preset_env": os.environ.get("FAIRFL_PRESET", "")}
+
+    def _log_tensorboard(self, round_num, per_site, train_metrics):
+        from torch.utils.tensorboard import SummaryWriter  # imported late: tensorboard is slow to import
+
+        for site in sorted(set(per_site or {}) | set(train_metrics)):
+            if site not in self.writers:
+                self.writers[site] = SummaryWriter(os.path.join(self.tb_dir, site))
+            for name, value in {**train_metrics.get(site, {}), **(per_site or {}).get(site, {})}.items():
+                self.writers[site].add_scalar(name, value, round_num)
+            self.writers[site].flush()
+
+
+class FedAvgController(FairRoundController):
+    """FedAvg (McMahan et al., 2017): the global model is the size-weighted mean of the local models."""
+
+
+class SoloController(FairRoundController):
+    """Solo: every site trains only on its own data and is evaluated with its own model; nothing is shared."""
+
+    method = "solo"
+    start_from = protocol.FROM_LOCAL
+    evaluate = protocol.FROM_LOCAL
+
+    def aggregate(self, round_num, global_state, updates, rejected):
+        return global_state, {}
+
+
+class FedLWRController(FairRoundController):
+    """Fed-LWR (Yan et al., MICCAI 2024): layer-wise re-weighting by CKA to an averaged anchor.
+
+    After local training the server averages an anchor (as FedAvg would) and sends it with the `cka` task;
+    each site returns, per layer (module that owns parameters, matched by name), CKA(local, anchor) on its
+    data; the server re-aggregates every layer with weights (1 - CKA_k) / sum_i (1 - CKA_i) (Eq. 5-6)."""
+
+    method = "fedlwr"
+
+    def __init__(self, cka_clip=None, **kwargs):
+        """
+        Args:
+            cka_clip: [low, high] to clip CKA to before Eq. 5 (the authors' code: [1e-4, 0.99]); null = no clip,
+                as in the paper's equations.
+            **kwargs: see FairRoundController.
+        """
+        super().__init__(**kwargs)
+        self.cka_clip = list(cka_clip) if cka_clip else None
+
+    def config(self) -> dict:
+        return {**super().config(), "cka_clip": self.cka_clip}
+
+    def aggregate(self, round_num, global_state, updates, rejected):
+        anchor_np, extras = super().aggregate(round_num, global_state, updates, rejected)
+        layers = parameter_layers(build_model(self.model_spec()))
+        results = self.send_model_and_wait(
+            task_name=protocol.TASK_CKA,
+            data=FLModel(params_type=ParamsType.FULL, params=anchor_np, current_round=round_num,
+                         total_rounds=self.num_rounds, meta=self.task_meta),
+            targets=sorted(updates), min_responses=min(self.min_responses, len(updates)),
+            timeout=self.task_timeout)
+        cka = {}
+        for result in results:
+            site = result.meta.get("client_name", "?")
+            values = result.meta.get(protocol.CKA)
+            problem = check_cka(values, layers) if isinstance(values, dict) else "no CKA values"
+            if problem:
+                rejected[site] = f"CKA: {problem}"
+                self.error(f"round {round_num}: rejected the CKA of {site}: {problem}")
+                continue
+            cka[site] = {layer: float(v) for layer, v in values.items()}
+        if not cka:
+            self.error(f"round {round_num}: no valid CKA; the anchor (FedAvg) becomes the global model")
+            return anchor_np, {**extras, "anchor_only": True}
+        layer_weights = lwr_layer_weights(cka, clip=tuple(self.cka_clip) if self.cka_clip else None)
+        new_state = layerwise_average({s: updates[s][0] for s in cka}, layer_weights, layers, _to_torch(anchor_np))
+        return _to_numpy(new_state), {"anchor_weights": extras["weights"], "cka": cka,
+                                      "layer_weights": layer_weights}

@@ -1,0 +1,169 @@
+"""The one client Executor of every fairfl job: it answers `train`, `validate` and `cka`.
+
+The server decides per task what the site does (train from the global model or from the site's own,
+evaluate the global model or the site's own) through the task's meta, so Solo, FedAvg and Fed-LWR share
+this class. What a site must remember between tasks (its trained local model) lives on disk in the site's
+run workspace: with `nvflare simulator -t` smaller than `-n`, or after a restart, the process is new."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from nvflare.apis.executor import Executor
+from nvflare.apis.fl_constant import ReturnCode
+from nvflare.apis.shareable import make_reply
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.utils.fl_model_utils import FLModelUtils
+
+from fairfl.cka import layerwise_cka
+from fairfl.data.datalist import load_datalist
+from fairfl.data.loaders import make_loader
+from fairfl.data.synthetic_prostate import ensure_builtin_data
+from fairfl.errors import DataError
+from fairfl.flare import protocol
+from fairfl.models import build_model, load_numpy_state, state_to_numpy
+from fairfl.presets import apply_preset
+from fairfl.training import (TrainSettings, configure_threads, evaluate_dice, save_model, seed_everything,
+                             select_device, site_seed, train_local)
+
+DATA_ROOT_ENV = "FAIRFL_DATA_ROOT"
+
+
+class FairflExecutor(Executor):
+    def __init__(self, data_root: str = "", image_size: int = 64, batch_size: int = 8, lr: float = 1e-3,
+                 weight_decay: float = 1e-4, local_epochs: int = 1, local_steps: int = 0,
+                 cka_max_samples: int = 64, synthetic_size_scale: float = 1.0, seed: int = 0,
+                 num_threads: int = 1, device: str = "auto", preset: str = ""):
+        """Local training, evaluation and CKA probing for one site.
+
+        Args:
+            data_root: folder holding `<site>.json` datalists; empty = the built-in synthetic data.
+                The environment variable FAIRFL_DATA_ROOT overrides it.
+            image_size: images and masks are resized to image_size x image_size.
+            batch_size, lr, weight_decay: Adam settings of the local update (the paper's by default).
+            local_epochs: epochs per round, used when local_steps is 0.
+            local_steps: if > 0, a fixed number of optimiser steps per round, equal for every site.
+            cka_max_samples: at most this many training images are used to measure CKA.
+            synthetic_size_scale: scales the number of cases per site of the built-in data.
+            seed: base seed; each site derives its own from it and its name.
+            num_threads: torch intra-op threads of this client (0 = torch's default).
+            device: "auto" (CUDA when present), "cpu", "cuda", "cuda:1", ...
+            preset: named settings bundle (fairfl.presets); FAIRFL_PRESET overrides it.
+        """
+        super().__init__()
+        self.data_root, self.image_size, self.batch_size = data_root, image_size, batch_size
+        self.lr, self.weight_decay = lr, weight_decay
+        self.local_epochs, self.local_steps = local_epochs, local_steps
+        self.cka_max_samples, self.synthetic_size_scale = cka_max_samples, synthetic_size_scale
+        self.seed, self.num_threads, self.device, self.preset = seed, num_threads, device, preset
+        self._datalist = None
+        self._loaders = {}  # cached per process: CacheDataset reads the files once
+
+    # --- task dispatch ---------------------------------------------------------------------------------
+    def execute(self, task_name, shareable, fl_ctx, abort_signal):
+        handlers = {protocol.TASK_TRAIN: self._train, protocol.TASK_VALIDATE: self._validate,
+                    protocol.TASK_CKA: self._cka}
+        if task_name not in handlers:
+            self.log_error(fl_ctx, f"unknown task {task_name!r}; this executor answers {sorted(handlers)}")
+            return make_reply(ReturnCode.TASK_UNKNOWN)
+        site = fl_ctx.get_identity_name()
+        try:
+            apply_preset(self, self.preset)
+            configure_threads(self.num_threads)
+            task = FLModelUtils.from_shareable(shareable)
+            result = handlers[task_name](site, task, self._state_dir(fl_ctx))
+        except DataError as e:
+            self.log_error(fl_ctx, f"bad data: {e}")
+            return make_reply(ReturnCode.BAD_TASK_DATA)
+        except Exception as e:  # anything else: report to the server instead of killing the client
+            self.log_exception(fl_ctx, f"[{site}] task {task_name} failed: {e!r}")
+            return make_reply(ReturnCode.EXECUTION_EXCEPTION)
+        if abort_signal.triggered:
+            return make_reply(ReturnCode.TASK_ABORTED)
+        return FLModelUtils.to_shareable(result)
+
+    # --- tasks -----------------------------------------------------------------------------------------
+    def _train(self, site, task: FLModel, state_dir: str) -> FLModel:
+        meta = task.meta
+        device = select_device(self.device)
+        seed = site_seed(self.seed, site) + int(task.current_round or 0)
+        seed_everything(seed)
+        model = build_model(meta[protocol.MODEL_SPEC])
+        local_path = os.path.join(state_dir, protocol.LOCAL_MODEL_FILE)
+        if meta.get(protocol.START_FROM) == protocol.FROM_LOCAL and os.path.exists(local_path):
+            model.load_state_dict(torch.load(local_path, map_location="cpu"))
+        else:
+            load_numpy_state(model, task.params)
+        loader = self._loader(site, meta, "training", train=True, seed=seed)
+        stats = train_local(model, loader, self._train_settings(), device)
+        save_model(model, local_path)
+        params = state_to_numpy(model.state_dict()) if meta.get(protocol.SEND_PARAMS, True) else {}
+        return FLModel(params_type=ParamsType.FULL, params=params, metrics={"train_loss": stats["train_loss"]},
+                       meta={protocol.NUM_SAMPLES: len(loader.dataset), protocol.NUM_STEPS: stats["steps"]})
+
+    def _validate(self, site, task: FLModel, state_dir: str) -> FLModel:
+        meta = task.meta
+        model = self._model_to_evaluate(task, state_dir)
+        loader = self._loader(site, meta, "testing", train=False, seed=self.seed)
+        metrics = evaluate_dice(model, loader, meta[protocol.MODEL_SPEC]["num_classes"], select_device(self.device))
+        return FLModel(params_type=ParamsType.FULL, params={}, metrics=metrics,
+                       meta={protocol.NUM_SAMPLES: len(loader.dataset)})
+
+    def _cka(self, site, task: FLModel, state_dir: str) -> FLModel:
+        """Per-layer CKA between the site's local model and the anchor, on the site's training images."""
+        meta = task.meta
+        local = self._load_local(meta, state_dir)
+        anchor = load_numpy_state(build_model(meta[protocol.MODEL_SPEC]), task.params)
+        loader = self._loader(site, meta, "training", train=False, seed=self.seed,
+                              max_samples=self.cka_max_samples, batch_size=max(self.batch_size, 4))
+        cka = layerwise_cka(local, anchor, (b["image"] for b in loader), device=select_device(self.device))
+        return FLModel(params_type=ParamsType.FULL, params={}, meta={protocol.CKA: cka})
+
+    # --- helpers ---------------------------------------------------------------------------------------
+    def _model_to_evaluate(self, task: FLModel, state_dir: str):
+        if task.meta.get(protocol.EVALUATE) == protocol.FROM_LOCAL:
+            return self._load_local(task.meta, state_dir)
+        return load_numpy_state(build_model(task.meta[protocol.MODEL_SPEC]), task.params)
+
+    def _load_local(self, meta: dict, state_dir: str):
+        path = os.path.join(state_dir, protocol.LOCAL_MODEL_FILE)
+        if not os.path.exists(path):
+            raise RuntimeError(f"no local model at {path}: this site has not trained in this run yet")
+        model = build_model(meta[protocol.MODEL_SPEC])
+        model.load_state_dict(torch.load(path, map_location="cpu"))
+        return model
+
+    def _train_settings(self) -> TrainSettings:
+        return TrainSettings(lr=self.lr, weight_decay=self.weight_decay, batch_size=self.batch_size,
+                             local_epochs=self.local_epochs, local_steps=self.local_steps)
+
+    def _loader(self, site, meta, split, train, seed, max_samples=None, batch_size=None):
+        num_classes = meta[protocol.MODEL_SPEC]["num_classes"]
+        if self._datalist is None:
+            self._datalist = load_datalist(self._data_root(meta), site, num_classes=num_classes)
+        key = (split, train, max_samples, batch_size)
+        if key not in self._loaders:
+            self._loaders[key] = make_loader(self._datalist[split], image_size=self.image_size,
+                                             num_classes=num_classes, batch_size=batch_size or self.batch_size,
+                                             train=train, seed=self.seed, max_samples=max_samples)
+        loader = self._loaders[key]
+        # Re-seed shuffling and augmentation per round, so a round's batches do not depend on whether this
+        # process is the one that ran the previous rounds (simulator -t < -n, restarts).
+        if loader.generator is not None:
+            loader.generator.manual_seed(seed)
+        loader.dataset.transform.set_random_state(seed=seed % (2**32))
+        return loader
+
+    def _data_root(self, meta: dict) -> str:
+        root = os.environ.get(DATA_ROOT_ENV) or self.data_root
+        if root:
+            return root
+        return str(ensure_builtin_data(image_size=self.image_size, seed=meta.get(protocol.DATA_SEED, 0),
+                                       num_sites=meta[protocol.NUM_SITES],
+                                       size_scale=self.synthetic_size_scale))
+
+    @staticmethod
+    def _state_dir(fl_ctx) -> str:
+        workspace = fl_ctx.get_engine().get_workspace()
+        return os.path.join(workspace.get_run_dir(fl_ctx.get_job_id()), "fairfl_site")

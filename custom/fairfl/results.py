@@ -1,0 +1,49 @@
+"""The results file every run writes: `results.json` in the server's run workspace (schema in the README)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from fairfl.fairness import summarize
+
+SCHEMA_VERSION = 1
+RESULTS_FILE = "results.json"
+
+
+class ResultsLog:
+    """Accumulates per-round records and rewrites the file after each one, so a crash loses at most a round."""
+
+    def __init__(self, path: str, method: str, task: str, metric: str, seed: int, sites: list, config: dict):
+        self.path = path
+        self.data = {"schema": SCHEMA_VERSION, "method": method, "task": task, "metric": metric, "seed": seed,
+                     "sites": sorted(sites), "config": config, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                     "rounds": [], "final": None}
+
+    def add_round(self, round_num: int, seconds: float, per_site: dict | None = None, **extras) -> dict:
+        """per_site: {site: {metric: value, ...}} when the round was evaluated; extras: weights, rejected, ..."""
+        record = {"round": round_num, "seconds": round(seconds, 3)}
+        if per_site:
+            record.update(self._scored(per_site))
+        record.update({k: v for k, v in extras.items() if v is not None})
+        self.data["rounds"].append(record)
+        self.write()
+        return record
+
+    def finish(self, per_site: dict, **extras) -> dict:
+        self.data["final"] = {**self._scored(per_site), **{k: v for k, v in extras.items() if v is not None}}
+        self.write()
+        return self.data["final"]
+
+    def _scored(self, per_site: dict) -> dict:
+        metric = self.data["metric"]
+        scores = {site: values[metric] for site, values in per_site.items() if metric in values}
+        summary = summarize(scores) if scores else {}
+        return {"per_site": {s: per_site[s] for s in sorted(per_site)}, **summary}
+
+    def write(self) -> None:
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.data, f, indent=1)
+        os.replace(tmp, self.path)

@@ -1,0 +1,75 @@
+"""Run a job through the real `nvflare simulator` and collect what it left behind.
+
+One place for the CLI (`fairfl run`), the integration tests and the benchmarks. The simulator's exit code
+alone does not tell success (a client that fails to import its code still exits 0), so the error logs and
+the results file are checked too."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from fairfl.results import RESULTS_FILE
+
+
+@dataclass
+class SimulatorRun:
+    workspace: str
+    returncode: int
+    seconds: float
+    errors: dict = field(default_factory=dict)  # participant -> non-empty error_log.txt text
+
+    @property
+    def results_path(self) -> str:
+        return os.path.join(self.workspace, "server", "simulate_job", RESULTS_FILE)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.errors and os.path.exists(self.results_path)
+
+    def describe_failure(self) -> str:
+        lines = [f"simulator exit code {self.returncode}; workspace {self.workspace}"]
+        if not os.path.exists(self.results_path):
+            lines.append(f"no results file at {self.results_path}")
+        for who, text in self.errors.items():
+            lines.append(f"--- {who}/error_log.txt ---\n{text[-3000:]}")
+        return "\n".join(lines)
+
+
+def nvflare_command() -> list:
+    """The `nvflare` entry point of this Python environment (not whichever is first on PATH)."""
+    local = os.path.join(os.path.dirname(sys.executable), "nvflare")
+    return [local] if os.path.exists(local) else [shutil.which("nvflare") or "nvflare"]
+
+
+def run_simulator(job: str, workspace: str, n_clients: int = 6, threads: int | None = None, env: dict = None,
+                  timeout: float | None = None, keep_workspace: bool = False) -> SimulatorRun:
+    """Run `nvflare simulator JOB -w WORKSPACE -n N -t T` and return what it left.
+
+    The workspace is emptied first unless keep_workspace (e.g. to keep a prepared `local/resources.json`)."""
+    if os.path.exists(workspace) and not keep_workspace:
+        shutil.rmtree(workspace)
+    os.makedirs(workspace, exist_ok=True)
+    command = nvflare_command() + ["simulator", job, "-w", workspace, "-n", str(n_clients),
+                                   "-t", str(threads or n_clients)]
+    log_path = os.path.join(workspace, "simulator_output.txt")
+    started = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                              timeout=timeout)
+    return SimulatorRun(workspace, proc.returncode, time.time() - started, collect_errors(workspace))
+
+
+def collect_errors(workspace: str) -> dict:
+    """{participant: text} of every non-empty error_log.txt in a simulator workspace."""
+    errors = {}
+    for path in sorted(glob.glob(os.path.join(workspace, "*", "error_log.txt"))):
+        text = open(path).read().strip()
+        if text:
+            errors[os.path.basename(os.path.dirname(path))] = text
+    return errors

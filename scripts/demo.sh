@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up if needed, then run Fed-LWR on the built-in six-site data in the NVFlare simulator and report.
+# Extra arguments go to `fairfl run` (e.g. -w /tmp/ws).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+. "$ROOT/scripts/setup.sh"
+cd "$ROOT"
+exec fairfl run jobs/fedlwr -n 6 -t 6 "$@"

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Create (or reuse) .venv and install fairfl into it. Sourced by demo.sh and test.sh.
+# torch is pinned and installed first: an unpinned torch pulls several GB of CUDA packages on a CPU machine.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${FAIRFL_VENV:-$ROOT/.venv}"
+PYTHON="${PYTHON:-python3}"
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+# shellcheck disable=SC1091
+. "$VENV/bin/activate"
+if ! python -c "import fairfl, torch, nvflare, monai" 2>/dev/null; then
+  echo "installing torch==2.13.0, then fairfl and its dependencies into $VENV ..."
+  python -m pip install -q torch==2.13.0
+  python -m pip install -q -e "$ROOT[test]"
+fi

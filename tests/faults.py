@@ -1,0 +1,32 @@
+"""A faulty site for integration tests: a FLARE task-result filter that corrupts one site's answers.
+
+It runs inside the real client process, after the executor, exactly where a buggy or malicious site would
+send bad numbers. Only used by tests (put on PYTHONPATH by them)."""
+
+import numpy as np
+from nvflare.apis.filter import Filter
+from nvflare.app_common.utils.fl_model_utils import FLModelUtils
+
+
+class CorruptResult(Filter):
+    def __init__(self, site: str, mode: str = "nan"):
+        """mode: "nan" puts NaN in every float tensor; "shape" drops a tensor's last row; "cka" reports CKA 7."""
+        super().__init__()
+        self.site, self.mode = site, mode
+
+    def process(self, shareable, fl_ctx):
+        if fl_ctx.get_identity_name() != self.site:
+            return shareable
+        model = FLModelUtils.from_shareable(shareable)
+        if self.mode == "cka" and "cka" in (model.meta or {}):
+            model.meta["cka"] = {name: 7.0 for name in model.meta["cka"]}
+        elif model.params:
+            for i, name in enumerate(sorted(model.params)):
+                value = np.asarray(model.params[name])
+                if self.mode == "nan" and value.dtype.kind == "f":
+                    model.params[name] = np.full_like(value, np.nan)
+                elif self.mode == "shape" and i == 0:
+                    model.params[name] = value[:-1]
+        else:
+            return shareable
+        return FLModelUtils.to_shareable(model)

@@ -1,0 +1,130 @@
+"""Converter for the multi-site prostate layout <src>/<site>/Image|Mask/<case>.nii.gz."""
+
+import json
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from fairfl.data.convert_prostate import convert_prostate
+from fairfl.data.datalist import SPLITS, load_datalist
+from fairfl.data.loaders import make_loader
+from fairfl.errors import DataError
+
+SHAPE = (16, 16, 10)
+# Per source site: how its masks are named and stored (the public releases differ).
+SITES = {"BIDMC": ("", 1, ".nii.gz"), "HK": ("_segmentation", 255, ".nii.gz"), "UCL": ("_Segmentation", 1, ".nii")}
+AFFINE = np.array([[0.5, 0, 0, -4.0], [0, 0.6, 0, 2.0], [0, 0, 3.0, 10.0], [0, 0, 0, 1]])
+
+
+def organ_range(case: int) -> range:
+    """Slices (along axis 2) that show the organ in case `case`: 4 or 5 slices, position varies."""
+    return range(2 + case % 3, 6 + case % 3 + case % 2)
+
+
+def write_source(src, sites=SITES, cases=4):
+    rng = np.random.default_rng(0)
+    for site, (suffix, value, ext) in sites.items():
+        for case in range(cases):
+            image = rng.normal(300, 50, SHAPE).astype(np.int16)
+            mask = np.zeros(SHAPE, np.uint8)
+            mask[5:11, 4:12, organ_range(case).start : organ_range(case).stop] = value
+            for folder, name, array in (("Image", f"Case{case:02d}{ext}", image),
+                                        ("Mask", f"Case{case:02d}{suffix}{ext}", mask)):
+                (src / site / folder).mkdir(parents=True, exist_ok=True)
+                nib.save(nib.Nifti1Image(array, AFFINE), src / site / folder / name)
+    return src
+
+
+@pytest.fixture
+def source(tmp_path):
+    return write_source(tmp_path / "src")
+
+
+def slices_by_case(datalist):
+    counts = {}
+    for split in SPLITS:
+        for entry in datalist[split]:
+            counts.setdefault((split, entry["case"]), []).append(entry)
+    return counts
+
+
+def test_default_keeps_organ_slices_plus_two_and_splits_by_case(source, tmp_path):
+    dst = tmp_path / "dst"
+    summary = convert_prostate(source, dst)
+    assert set(summary["sites"]) == set(SITES)
+    assert json.loads((dst / "sites.json").read_text()) == {s: s for s in SITES}
+    for site in SITES:
+        datalist = load_datalist(dst, site)  # checks files, shapes and binary labels
+        by_case = slices_by_case(datalist)
+        cases_per_split = {s: {c for sp, c in by_case if sp == s} for s in SPLITS}
+        assert [len(cases_per_split[s]) for s in SPLITS] == [2, 1, 1]
+        assert len({c for _, c in by_case}) == 4  # every case in exactly one split: no leakage
+        for (_, case), entries in by_case.items():
+            organ = organ_range(int(case[-2:]))
+            expected = range(max(organ.start - 2, 0), min(organ.stop + 2, SHAPE[2]))
+            assert [int(e["image"].split("_s")[-1][:3]) for e in entries] == list(expected)
+        assert summary["sites"][site]["slices"] == {s: sum(len(v) for (sp, _), v in by_case.items() if sp == s)
+                                                    for s in SPLITS}
+        for entry in datalist["training"]:  # masks binarised, including the 0/255 site
+            assert set(np.unique(np.asanyarray(nib.load(entry["label"]).dataobj))) <= {0, 1}
+    batch = next(iter(make_loader(load_datalist(dst, "HK")["training"], 32, 2, 4, train=True, seed=0)))
+    assert batch["image"].shape == (4, 1, 32, 32) and set(batch["label"].unique().tolist()) <= {0, 1}
+
+
+def test_slice_keeps_its_place_in_the_world(source, tmp_path):
+    convert_prostate(source, tmp_path / "dst", keep_empty_slices=True)
+    sliced = nib.load(tmp_path / "dst" / "UCL" / "images" / "Case01_s007.nii.gz")
+    volume = nib.load(source / "UCL" / "Image" / "Case01.nii")
+    assert sliced.shape == SHAPE[:2]
+    assert np.array_equal(sliced.get_fdata(), volume.get_fdata()[:, :, 7])
+    assert np.allclose(sliced.affine @ [3, 4, 0, 1], volume.affine @ [3, 4, 7, 1])
+
+
+@pytest.mark.parametrize("keep, per_case", [(True, lambda r: SHAPE[2]), (False, len), (0, len),
+                                            (1, lambda r: len(r) + 2 - (r.start == 0))])
+def test_keep_empty_slices_options(source, tmp_path, keep, per_case):
+    summary = convert_prostate(source, tmp_path / "dst", keep_empty_slices=keep)
+    total = sum(summary["sites"]["BIDMC"]["slices"].values())
+    assert total == sum(per_case(organ_range(case)) for case in range(4))
+
+
+def test_axis_option(source, tmp_path):
+    summary = convert_prostate(source, tmp_path / "dst", axis=0, keep_empty_slices=False)
+    assert sum(summary["sites"]["HK"]["slices"].values()) == 4 * 6  # organ spans rows 5..10 in every case
+    assert load_datalist(tmp_path / "dst", "HK")
+
+
+def test_flare_names_and_deterministic_split(source, tmp_path):
+    a = convert_prostate(source, tmp_path / "a", site_names="flare", seed=0)
+    b = convert_prostate(source, tmp_path / "b", site_names="flare", seed=0)
+    assert json.loads((tmp_path / "a" / "sites.json").read_text()) == {"site-1": "BIDMC", "site-2": "HK", "site-3": "UCL"}
+    assert a == b
+    assert (tmp_path / "a" / "site-2.json").read_text() == (tmp_path / "b" / "site-2.json").read_text()
+    seeds = [convert_prostate(source, tmp_path / f"s{seed}", seed=seed)["sites"]["BIDMC"]["cases"] for seed in range(6)]
+    assert any(s != seeds[0] for s in seeds)  # the seed does move cases between splits
+
+
+def test_missing_mask_names_site_and_image(source, tmp_path):
+    (source / "HK" / "Mask" / "Case02_segmentation.nii.gz").unlink()
+    with pytest.raises(DataError) as info:
+        convert_prostate(source, tmp_path / "dst")
+    assert "HK" in str(info.value) and "Case02.nii.gz" in str(info.value)
+
+
+def test_shape_mismatch_names_site_and_mask(source, tmp_path):
+    nib.save(nib.Nifti1Image(np.zeros((16, 15, 10), np.uint8), AFFINE), source / "UCL" / "Mask" / "Case03_Segmentation.nii")
+    with pytest.raises(DataError) as info:
+        convert_prostate(source, tmp_path / "dst")
+    assert "UCL" in str(info.value) and "Case03_Segmentation.nii" in str(info.value)
+
+
+def test_too_few_cases_and_empty_mask(tmp_path):
+    src = write_source(tmp_path / "few", sites={"RUNMC": ("", 1, ".nii.gz")}, cases=2)
+    with pytest.raises(DataError, match="RUNMC.*at least 3"):
+        convert_prostate(src, tmp_path / "dst")
+    src = write_source(tmp_path / "empty", sites={"BMC": ("", 1, ".nii.gz")}, cases=3)
+    nib.save(nib.Nifti1Image(np.zeros(SHAPE, np.uint8), AFFINE), src / "BMC" / "Mask" / "Case01.nii.gz")
+    with pytest.raises(DataError) as info:
+        convert_prostate(src, tmp_path / "dst")
+    assert "BMC" in str(info.value) and "Case01.nii.gz" in str(info.value)

@@ -1,0 +1,122 @@
+"""Integration: the real `nvflare simulator` runs each job end to end on tiny built-in data."""
+
+import json
+import math
+import os
+import subprocess
+
+import pytest
+from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
+
+from conftest import REPO, make_job
+from fairfl.simulate import run_simulator
+
+pytestmark = pytest.mark.slow
+TESTS = os.path.dirname(os.path.abspath(__file__))
+SIM_TIMEOUT = 600
+
+
+def run(job_dir, workspace, n=3, t=3, env=None):
+    result = run_simulator(job_dir, workspace, n_clients=n, threads=t, timeout=SIM_TIMEOUT,
+                           env={"PYTHONPATH": TESTS, **(env or {})})
+    return result
+
+
+def load_results(sim):
+    assert sim.ok, sim.describe_failure()
+    return json.load(open(sim.results_path))
+
+
+def check_common(results, method, sites=("site-1", "site-2", "site-3"), rounds=2):
+    assert results["schema"] == 1 and results["method"] == method
+    assert results["sites"] == list(sites)
+    assert [r["round"] for r in results["rounds"]] == list(range(rounds))
+    final = results["final"]
+    assert set(final["per_site"]) == set(sites)
+    dice = [final["per_site"][s]["dice"] for s in sites]
+    assert all(0.0 <= d <= 1.0 for d in dice)
+    mean = sum(dice) / len(dice)
+    assert final["mean"] == pytest.approx(mean)
+    assert final["std"] == pytest.approx(math.sqrt(sum((d - mean) ** 2 for d in dice) / len(dice)))
+    assert final["worst"] == pytest.approx(min(dice))
+    # every round was evaluated (eval_every 1) and trained at every site
+    for record in results["rounds"]:
+        assert set(record["per_site"]) == set(sites) and set(record["train"]) == set(sites)
+
+
+def test_fedavg_trains_and_reports(tmp_path, cache_dir):
+    sim = run(make_job("fedavg", str(tmp_path / "job")), str(tmp_path / "ws"))
+    results = load_results(sim)
+    check_common(results, "fedavg")
+    weights = results["rounds"][-1]["weights"]
+    assert sum(weights.values()) == pytest.approx(1.0) and len(weights) == 3
+    assert os.path.exists(os.path.join(os.path.dirname(sim.results_path), "global_model.pt"))
+    assert os.listdir(os.path.join(os.path.dirname(sim.results_path), "tb_events")) == sorted(
+        os.listdir(os.path.join(os.path.dirname(sim.results_path), "tb_events")))
+
+
+def test_fedlwr_layer_weights_with_fewer_threads_than_sites(tmp_path, cache_dir):
+    # -t 1 < -n 3: each client process is restarted per task, so the CKA task must find the local model on disk
+    sim = run(make_job("fedlwr", str(tmp_path / "job")), str(tmp_path / "ws"), n=3, t=1)
+    results = load_results(sim)
+    check_common(results, "fedlwr")
+    for record in results["rounds"]:
+        assert "rejected" not in record
+        assert set(record["cka"]) == {"site-1", "site-2", "site-3"}
+        layer_weights = record["layer_weights"]
+        assert len(layer_weights) > 5
+        for layer, per_site in layer_weights.items():
+            assert sum(per_site.values()) == pytest.approx(1.0), layer
+            assert all(0.0 <= w <= 1.0 for w in per_site.values())
+        for per_layer in record["cka"].values():
+            assert set(per_layer) == set(layer_weights)
+            assert all(0.0 <= v <= 1.0 for v in per_layer.values())
+
+
+def test_solo_evaluates_own_models_on_a_data_root(tmp_path, cache_dir):
+    data_root = tmp_path / "data"
+    subprocess.run(["fairfl", "prepare-data", "--out", str(data_root), "--image-size", "32", "--num-sites", "3"],
+                   check=True, capture_output=True)
+    sim = run(make_job("solo", str(tmp_path / "job")), str(tmp_path / "ws"),
+              env={"FAIRFL_DATA_ROOT": str(data_root)})
+    results = load_results(sim)
+    check_common(results, "solo")
+    assert "weights" not in results["rounds"][-1]
+
+
+@pytest.mark.parametrize("mode", ["nan", "shape"])
+def test_faulty_site_is_rejected_and_global_model_stays_finite(tmp_path, cache_dir, mode):
+    fault = {"task_result_filters": [{"tasks": ["train"], "filters": [
+        {"path": "faults.CorruptResult", "args": {"site": "site-2", "mode": mode}}]}]}
+    sim = run(make_job("fedavg", str(tmp_path / "job"), client_extra=fault), str(tmp_path / "ws"))
+    # the server logs the rejection as an error; that is the expected one
+    server_errors = sim.errors.pop("server", "")
+    assert "site-2" in server_errors
+    results = load_results(sim)
+    for record in results["rounds"]:
+        assert set(record["rejected"]) == {"site-2"}
+        assert set(record["weights"]) == {"site-1", "site-3"}
+    final = results["final"]
+    assert all(math.isfinite(v["dice"]) for v in final["per_site"].values())
+
+
+def test_exported_job_runs_only_where_sites_allow_list_fairfl(tmp_path, cache_dir):
+    exported = str(tmp_path / "exported")
+    subprocess.run(["fairfl", "export-job", make_job("fedavg", str(tmp_path / "job"), server={"num_rounds": 1}),
+                    exported], check=True, capture_output=True)
+    assert not os.path.exists(os.path.join(exported, "app", "custom"))
+
+    # no allow-list entry: every site refuses our classes
+    refused = run(exported, str(tmp_path / "ws_refused"), n=2, t=2)
+    assert not refused.ok
+    assert "not in allow_list" in "".join(refused.errors.values()) + open(
+        os.path.join(refused.workspace, "simulator_output.txt")).read()
+
+    # the production path: the site's local/resources.json allow-lists the package
+    workspace = tmp_path / "ws_allowed"
+    (workspace / "local").mkdir(parents=True)
+    resources = {"format_version": 2, "class_allow_list": list(DEFAULT_CLASS_ALLOW_LIST) + ["fairfl."]}
+    (workspace / "local" / "resources.json").write_text(json.dumps(resources))
+    sim = run_simulator(exported, str(workspace), n_clients=2, timeout=SIM_TIMEOUT, keep_workspace=True)
+    results = load_results(sim)
+    check_common(results, "fedavg", sites=("site-1", "site-2"), rounds=1)
