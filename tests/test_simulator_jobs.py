@@ -9,7 +9,7 @@ import pytest
 from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
 
 from conftest import REPO, make_job
-from fairfl.simulate import run_simulator
+from fairfl.simulate import SIMULATOR_OUTPUT, run_simulator
 
 pytestmark = pytest.mark.slow
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -51,8 +51,9 @@ def test_fedavg_trains_and_reports(tmp_path, cache_dir):
     weights = results["rounds"][-1]["weights"]
     assert sum(weights.values()) == pytest.approx(1.0) and len(weights) == 3
     assert os.path.exists(os.path.join(os.path.dirname(sim.results_path), "global_model.pt"))
-    assert os.listdir(os.path.join(os.path.dirname(sim.results_path), "tb_events")) == sorted(
-        os.listdir(os.path.join(os.path.dirname(sim.results_path), "tb_events")))
+    tb_events = os.path.join(os.path.dirname(sim.results_path), "tb_events")
+    assert sorted(os.listdir(tb_events)) == ["site-1", "site-2", "site-3"]
+    assert all(os.listdir(os.path.join(tb_events, site)) for site in os.listdir(tb_events))
 
 
 def test_fedlwr_layer_weights_with_fewer_threads_than_sites(tmp_path, cache_dir):
@@ -109,8 +110,8 @@ def test_exported_job_runs_only_where_sites_allow_list_fairfl(tmp_path, cache_di
     # no allow-list entry: every site refuses our classes
     refused = run(exported, str(tmp_path / "ws_refused"), n=2, t=2)
     assert not refused.ok
-    assert "not in allow_list" in "".join(refused.errors.values()) + open(
-        os.path.join(refused.workspace, "simulator_output.txt")).read()
+    output = open(os.path.join(refused.workspace, SIMULATOR_OUTPUT)).read()
+    assert "not in allow_list" in "".join(refused.errors.values()) + output
 
     # the production path: the site's local/resources.json allow-lists the package
     workspace = tmp_path / "ws_allowed"

@@ -11,10 +11,13 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
 from fairfl.results import RESULTS_FILE
+
+SIMULATOR_OUTPUT = "simulator_output.txt"
 
 
 @dataclass
@@ -57,11 +60,12 @@ def run_simulator(job: str, workspace: str, n_clients: int = 6, threads: int | N
     os.makedirs(workspace, exist_ok=True)
     command = nvflare_command() + ["simulator", job, "-w", workspace, "-n", str(n_clients),
                                    "-t", str(threads or n_clients)]
-    log_path = os.path.join(workspace, "simulator_output.txt")
     started = time.time()
-    with open(log_path, "w") as log:
+    # the simulator empties its workspace at start, so the output is written beside it and moved in after
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as log:
         proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                               timeout=timeout)
+    shutil.move(log.name, os.path.join(workspace, SIMULATOR_OUTPUT))
     return SimulatorRun(workspace, proc.returncode, time.time() - started, collect_errors(workspace))
 
 

@@ -92,7 +92,8 @@ def evaluate_dice(model, loader, num_classes: int, device) -> dict:
     per_class = [float(v) for v in metric.aggregate().cpu()]
     metric.reset()
     finite = [v for v in per_class if math.isfinite(v)]
-    result = {"dice": float(np.mean(finite)) if finite else 0.0}
+    # NaN when no test image has any foreground: there is nothing to score, and 0 would read as a failure
+    result = {"dice": float(np.mean(finite)) if finite else float("nan")}
     if num_classes > 2:
         result.update({f"dice_class_{c + 1}": v for c, v in enumerate(per_class)})
     return result

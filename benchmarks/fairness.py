@@ -1,0 +1,101 @@
+"""Fairness benchmark: Solo, FedAvg and Fed-LWR on the built-in six-site data, several seeds, through the
+real NVFlare simulator; paper-style tables (mean +/- sd over seeds) and the round-time ratio.
+
+Settings (DESIGN.md, Fed-LWR):
+  epoch  one local epoch per round, as the paper: Solo, FedAvg, Fed-LWR (no CKA clip, the paper's Eq. 5)
+  clip   Fed-LWR with the authors' code's CKA clip [1e-4, 0.99] (compared with FedAvg of `epoch`)
+  steps  the same number of local steps at every site: FedAvg and Fed-LWR
+
+Resumable: a run whose results.json is complete is not run again.
+
+    python benchmarks/fairness.py --rounds 40 --seeds 0 1 2 --out benchmarks/results/fairness
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+from fairfl.jobconfig import customize_job
+from fairfl.report import make_report
+from fairfl.simulate import run_simulator
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# variant -> (job, extra job arguments)
+VARIANTS = {
+    "solo": ("solo", {}),
+    "fedavg": ("fedavg", {}),
+    "fedlwr": ("fedlwr", {}),
+    "fedlwr_clip": ("fedlwr", {"cka_clip": [1e-4, 0.99]}),
+    "fedavg_steps": ("fedavg", {"local_steps": "STEPS"}),
+    "fedlwr_steps": ("fedlwr", {"local_steps": "STEPS"}),
+}
+SETTINGS = {"epoch": ["solo", "fedavg", "fedlwr"], "clip": ["fedavg", "fedlwr_clip"],
+            "steps": ["fedavg_steps", "fedlwr_steps"]}
+
+
+def run_variant(variant, seed, args) -> str:
+    """Run one (variant, seed) unless its results are already complete; return the results path."""
+    workspace = os.path.join(args.out, "runs", f"{variant}-seed{seed}")
+    results = os.path.join(workspace, "server", "simulate_job", "results.json")
+    if os.path.exists(results) and json.load(open(results)).get("final"):
+        print(f"  {variant} seed {seed}: done before, kept", flush=True)
+        return results
+    job_name, extra = VARIANTS[variant]
+    job_args = {"num_rounds": args.rounds, "eval_every": args.eval_every, "seed": seed,
+                **{k: (args.steps if v == "STEPS" else v) for k, v in extra.items()}}
+    job = customize_job(os.path.join(REPO, "jobs", job_name), workspace + "_job", job_args)
+    run = run_simulator(job, workspace, n_clients=args.sites)
+    if not run.ok:
+        sys.exit(f"{variant} seed {seed} failed:\n{run.describe_failure()}")
+    print(f"  {variant} seed {seed}: {run.seconds:.0f} s", flush=True)
+    return results
+
+
+def round_seconds(results_path) -> list:
+    """Seconds of the rounds that were not evaluated, without round 0 (process start-up)."""
+    rounds = json.load(open(results_path))["rounds"]
+    return [r["seconds"] for r in rounds[1:] if "per_site" not in r]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--sites", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=8, help="local steps per round in the `steps` setting")
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "fairness"))
+    args = parser.parse_args(argv)
+    args.out = os.path.abspath(args.out)
+
+    variants = list(dict.fromkeys(v for s in args.settings for v in SETTINGS[s]))
+    paths = {}
+    for seed in args.seeds:  # seeds outermost: an interrupted benchmark still has comparable runs
+        for variant in variants:
+            paths[variant, seed] = run_variant(variant, seed, args)
+
+    summary = {"command": " ".join(["python", "benchmarks/fairness.py"] + (argv or sys.argv[1:])),
+               "rounds": args.rounds, "seeds": args.seeds, "sites": args.sites, "settings": {}}
+    for setting in args.settings:
+        runs = [paths[v, s] for v in SETTINGS[setting] for s in args.seeds]
+        report = make_report(runs, os.path.join(args.out, setting))
+        finals = {v: [json.load(open(paths[v, s]))["final"] for s in args.seeds] for v in SETTINGS[setting]}
+        summary["settings"][setting] = {
+            v: {"mean": statistics.mean(f["mean"] for f in fs), "std": statistics.mean(f["std"] for f in fs),
+                "worst": statistics.mean(f["worst"] for f in fs),
+                "round_seconds_median": statistics.median(sum((round_seconds(paths[v, s]) for s in args.seeds), []))}
+            for v, fs in finals.items()}
+        print(f"\n## {setting}\n{report['table']}")
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    print(json.dumps(summary["settings"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
