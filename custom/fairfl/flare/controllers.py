@@ -120,7 +120,7 @@ class FairRoundController(ModelController):
                          current_round=round_num, total_rounds=self.num_rounds, meta=meta),
             min_responses=self.min_responses, timeout=self.task_timeout)
         updates, rejected, train_metrics = {}, {}, {}
-        for result in results:
+        for result in sorted(results, key=lambda r: r.meta.get("client_name", "?")):
             site = result.meta.get("client_name", "?")
             train_metrics[site] = dict(result.metrics or {})
             if self.start_from == protocol.FROM_LOCAL:
@@ -250,6 +250,7 @@ class FedLWRController(FairRoundController):
         if not cka:
             self.error(f"round {round_num}: no valid CKA; the anchor (FedAvg) becomes the global model")
             return anchor_np, {**extras, "anchor_only": True}
+        cka = dict(sorted(cka.items()))  # answers arrive in any order; results read better sorted by site
         layer_weights = lwr_layer_weights(cka, clip=tuple(self.cka_clip) if self.cka_clip else None)
         new_state = layerwise_average({s: updates[s][0] for s in cka}, layer_weights, layers, _to_torch(anchor_np))
         return _to_numpy(new_state), {"anchor_weights": extras["weights"], "cka": cka,
