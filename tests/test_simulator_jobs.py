@@ -121,3 +121,18 @@ def test_exported_job_runs_only_where_sites_allow_list_fairfl(tmp_path, cache_di
     sim = run_simulator(exported, str(workspace), n_clients=2, timeout=SIM_TIMEOUT, keep_workspace=True)
     results = load_results(sim)
     check_common(results, "fedavg", sites=("site-1", "site-2"), rounds=1)
+
+
+def test_bad_data_fails_fast_naming_site_and_file(tmp_path, cache_dir):
+    data_root = tmp_path / "data"
+    subprocess.run(["fairfl", "prepare-data", "--out", str(data_root), "--image-size", "32", "--num-sites", "2"],
+                   check=True, capture_output=True)
+    datalist = json.loads((data_root / "site-2.json").read_text())
+    missing = datalist["training"][0]["image"]
+    os.remove(data_root / missing)
+    sim = run(make_job("fedavg", str(tmp_path / "job")), str(tmp_path / "ws"), n=2, t=2,
+              env={"FAIRFL_DATA_ROOT": str(data_root)})
+    assert not sim.ok
+    assert "site-2" in sim.errors and os.path.basename(missing) in sim.errors["site-2"]
+    assert "site-1" not in sim.errors
+    assert sim.seconds < 120  # the job ends; it does not wait for the broken site

@@ -297,6 +297,8 @@ def _short_names(names: list[str]) -> list[str]:
 
 def plot_layer_weights(run, path) -> Path | None:
     """Fed-LWR's layer-by-site aggregation weights: the final round's and the mean over rounds; None without any."""
+    from matplotlib.colors import TwoSlopeNorm
+
     records = [(r["round"], r["layer_weights"]) for r in run["rounds"] if r.get("layer_weights")]
     if not records:
         return None
@@ -305,20 +307,21 @@ def plot_layer_weights(run, path) -> Path | None:
     grids = [np.array([[lw.get(layer, {}).get(s, np.nan) for s in sites] for layer in layers]) for _, lw in records]
     final, mean = grids[-1], np.nanmean(grids, axis=0)
     uniform = 1.0 / len(sites)
-    spread = max(float(np.nanmax(np.abs(np.stack([final, mean]) - uniform))), 1e-3)  # white = uniform
+    # white = uniform 1/K; weights live in [0, 1], so the two sides of the scale differ in length
+    top = max(float(np.nanmax(np.stack([final, mean]))), uniform + 1e-3)
+    norm = TwoSlopeNorm(vcenter=uniform, vmin=0.0, vmax=top)
     fig = _figure(figsize=(3.5 + 1.3 * len(sites), 1.6 + 0.24 * len(layers)))
     axes = fig.subplots(1, 2, sharey=True)
     annotate = len(layers) * len(sites) <= 400
     for ax, grid, title in zip(axes, (final, mean),
                                (f"round {records[-1][0]} (final)", f"mean over {len(records)} rounds")):
-        image = ax.imshow(grid, cmap="RdBu_r", vmin=uniform - spread, vmax=uniform + spread, aspect="auto",
-                          interpolation="nearest")
+        image = ax.imshow(grid, cmap="RdBu_r", norm=norm, aspect="auto", interpolation="nearest")
         ax.set_xticks(range(len(sites)), sites, rotation=45, ha="right", fontsize=8)
         ax.set_title(title, fontsize=10)
         if annotate:
             for (i, j), value in np.ndenumerate(grid):
                 ax.text(j, i, f"{value:.3f}", ha="center", va="center", fontsize=6,
-                        color="white" if abs(value - uniform) > 0.6 * spread else "black")
+                        color="white" if abs(norm(value) - 0.5) > 0.3 else "black")
     axes[0].set_yticks(range(len(layers)), _short_names(layers), fontsize=7)
     axes[0].set_ylabel("layer (network order)")
     fig.colorbar(image, ax=list(axes), label="aggregation weight", shrink=0.8)
