@@ -80,21 +80,59 @@ def main(argv=None):
         for variant in variants:
             paths[variant, seed] = run_variant(variant, seed, args)
 
-    summary = {"command": " ".join(["python", "benchmarks/fairness.py"] + (argv or sys.argv[1:])),
-               "rounds": args.rounds, "seeds": args.seeds, "sites": args.sites, "settings": {}}
+    summary = {"command": " ".join(["python", "benchmarks/fairness.py"] + (argv if argv is not None else sys.argv[1:])),
+               "versions": versions(), "rounds": args.rounds, "seeds": args.seeds, "sites": args.sites,
+               "steps": args.steps, "settings": {}}
+    tables = {}
     for setting in args.settings:
         runs = [paths[v, s] for v in SETTINGS[setting] for s in args.seeds]
-        report = make_report(runs, os.path.join(args.out, setting))
-        finals = {v: [json.load(open(paths[v, s]))["final"] for s in args.seeds] for v in SETTINGS[setting]}
-        summary["settings"][setting] = {
-            v: {"mean": statistics.mean(f["mean"] for f in fs), "std": statistics.mean(f["std"] for f in fs),
-                "worst": statistics.mean(f["worst"] for f in fs),
-                "round_seconds_median": statistics.median(sum((round_seconds(paths[v, s]) for s in args.seeds), []))}
-            for v, fs in finals.items()}
-        print(f"\n## {setting}\n{report['table']}")
+        tables[setting] = make_report(runs, os.path.join(args.out, setting))["table"]
+        summary["settings"][setting] = {v: variant_summary([paths[v, s] for s in args.seeds]) for v in SETTINGS[setting]}
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    print(json.dumps(summary["settings"], indent=1))
+    markdown = summary_markdown(summary, tables)
+    with open(os.path.join(args.out, "SUMMARY.md"), "w") as f:
+        f.write(markdown)
+    print(markdown)
+
+
+def variant_summary(results_paths) -> dict:
+    """Mean over seeds of the final mean, std and worst, and the median non-evaluation round time."""
+    finals = [json.load(open(p))["final"] for p in results_paths]
+    return {key: statistics.mean(f[key] for f in finals) for key in ("mean", "std", "worst")} | {
+        "round_seconds_median": statistics.median(sum((round_seconds(p) for p in results_paths), []))}
+
+
+def summary_markdown(summary, tables) -> str:
+    settings = summary["settings"]
+    lines = [f"# Fairness benchmark: Solo, FedAvg, Fed-LWR", "",
+             f"`{summary['command']}` — {summary['sites']} sites, {summary['rounds']} rounds, seeds "
+             f"{summary['seeds']}; {summary['versions']}.", ""]
+    titles = {"epoch": "One local epoch per round (the paper's setting)",
+              "clip": "Fed-LWR with the authors' CKA clip [1e-4, 0.99] (FedAvg as in `epoch`)",
+              "steps": f"{summary['steps']} local steps per round at every site"}
+    for setting, table in tables.items():
+        lines += [f"## {titles[setting]}", "", table, "", f"Figures and per-run details: [{setting}/report.md]"
+                  f"({setting}/report.md)", ""]
+    lines += ["## Against the targets", "",
+              "| setting | Fed-LWR std / FedAvg std (target <= 0.5) | Fed-LWR mean - FedAvg mean (target >= 0) "
+              "| Fed-LWR round time / FedAvg round time (target <= 1.3) |", "|---|---:|---:|---:|"]
+    for setting, avg, lwr in (("epoch", "fedavg", "fedlwr"), ("clip", "fedavg", "fedlwr_clip"),
+                              ("steps", "fedavg_steps", "fedlwr_steps")):
+        if setting in settings:
+            a, b = settings[setting][avg], settings[setting][lwr]
+            lines.append(f"| {setting} | {b['std'] / a['std']:.2f} | {100 * (b['mean'] - a['mean']):+.2f} points "
+                         f"| {b['round_seconds_median'] / a['round_seconds_median']:.2f} "
+                         f"({b['round_seconds_median']:.2f} s / {a['round_seconds_median']:.2f} s, medians) |")
+    return "\n".join(lines) + "\n"
+
+
+def versions() -> str:
+    import monai
+    import nvflare
+    import torch
+
+    return f"nvflare {nvflare.__version__}, torch {torch.__version__}, monai {monai.__version__}, {os.cpu_count()} CPU cores"
 
 
 if __name__ == "__main__":

@@ -101,6 +101,20 @@ def test_faulty_site_is_rejected_and_global_model_stays_finite(tmp_path, cache_d
     assert all(math.isfinite(v["dice"]) for v in final["per_site"].values())
 
 
+def test_fedlwr_rejects_out_of_range_cka(tmp_path, cache_dir):
+    fault = {"task_result_filters": [{"tasks": ["cka"], "filters": [
+        {"path": "faults.CorruptResult", "args": {"site": "site-3", "mode": "cka"}}]}]}
+    sim = run(make_job("fedlwr", str(tmp_path / "job"), client_extra=fault), str(tmp_path / "ws"))
+    assert "site-3" in sim.errors.pop("server", "")
+    results = load_results(sim)
+    for record in results["rounds"]:
+        assert set(record["rejected"]) == {"site-3"} and record["rejected"]["site-3"].startswith("CKA")
+        assert set(record["cka"]) == {"site-1", "site-2"}
+        for per_site in record["layer_weights"].values():
+            assert set(per_site) == {"site-1", "site-2"} and sum(per_site.values()) == pytest.approx(1.0)
+    assert all(math.isfinite(v["dice"]) for v in results["final"]["per_site"].values())
+
+
 def test_exported_job_runs_only_where_sites_allow_list_fairfl(tmp_path, cache_dir):
     exported = str(tmp_path / "exported")
     subprocess.run(["fairfl", "export-job", make_job("fedavg", str(tmp_path / "job"), server={"num_rounds": 1}),

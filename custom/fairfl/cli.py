@@ -26,7 +26,7 @@ def _run(args) -> int:
         return 1
     report = make_report([run.results_path], os.path.join(workspace, "report"))
     print(f"\nfinished in {run.seconds:.0f} s\nresults:     {run.results_path}\nreport:      {report['report']}\n"
-          f"tensorboard: tensorboard --logdir {os.path.join(workspace, 'server', 'simulate_job', 'tb_events')}\n"
+          f"tensorboard: tensorboard --logdir {os.path.join(os.path.dirname(run.results_path), 'tb_events')}\n"
           f"logs:        {workspace}/<site>/log.txt")
     return 0
 

@@ -3,6 +3,7 @@ server can send one spec to every site and all of them build the same architectu
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from monai.networks.nets import UNet
 
@@ -31,7 +32,11 @@ def state_to_numpy(state: dict) -> dict:
     return {k: v.detach().cpu().numpy() for k, v in state.items()}
 
 
+def state_to_torch(state: dict) -> dict:
+    return {k: torch.as_tensor(np.asarray(v)) for k, v in state.items()}
+
+
 def load_numpy_state(model: torch.nn.Module, state: dict) -> torch.nn.Module:
     """Load numpy arrays into a model (strict: every key, every shape)."""
-    model.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()}, strict=True)
+    model.load_state_dict(state_to_torch(state), strict=True)
     return model

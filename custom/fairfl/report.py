@@ -16,9 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-SCHEMA = 1  # the results.json schema this module reads (fairfl.results.SCHEMA_VERSION)
-RESULTS_FILE = "results.json"
-SIMULATOR_RESULTS = Path("server", "simulate_job", RESULTS_FILE)  # inside an NVFlare simulator workspace
+from fairfl.results import RESULTS_FILE, SCHEMA_VERSION, SIMULATOR_RESULTS
+
 METHOD_ORDER = ("solo", "fedavg")  # then the others alphabetically
 DISPLAY = {"solo": "Solo", "fedavg": "FedAvg", "fedlwr": "Fed-LWR", "fedce": "FedCE", "qfedavg": "q-FedAvg",
            "ditto": "Ditto", "fedism": "FedISM", "fedismplus": "FedISM+", "fednpr": "FedNPR"}
@@ -61,8 +60,8 @@ def _load(file: Path) -> dict:
     except (OSError, ValueError) as e:
         raise ValueError(f"{file}: not a readable results file ({e})") from e
     schema = data.get("schema") if isinstance(data, dict) else None
-    if schema != SCHEMA:
-        raise ValueError(f"{file}: results schema {schema!r}; this fairfl reads schema {SCHEMA}")
+    if schema != SCHEMA_VERSION:
+        raise ValueError(f"{file}: results schema {schema!r}; this fairfl reads schema {SCHEMA_VERSION}")
     missing = [k for k in ("method", "metric", "seed", "sites", "rounds", "final") if k not in data]
     if missing:
         raise ValueError(f"{file}: results file lacks {', '.join(missing)}")

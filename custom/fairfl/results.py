@@ -10,6 +10,8 @@ from fairfl.fairness import summarize
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.json"
+# where the results file lies inside an `nvflare simulator` workspace
+SIMULATOR_RESULTS = os.path.join("server", "simulate_job", RESULTS_FILE)
 
 
 class ResultsLog:

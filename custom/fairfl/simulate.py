@@ -15,7 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from fairfl.results import RESULTS_FILE
+from fairfl.results import SIMULATOR_RESULTS
 
 SIMULATOR_OUTPUT = "simulator_output.txt"
 
@@ -29,7 +29,7 @@ class SimulatorRun:
 
     @property
     def results_path(self) -> str:
-        return os.path.join(self.workspace, "server", "simulate_job", RESULTS_FILE)
+        return os.path.join(self.workspace, SIMULATOR_RESULTS)
 
     @property
     def ok(self) -> bool:

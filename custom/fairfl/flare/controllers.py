@@ -17,19 +17,11 @@ from nvflare.app_common.workflows.model_controller import ModelController
 from fairfl.aggregation import check_cka, check_site_state, layerwise_average, lwr_layer_weights, weighted_average
 from fairfl.cka import parameter_layers
 from fairfl.flare import protocol
-from fairfl.models import build_model, initial_state
+from fairfl.models import build_model, initial_state, state_to_numpy, state_to_torch
 from fairfl.presets import apply_preset
 from fairfl.results import RESULTS_FILE, ResultsLog
 
 GLOBAL_MODEL_FILE = "global_model.pt"
-
-
-def _to_torch(state: dict) -> dict:
-    return {k: torch.as_tensor(np.asarray(v)) for k, v in state.items()}
-
-
-def _to_numpy(state: dict) -> dict:
-    return {k: v.detach().cpu().numpy() for k, v in state.items()}
 
 
 class FairRoundController(ModelController):
@@ -102,7 +94,7 @@ class FairRoundController(ModelController):
                 self.info(f"round {round_num}: mean dice {record.get('mean', float('nan')):.4f} "
                           f"std {record.get('std', float('nan')):.4f} worst {record.get('worst_site')}")
             if self.start_from == protocol.FROM_GLOBAL:
-                torch.save(_to_torch(global_state), os.path.join(run_dir, GLOBAL_MODEL_FILE))
+                torch.save(state_to_torch(global_state), os.path.join(run_dir, GLOBAL_MODEL_FILE))
         if per_site:
             final = self.results.finish(per_site)
             self.info(f"final: mean dice {final.get('mean', float('nan')):.4f} std {final.get('std', float('nan')):.4f}"
@@ -125,7 +117,7 @@ class FairRoundController(ModelController):
             train_metrics[site] = dict(result.metrics or {})
             if self.start_from == protocol.FROM_LOCAL:
                 continue  # Solo: weights never leave the site
-            problem = check_site_state(_to_torch(result.params or {}), _to_torch(global_state))
+            problem = check_site_state(state_to_torch(result.params or {}), state_to_torch(global_state))
             if problem is None:
                 num_samples = result.meta.get(protocol.NUM_SAMPLES)
                 if not isinstance(num_samples, (int, np.integer)) or num_samples <= 0:
@@ -134,7 +126,7 @@ class FairRoundController(ModelController):
                 rejected[site] = problem
                 self.error(f"round {round_num}: rejected the update of {site}: {problem}")
                 continue
-            updates[site] = (_to_torch(result.params), int(result.meta[protocol.NUM_SAMPLES]))
+            updates[site] = (state_to_torch(result.params), int(result.meta[protocol.NUM_SAMPLES]))
         return updates, rejected, train_metrics
 
     def _evaluate(self, round_num, global_state) -> dict:
@@ -161,7 +153,7 @@ class FairRoundController(ModelController):
         sites = sorted(updates)
         weights = self.site_weights({s: updates[s][1] for s in sites})
         new_state = weighted_average([updates[s][0] for s in sites], [weights[s] for s in sites])
-        return _to_numpy(new_state), {"weights": weights}
+        return state_to_numpy(new_state), {"weights": weights}
 
     def site_weights(self, num_samples: dict) -> dict:
         if self.weighting == "uniform":
@@ -252,6 +244,6 @@ class FedLWRController(FairRoundController):
             return anchor_np, {**extras, "anchor_only": True}
         cka = dict(sorted(cka.items()))  # answers arrive in any order; results read better sorted by site
         layer_weights = lwr_layer_weights(cka, clip=tuple(self.cka_clip) if self.cka_clip else None)
-        new_state = layerwise_average({s: updates[s][0] for s in cka}, layer_weights, layers, _to_torch(anchor_np))
-        return _to_numpy(new_state), {"anchor_weights": extras["weights"], "cka": cka,
+        new_state = layerwise_average({s: updates[s][0] for s in cka}, layer_weights, layers, state_to_torch(anchor_np))
+        return state_to_numpy(new_state), {"anchor_weights": extras["weights"], "cka": cka,
                                       "layer_weights": layer_weights}

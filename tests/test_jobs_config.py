@@ -1,0 +1,74 @@
+"""The job folders are configuration only, name importable classes, and can be customised safely."""
+
+import glob
+import importlib
+import json
+import os
+
+import pytest
+
+from conftest import JOBS
+from fairfl.jobconfig import customize_job, parse_assignments
+from fairfl.presets import PRESETS, apply_preset, resolve_preset
+
+JOB_NAMES = sorted(os.listdir(JOBS))
+
+
+def component_paths(config):
+    for workflow in config.get("workflows", []):
+        yield workflow["path"], workflow.get("args", {})
+    for executor in config.get("executors", []):
+        yield executor["executor"]["path"], executor["executor"].get("args", {})
+    for component in config.get("components", []):
+        yield component["path"], component.get("args", {})
+
+
+@pytest.mark.parametrize("job", JOB_NAMES)
+def test_job_is_configuration_only_and_its_classes_accept_its_arguments(job):
+    assert not glob.glob(os.path.join(JOBS, job, "**", "*.py"), recursive=True)
+    assert os.listdir(os.path.join(JOBS, job, "app", "custom")) == ["README.md"]
+    for side in ("server", "client"):
+        config = json.load(open(os.path.join(JOBS, job, "app", "config", f"config_fed_{side}.json")))
+        for path, args in component_paths(config):
+            module, _, name = path.rpartition(".")
+            cls = getattr(importlib.import_module(module), name)
+            cls(**args)  # every argument in the file is one the class takes
+
+
+def test_customize_job_sets_arguments_on_both_sides_and_refuses_unknown(tmp_path):
+    job = customize_job(os.path.join(JOBS, "fedlwr"), str(tmp_path / "job"),
+                        {"num_rounds": 3, "seed": 7, "image_size": 32, "cka_clip": [0.0001, 0.99]})
+    server = json.load(open(os.path.join(job, "app", "config", "config_fed_server.json")))
+    client = json.load(open(os.path.join(job, "app", "config", "config_fed_client.json")))
+    server_args, client_args = server["workflows"][0]["args"], client["executors"][0]["executor"]["args"]
+    assert server_args["num_rounds"] == 3 and server_args["cka_clip"] == [0.0001, 0.99]
+    assert server_args["seed"] == client_args["seed"] == 7 and client_args["image_size"] == 32
+    original = json.load(open(os.path.join(JOBS, "fedlwr", "app", "config", "config_fed_server.json")))
+    assert original["workflows"][0]["args"]["num_rounds"] != 3
+    with pytest.raises(ValueError, match="num_round"):
+        customize_job(os.path.join(JOBS, "fedavg"), str(tmp_path / "bad"), {"num_round": 3})
+    assert not os.path.exists(tmp_path / "bad")
+
+
+def test_parse_assignments_reads_json_values():
+    assert parse_assignments(["num_rounds=50", "cka_clip=[0.0001, 0.99]", "device=cpu", "data_root="]) == {
+        "num_rounds": 50, "cka_clip": [0.0001, 0.99], "device": "cpu", "data_root": ""}
+    with pytest.raises(ValueError):
+        parse_assignments(["num_rounds"])
+
+
+def test_paper_preset_overrides_named_keys_and_environment_wins(monkeypatch):
+    class Component:
+        num_rounds, image_size, lr = 20, 64, 1e-3
+
+    monkeypatch.delenv("FAIRFL_PRESET", raising=False)
+    component = Component()
+    apply_preset(component, "")
+    assert (component.num_rounds, component.image_size) == (20, 64)
+    monkeypatch.setenv("FAIRFL_PRESET", "paper")
+    apply_preset(component, "cpu")
+    assert (component.num_rounds, component.image_size, component.lr) == (200, 384, 1e-3)
+    assert resolve_preset() is PRESETS["paper"]
+    monkeypatch.setenv("FAIRFL_PRESET", "nope")
+    with pytest.raises(ValueError, match="nope"):
+        resolve_preset()
