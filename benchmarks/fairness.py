@@ -68,7 +68,7 @@ def main(argv=None):
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--sites", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=8, help="local steps per round in the `steps` setting")
+    parser.add_argument("--steps", type=int, default=12, help="local steps per round in the `steps` setting")
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "fairness"))
     args = parser.parse_args(argv)

@@ -33,7 +33,7 @@ DATA_ROOT_ENV = "FAIRFL_DATA_ROOT"
 class FairflExecutor(Executor):
     def __init__(self, data_root: str = "", image_size: int = 64, batch_size: int = 8, lr: float = 1e-3,
                  weight_decay: float = 1e-4, local_epochs: int = 1, local_steps: int = 0,
-                 cka_max_samples: int = 64, synthetic_size_scale: float = 1.0, seed: int = 0,
+                 cka_max_samples: int = 64, synthetic_size_scale: float = 2.0, seed: int = 0,
                  num_threads: int = 1, device: str = "auto", preset: str = ""):
         """Local training, evaluation and CKA probing for one site.
 
