@@ -97,10 +97,24 @@ def main(argv=None):
 
 
 def variant_summary(results_paths) -> dict:
-    """Mean over seeds of the final mean, std and worst, and the median non-evaluation round time."""
-    finals = [json.load(open(p))["final"] for p in results_paths]
-    return {key: statistics.mean(f[key] for f in finals) for key in ("mean", "std", "worst")} | {
-        "round_seconds_median": statistics.median(sum((round_seconds(p) for p in results_paths), []))}
+    """Mean over seeds of the final mean, std and worst, the median non-evaluation round time, the final Dice
+    per site, and for Fed-LWR what the method saw: each site's mean CKA and mean layer weight over layers and
+    rounds, and the share of CKA values above 0.99 (where the authors' clip makes the weights uniform)."""
+    runs = [json.load(open(p)) for p in results_paths]
+    sites = runs[0]["sites"]
+    summary = {key: statistics.mean(r["final"][key] for r in runs) for key in ("mean", "std", "worst")}
+    summary["round_seconds_median"] = statistics.median(sum((round_seconds(p) for p in results_paths), []))
+    summary["final_dice"] = {s: statistics.mean(r["final"]["per_site"][s]["dice"] for r in runs) for s in sites}
+    records = [rec for r in runs for rec in r["rounds"] if rec.get("cka")]
+    if records:
+        cka = [v for rec in records for per_layer in rec["cka"].values() for v in per_layer.values()]
+        summary["cka_share_above_0.99"] = sum(v > 0.99 for v in cka) / len(cka)
+        summary["mean_cka"] = {s: statistics.mean(v for rec in records for v in rec["cka"].get(s, {}).values())
+                               for s in sites}
+        summary["mean_layer_weight"] = {s: statistics.mean(w[s] for rec in records
+                                                           for w in rec["layer_weights"].values() if s in w)
+                                        for s in sites}
+    return summary
 
 
 def summary_markdown(summary, tables) -> str:
@@ -124,6 +138,17 @@ def summary_markdown(summary, tables) -> str:
             lines.append(f"| {setting} | {b['std'] / a['std']:.2f} | {100 * (b['mean'] - a['mean']):+.2f} points "
                          f"| {b['round_seconds_median'] / a['round_seconds_median']:.2f} "
                          f"({b['round_seconds_median']:.2f} s / {a['round_seconds_median']:.2f} s, medians) |")
+    for setting, variants in settings.items():
+        for variant, values in variants.items():
+            if "mean_cka" in values:
+                lines += ["", f"What {variant} saw ({setting} setting; mean over seeds, layers and rounds; "
+                          f"{100 * values['cka_share_above_0.99']:.0f}% of CKA values above 0.99):", "",
+                          "| | " + " | ".join(values["mean_cka"]) + " |", "|---|" + "---:|" * len(values["mean_cka"]),
+                          "| CKA to the anchor | " + " | ".join(f"{v:.4f}" for v in values["mean_cka"].values()) + " |",
+                          "| layer weight | " + " | ".join(f"{v:.3f}" for v in values["mean_layer_weight"].values())
+                          + " |",
+                          "| final Dice (%) | " + " | ".join(f"{100 * v:.2f}" for v in values["final_dice"].values())
+                          + " |"]
     return "\n".join(lines) + "\n"
 
 
