@@ -63,3 +63,17 @@ def test_initial_state_is_seeded_and_loads_back(tmp_path):
     save_model(model, path)
     assert os.listdir(tmp_path / "sub") == ["model.pt"]  # no temporary left behind
     assert site_seed(0, "site-1") == site_seed(0, "site-1") != site_seed(0, "site-2")
+
+
+def test_ast_parse_guard_keeps_literal_eval_working():
+    import ast
+    import sys
+
+    from fairfl.compat import serialize_ast_parse
+
+    import fairfl.flare  # noqa: F401  (installs the guard where the Python version needs it)
+
+    serialize_ast_parse()  # idempotent
+    affected = (3, 11) <= sys.version_info[:3] < (3, 11, 8) or sys.version_info[:3] == (3, 12, 0)
+    assert getattr(ast.parse, "_fairfl_serialized", False) == affected
+    assert ast.literal_eval("{'descr': '<f4', 'shape': (2, 3)}") == {"descr": "<f4", "shape": (2, 3)}
