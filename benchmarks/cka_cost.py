@@ -2,7 +2,7 @@
 
 - time: `layerwise_cka(local, anchor)` over a site's images versus the two plain forward passes it needs
   (local model and anchor over the same batches); runs alternate, the median of the paired ratios is quoted.
-- memory: peak resident memory of the CKA probe in a fresh process at 1x and 4x the site's data.
+- memory: peak resident memory of the CKA probe in a fresh process at 1x, 4x and 16x the site's data.
 
     python benchmarks/cka_cost.py [--image-size 64] [--samples 64] [--repeats 15] [--out benchmarks/results]
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ def make_models(seed=0):
     local.load_state_dict(anchor.state_dict())
     with torch.no_grad():  # a local model is the anchor after some training: a small perturbation
         for p in local.parameters():
-            p.add_(0.05 * p.std() * torch.randn_like(p))
+            p.add_(0.05 * (p.abs().mean() + 1e-3) * torch.randn_like(p))
     return local, anchor
 
 
@@ -69,20 +68,30 @@ def measure_time(image_size, samples, repeats):
             "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
 
 
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
 def peak_memory_child(image_size, samples) -> None:
-    """Runs in a fresh process: peak RSS after one CKA probe over `samples` images fed one batch at a time."""
+    """Runs in a fresh process: peak RSS during one CKA probe over `samples` images fed one batch at a time.
+
+    Linux: the peak (VmHWM) is reset to the current RSS just before the probe (clear_refs 5), so the number
+    is the probe's own peak, not the peak of imports and model building."""
     local, anchor = make_models()
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     g = torch.Generator().manual_seed(1)
     batches = (torch.randn(8, 1, image_size, image_size, generator=g) for _ in range(samples // 8))
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _status_kib("VmRSS")
     layerwise_cka(local, anchor, batches)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"samples": samples, "peak_rss_mib": peak / 1024, "before_probe_mib": base / 1024}))
+    peak = _status_kib("VmHWM")
+    print(json.dumps({"samples": samples, "peak_rss_mib": peak / 1024, "before_probe_mib": before / 1024}))
 
 
 def measure_memory(image_size, samples):
     rows = []
-    for n in (samples, 4 * samples):
+    for n in (samples, 4 * samples, 16 * samples):
         out = subprocess.run([sys.executable, __file__, "--memory-child", str(n), "--image-size", str(image_size)],
                              capture_output=True, text=True, check=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
