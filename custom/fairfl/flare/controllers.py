@@ -112,12 +112,14 @@ class FairRoundController(ModelController):
                          current_round=round_num, total_rounds=self.num_rounds, meta=meta),
             min_responses=self.min_responses, timeout=self.task_timeout)
         updates, rejected, train_metrics = {}, {}, {}
+        reference = state_to_torch(global_state)
         for result in sorted(results, key=lambda r: r.meta.get("client_name", "?")):
             site = result.meta.get("client_name", "?")
             train_metrics[site] = dict(result.metrics or {})
             if self.start_from == protocol.FROM_LOCAL:
                 continue  # Solo: weights never leave the site
-            problem = check_site_state(state_to_torch(result.params or {}), state_to_torch(global_state))
+            state = state_to_torch(result.params or {})
+            problem = check_site_state(state, reference)
             if problem is None:
                 num_samples = result.meta.get(protocol.NUM_SAMPLES)
                 if not isinstance(num_samples, (int, np.integer)) or num_samples <= 0:
@@ -126,7 +128,7 @@ class FairRoundController(ModelController):
                 rejected[site] = problem
                 self.error(f"round {round_num}: rejected the update of {site}: {problem}")
                 continue
-            updates[site] = (state_to_torch(result.params), int(result.meta[protocol.NUM_SAMPLES]))
+            updates[site] = (state, int(num_samples))
         return updates, rejected, train_metrics
 
     def _evaluate(self, round_num, global_state) -> dict:
@@ -216,13 +218,16 @@ class FedLWRController(FairRoundController):
         """
         super().__init__(**kwargs)
         self.cka_clip = list(cka_clip) if cka_clip else None
+        self._layers = None
 
     def config(self) -> dict:
         return {**super().config(), "cka_clip": self.cka_clip}
 
     def aggregate(self, round_num, global_state, updates, rejected):
         anchor_np, extras = super().aggregate(round_num, global_state, updates, rejected)
-        layers = parameter_layers(build_model(self.model_spec()))
+        if self._layers is None:  # the same network every round: map its layers once
+            self._layers = parameter_layers(build_model(self.model_spec()))
+        layers = self._layers
         results = self.send_model_and_wait(
             task_name=protocol.TASK_CKA,
             data=FLModel(params_type=ParamsType.FULL, params=anchor_np, current_round=round_num,

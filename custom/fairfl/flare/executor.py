@@ -89,22 +89,17 @@ class FairflExecutor(Executor):
         device = select_device(self.device)
         seed = site_seed(self.seed, site) + int(task.current_round or 0)
         seed_everything(seed)
-        model = build_model(meta[protocol.MODEL_SPEC])
-        local_path = os.path.join(state_dir, protocol.LOCAL_MODEL_FILE)
-        if meta.get(protocol.START_FROM) == protocol.FROM_LOCAL and os.path.exists(local_path):
-            model.load_state_dict(torch.load(local_path, map_location="cpu"))
-        else:
-            load_numpy_state(model, task.params)
+        model = self._model_for(task, state_dir, protocol.START_FROM)
         loader = self._loader(site, meta, "training", train=True, seed=seed)
         stats = train_local(model, loader, self._train_settings(), device)
-        save_model(model, local_path)
+        save_model(model, os.path.join(state_dir, protocol.LOCAL_MODEL_FILE))
         params = state_to_numpy(model.state_dict()) if meta.get(protocol.SEND_PARAMS, True) else {}
         return FLModel(params_type=ParamsType.FULL, params=params, metrics={"train_loss": stats["train_loss"]},
                        meta={protocol.NUM_SAMPLES: len(loader.dataset), protocol.NUM_STEPS: stats["steps"]})
 
     def _validate(self, site, task: FLModel, state_dir: str) -> FLModel:
         meta = task.meta
-        model = self._model_to_evaluate(task, state_dir)
+        model = self._model_for(task, state_dir, protocol.EVALUATE)
         loader = self._loader(site, meta, "testing", train=False, seed=self.seed)
         metrics = evaluate_dice(model, loader, meta[protocol.MODEL_SPEC]["num_classes"], select_device(self.device))
         return FLModel(params_type=ParamsType.FULL, params={}, metrics=metrics,
@@ -121,8 +116,12 @@ class FairflExecutor(Executor):
         return FLModel(params_type=ParamsType.FULL, params={}, meta={protocol.CKA: cka})
 
     # --- helpers ---------------------------------------------------------------------------------------
-    def _model_to_evaluate(self, task: FLModel, state_dir: str):
-        if task.meta.get(protocol.EVALUATE) == protocol.FROM_LOCAL:
+    def _model_for(self, task: FLModel, state_dir: str, choice: str):
+        """The model a task asks for under meta[choice]: the site's own (FROM_LOCAL) or the one sent.
+
+        A site asked for its own model before it has one (Solo's first round) starts from the one sent."""
+        local_exists = os.path.exists(os.path.join(state_dir, protocol.LOCAL_MODEL_FILE))
+        if task.meta.get(choice) == protocol.FROM_LOCAL and (local_exists or not task.params):
             return self._load_local(task.meta, state_dir)
         return load_numpy_state(build_model(task.meta[protocol.MODEL_SPEC]), task.params)
 
