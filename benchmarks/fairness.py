@@ -18,10 +18,11 @@ import json
 import os
 import statistics
 import sys
+from pathlib import Path
 
-from fairfl.jobconfig import customize_job
 from fairfl.report import make_report
-from fairfl.simulate import run_simulator
+from fairfl.results import SIMULATOR_RESULTS
+from fairfl.simulate import run_unless_finished
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,20 +41,21 @@ SETTINGS = {"epoch": ["solo", "fedavg", "fedlwr"], "clip": ["fedavg", "fedlwr_cl
 
 def run_variant(variant, seed, args) -> str:
     """Run one (variant, seed) unless its results are already complete; return the results path."""
-    workspace = os.path.join(args.out, "runs", f"{variant}-seed{seed}")
-    results = os.path.join(workspace, "server", "simulate_job", "results.json")
-    if os.path.exists(results) and json.load(open(results)).get("final"):
-        print(f"  {variant} seed {seed}: done before, kept", flush=True)
-        return results
     job_name, extra = VARIANTS[variant]
-    job_args = {"num_rounds": args.rounds, "eval_every": args.eval_every, "seed": seed,
-                **{k: (args.steps if v == "STEPS" else v) for k, v in extra.items()}}
-    job = customize_job(os.path.join(REPO, "jobs", job_name), workspace + "_job", job_args)
-    run = run_simulator(job, workspace, n_clients=args.sites)
-    if not run.ok:
-        sys.exit(f"{variant} seed {seed} failed:\n{run.describe_failure()}")
-    print(f"  {variant} seed {seed}: {run.seconds:.0f} s", flush=True)
-    return results
+    extra = {k: (args.steps if v == "STEPS" else v) for k, v in extra.items()}
+    return run_job(job_name, f"{variant}-seed{seed}", {"seed": seed, **extra}, args)
+
+
+def run_job(job_name, run_name, job_args, args, n_clients=None) -> str:
+    """Run jobs/<job_name> with `job_args` (plus --rounds/--eval-every) in <out>/runs/<run_name>, unless a
+    finished run with the same settings is there; return the results path."""
+    workspace = Path(args.out) / "runs" / run_name
+    job_args = {"num_rounds": args.rounds, "eval_every": args.eval_every, **job_args}
+    try:
+        run_unless_finished(os.path.join(REPO, "jobs", job_name), workspace, n_clients or args.sites, job_args)
+    except RuntimeError as e:
+        sys.exit(str(e))
+    return str(workspace / SIMULATOR_RESULTS)
 
 
 def round_seconds(results_path) -> list:

@@ -10,7 +10,8 @@ from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 class CorruptResult(Filter):
     def __init__(self, site: str, mode: str = "nan"):
-        """mode: "nan" puts NaN in every float tensor; "shape" drops a tensor's last row; "cka" reports CKA 7."""
+        """mode: "nan" puts NaN in every float tensor; "shape" drops a tensor's last row; "cka" reports CKA 7;
+        "loo" reports a NaN leave-one-out error (FedCE)."""
         super().__init__()
         self.site, self.mode = site, mode
 
@@ -20,6 +21,10 @@ class CorruptResult(Filter):
         model = FLModelUtils.from_shareable(shareable)
         if self.mode == "cka" and "cka" in (model.meta or {}):
             model.meta["cka"] = {name: 7.0 for name in model.meta["cka"]}
+        elif self.mode == "loo":
+            if "loo_error" not in (model.meta or {}):
+                return shareable
+            model.meta["loo_error"] = float("nan")
         elif model.params:
             for i, name in enumerate(sorted(model.params)):
                 value = np.asarray(model.params[name])

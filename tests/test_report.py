@@ -2,11 +2,13 @@
 
 import csv
 import json
+import math
 
 import numpy as np
 import pytest
 
 from fairfl import report
+from fairfl.fairness import contribution_agreement
 
 SITES = ["site-1", "site-2", "site-3"]
 LAYERS = ["model.0.conv.unit0.conv", "model.0.residual", "model.1.submodule.0.conv.unit0.conv",
@@ -19,26 +21,31 @@ FINAL = {  # (method, seed): final Dice per site
 }
 
 
-def per_site(values):
-    return {s: {"dice": v} for s, v in zip(SITES, values)}
+def per_site(values, regions=False):
+    """{site: {"dice": v}}; with regions also fundus-like dice_disc = v + 0.05 and dice_cup = v - 0.05."""
+    return {s: {"dice": v, **({"dice_disc": v + 0.05, "dice_cup": v - 0.05} if regions else {})}
+            for s, v in zip(SITES, values)}
 
 
-def write_run(path, method, seed, final, schema=1, layer_weights=False, finished=True):
-    """A results.json like fairfl.results.ResultsLog writes: 4 rounds, evaluated at 0, 2 and 3, then `final`."""
+def write_run(path, method, seed, final, schema=1, layer_weights=False, finished=True, config=None, regions=False,
+              round_fields=None, final_fields=None):
+    """A results.json like fairfl.results.ResultsLog writes: 4 rounds, evaluated at 0, 2 and 3, then `final`.
+    round_fields(r) -> extra fields of round r; final_fields: extra fields of `final`."""
     rounds = []
     for r in range(4):
         record = {"round": r, "seconds": 10.0, "train": {s: {"train_loss": 0.5 - 0.1 * r} for s in SITES}}
         if r != 1:
-            record["per_site"] = per_site([v - 0.05 * (3 - r) for v in final])
+            record["per_site"] = per_site([v - 0.05 * (3 - r) for v in final], regions)
         if layer_weights:
             w = [1 / 3 + 0.02 * r, 1 / 3, 1 / 3 - 0.02 * r]
             record["layer_weights"] = {layer: dict(zip(SITES, np.roll(w, i).tolist())) for i, layer in enumerate(LAYERS)}
         if r == 2:
             record["rejected"] = {"site-3": "NaN in model.0.conv.weight"}
+        record.update(round_fields(r) if round_fields else {})
         rounds.append(record)
     data = {"schema": schema, "method": method, "task": "segmentation", "metric": "dice", "seed": seed,
-            "sites": SITES, "config": {}, "started": "2026-11-22T13:00:00", "rounds": rounds,
-            "final": {"per_site": per_site(final)} if finished else None}
+            "sites": SITES, "config": config or {}, "started": "2026-11-22T13:00:00", "rounds": rounds,
+            "final": {"per_site": per_site(final, regions), **(final_fields or {})} if finished else None}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data))
     return path
@@ -157,3 +164,153 @@ def test_command_line(runs_dir, capsys):
     assert "| Fed-LWR |" in printed and str(runs_dir / "fedlwr_s0" / "report" / "report.md") in printed
     assert report.main([str(runs_dir / "nowhere")]) == 1
     assert "nowhere" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the FedCE paper's tables
+
+FEDCE_CONTRIBUTIONS = {0: [0.5, 0.4, 0.1], 1: [0.6, 0.3, 0.1]}  # seed -> final contributions; site-3 free rider
+FEDAVG_WEIGHTS = [0.5, 0.3, 0.2]  # every round but round 2, where site-3 was rejected: (0.625, 0.375, -)
+LOO = {"job": "jobs/fedavg", "overrides": {"num_rounds": 4}, "sites": SITES, "metric": "dice",
+       "full": {"mean": 0.80, "per_site": dict(zip(SITES, [0.80, 0.90, 0.70]))},
+       "without": {"site-1": {"mean": 0.77}, "site-2": {"mean": 0.78}, "site-3": {"mean": 0.81}},
+       "marginal": {"site-1": 0.03, "site-2": 0.02, "site-3": -0.01}}
+
+
+def fedavg_weights(r):
+    return {"weights": dict(zip(SITES, FEDAVG_WEIGHTS)) if r != 2 else {"site-1": 0.625, "site-2": 0.375}}
+
+
+def write_fedce(path, seed, free_riders=("site-3",)):
+    """A FedCE (Sum.) run: contributions from round 1 on (round 0 has no leave-one-out model), terms, free riders."""
+    final = FEDCE_CONTRIBUTIONS[seed]
+
+    def fields(r):
+        if r == 0:
+            return {"weights": dict(zip(SITES, FEDAVG_WEIGHTS))}
+        shares = [1 / 3 + (c - 1 / 3) * r / 3 for c in final]  # from uniform towards the final estimate
+        terms = {s: {"gradient": 0.4, "data": c, "combined": 0.4 + c, "cosine": 0.9, "error": 0.2} for s, c in
+                 zip(SITES, final)}
+        return {"weights": dict(zip(SITES, shares)), "contributions": dict(zip(SITES, shares)),
+                "contribution_terms": terms}
+
+    return write_run(path, "fedce_sum", seed, [0.82, 0.91, 0.72], config={"free_riders": list(free_riders)},
+                     round_fields=fields,
+                     final_fields={"contributions": dict(zip(SITES, final)),
+                                   "contribution_terms": {s: {"gradient": g, "data": d} for s, g, d in
+                                                          zip(SITES, [0.4, 0.4, 0.2], final)}})
+
+
+@pytest.fixture
+def fedce_dir(tmp_path, runs_dir):
+    """runs_dir (Solo, FedAvg, Fed-LWR) plus FedAvg with weights and two seeds of FedCE with a free rider."""
+    write_run(runs_dir / "fedavg_w" / "results.json", "fedavg", 1, [0.80, 0.90, 0.70], round_fields=fedavg_weights)
+    for seed in FEDCE_CONTRIBUTIONS:
+        write_fedce(runs_dir / f"fedce_s{seed}" / "results.json", seed)
+    (tmp_path / "loo.json").write_text(json.dumps(LOO))
+    return runs_dir
+
+
+def test_performance_fairness_table_by_hand(runs_dir):
+    table, stats = report.performance_fairness_table(report.load_runs(runs_dir))
+    # Solo (70, 80, 60); FedAvg (80, 90, 70): r = 1, d = sqrt(3 * 10^2)
+    assert stats["fedavg"]["pearson"] == pytest.approx(1.0)
+    assert stats["fedavg"]["euclidean"] == pytest.approx(300 ** 0.5)
+    # Fed-LWR averaged over its two seeds first: (86, 89, 84); minus means (-1/3, 8/3, -7/3) and (0, 10, -10)
+    assert stats["fedlwr"]["pearson"] == pytest.approx(50 / math.sqrt((38 / 3) * 200))
+    assert stats["fedlwr"]["euclidean"] == pytest.approx(math.sqrt(16 ** 2 + 9 ** 2 + 24 ** 2))
+    assert stats["fedlwr"]["seeds"] == 2 and stats["fedlwr"]["reference"] == "solo"
+    rows, header = table_rows(table)
+    assert header == ["Method", "Pearson r (p)", "Euclidean distance", "compared with", "seeds (method / Solo)"]
+    assert rows["FedAvg"][0].startswith("**1.000** (") and rows["FedAvg"][1] == "**17.32**"
+    assert rows["Fed-LWR"][1:] == ["30.22", "Solo", "2 / 1"] and "Solo" not in rows
+
+
+def test_performance_fairness_needs_solo_and_the_same_sites(tmp_path, runs_dir):
+    runs = report.load_runs(runs_dir)
+    assert report.performance_fairness_table([r for r in runs if r["method"] != "solo"]) == ("", {})
+    other = write_run(tmp_path / "x" / "results.json", "fedprox", 0, [0.8, 0.9, 0.7])
+    data = json.loads(other.read_text())
+    data["final"]["per_site"]["site-4"] = {"dice": 0.5}
+    other.write_text(json.dumps(data))
+    table, stats = report.performance_fairness_table(runs + report.load_runs(other))
+    assert "fedprox" not in stats and "FedProx is not compared: its sites differ from Solo's" in table
+
+
+def test_region_tables(tmp_path):
+    for method, final in (("solo", [0.7, 0.8, 0.6]), ("fedavg", [0.8, 0.9, 0.7])):
+        write_run(tmp_path / method / "results.json", method, 0, final, regions=True, config={"dataset": "fundus"})
+    result = report.make_report([tmp_path], tmp_path / "report")
+    assert list(result["region_tables"]) == ["dice_disc", "dice_cup"]
+    rows, _ = table_rows(result["region_tables"]["dice_cup"])
+    assert rows["FedAvg"][:4] == ["75.00", "85.00", "65.00", "**75.00**"]
+    text = result["report"].read_text()
+    assert "# fairfl report: fundus, Dice" in text and "### Dice (disc)" in text and "### Dice (cup)" in text
+    write_run(tmp_path / "p" / "results.json", "fedavg", 1, [0.8] * 3, config={"dataset": "prostate"})
+    with pytest.raises(ValueError, match="different datasets"):
+        report.make_report([tmp_path], tmp_path / "report")
+
+
+def test_contribution_table_marks_free_riders(fedce_dir):
+    runs = report.load_runs(fedce_dir)
+    table, stats = report.contribution_table(runs)
+    key = "fedce_sum (free riders: site-3)"
+    assert list(stats) == [key]
+    assert stats[key]["contributions"]["site-1"] == pytest.approx((0.55, math.sqrt(0.005)))
+    assert stats[key]["gradient"]["site-3"] == pytest.approx((0.2, 0.0))
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| FedCE")]
+    assert rows[0][1:] == ["contribution", "0.550 ± 0.071", "0.350 ± 0.071", "0.100 ± 0.000 †", "2 |"]
+    assert [r[1] for r in rows] == ["contribution", "gradient term", "data term"]
+    assert rows[0][0] == "| FedCE (Sum.) (free riders: site-3)" and "† free rider" in table
+
+
+def test_runs_with_other_free_riders_or_left_out_sites_are_separate_rows(tmp_path, runs_dir):
+    write_fedce(runs_dir / "fedce_plain" / "results.json", 0, free_riders=())
+    write_run(runs_dir / "without2" / "results.json", "fedavg", 0, [0.8, 0.88, 0.7],
+              config={"exclude_sites": ["site-2"]})
+    rows, _ = table_rows(report.paper_table(report.load_runs(runs_dir)))
+    assert list(rows) == ["Solo", "FedAvg", "FedAvg (without site-2)", "FedCE (Sum.)", "Fed-LWR"]
+
+
+def test_contribution_estimates(tmp_path):
+    run = json.loads(write_run(tmp_path / "r.json", "fedavg", 0, [0.8] * 3, round_fields=fedavg_weights).read_text())
+    # the mean over rounds counts the round where site-3 was rejected as weight 0
+    assert report.contribution_estimates(run) == {"aggregation weights": pytest.approx(
+        {"site-1": (3 * 0.5 + 0.625) / 4, "site-2": (3 * 0.3 + 0.375) / 4, "site-3": 3 * 0.2 / 4})}
+
+
+def test_contribution_agreement_table(tmp_path, fedce_dir):
+    loo = report.load_loo(tmp_path / "loo.json")
+    table, stats = report.contribution_agreement_table(report.load_runs(fedce_dir), loo)
+    fedce = stats["fedce_sum (free riders: site-3)"]["final contributions"]
+    expected = contribution_agreement({"site-1": 0.55, "site-2": 0.35, "site-3": 0.10}, LOO["marginal"])
+    assert fedce == pytest.approx({**expected, "seeds": 2})
+    fedavg = stats["fedavg"]["aggregation weights"]
+    assert fedavg["seeds"] == 1  # only the FedAvg run that records weights
+    assert fedavg["euclidean"] == pytest.approx(contribution_agreement(
+        {"site-1": 0.53125, "site-2": 0.31875, "site-3": 0.15}, LOO["marginal"])["euclidean"])
+    assert list(stats["fedlwr"]) == ["layer weights, mean over layers"] and "solo" not in stats
+    lines = table.splitlines()
+    assert "| leave-one-out | +0.500 | +0.333 | -0.167 |" in lines  # 0.03, 0.02, -0.01 over 0.06
+    assert "| FedCE (Sum.) (free riders: site-3): final contributions | +0.550 | +0.350 | +0.100 |" in lines
+
+
+def test_make_report_with_contributions_and_loo(tmp_path, fedce_dir, capsys):
+    out = tmp_path / "report"
+    assert report.main([str(fedce_dir), "--out", str(out), "--loo", str(tmp_path / "loo.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "Performance fairness against Solo:" in printed
+    assert "Contribution estimates against leave-one-out:" in printed
+    text = (out / "report.md").read_text()
+    for section in ("## Performance fairness", "## Client contributions", "## Contribution estimates against "
+                    "leave-one-out", "Full federation: mean dice 80.00%",
+                    "| marginal value (points) | +3.00 | +2.00 | -1.00 |"):
+        assert section in text
+    figure = out / "contributions_fedce_sum_free_riders_site_3.png"
+    assert is_png(figure) and f"]({figure.name})" in text
+    assert report.main([str(fedce_dir), "--out", str(out), "--loo", str(tmp_path / "nowhere.json")]) == 1
+    assert "nowhere.json" in capsys.readouterr().err
+
+
+def test_plot_contributions_skips_runs_without_them(tmp_path, runs_dir):
+    runs = report.load_runs(runs_dir / "fedavg_s0")
+    assert report.plot_contributions(runs, tmp_path / "c.png", "x") is None and not (tmp_path / "c.png").exists()

@@ -115,6 +115,64 @@ def test_fedlwr_rejects_out_of_range_cka(tmp_path, cache_dir):
     assert all(math.isfinite(v["dice"]) for v in results["final"]["per_site"].values())
 
 
+def check_contributions(record, sites):
+    contributions = record["contributions"]
+    assert set(contributions) == set(sites)
+    assert all(math.isfinite(v) and v >= 0 for v in contributions.values())
+    assert sum(contributions.values()) == pytest.approx(1.0)
+
+
+def test_fedce_contributions_free_rider_and_a_site_with_a_bad_leave_one_out_error(tmp_path, cache_dir):
+    fault = {"task_result_filters": [{"tasks": ["train"], "filters": [
+        {"path": "faults.CorruptResult", "args": {"site": "site-2", "mode": "loo"}}]}]}
+    job = make_job("fedce", str(tmp_path / "job"), server={"num_rounds": 3, "combine": "product", "free_riders": 1},
+                   client_extra=fault)
+    sim = run(job, str(tmp_path / "ws"), n=4, t=4)
+    assert "site-2" in sim.errors.pop("server", "")
+    results = load_results(sim)
+    sites = ["site-1", "site-2", "site-3", "site-4"]
+    assert results["method"] == "fedce_product" and results["config"]["free_riders"] == ["site-4"]
+    first, *later = results["rounds"]
+    assert "contributions" not in first and set(first["weights"]) == set(sites)  # round 0 is FedAvg
+    for record in later:  # site-2's NaN leave-one-out error keeps it out of rounds 1 and 2
+        assert set(record["rejected"]) == {"site-2"} and "leave-one-out" in record["rejected"]["site-2"]
+        check_contributions(record, ["site-1", "site-3", "site-4"])
+        assert set(record["weights"]) == {"site-1", "site-3", "site-4"}
+        for terms in record["contribution_terms"].values():
+            assert terms["combined"] == pytest.approx(terms["gradient"] * terms["data"])
+            assert 0.0 <= terms["error"] <= 1.0 and -1.0 <= terms["cosine"] <= 1.0
+    check_contributions(results["final"], ["site-1", "site-3", "site-4"])
+    assert set(results["final"]["per_site"]) == set(sites)  # the free rider is evaluated like everyone
+    state = json.load(open(os.path.join(os.path.dirname(sim.results_path), "method_state.json")))
+    assert state["round"] == 2 and state["state"]["rounds"] == 2
+    assert state["state"]["weights"]["site-2"] == 0.0
+
+
+def test_fedce_on_fundus_with_restarted_sites_builds_every_leave_one_out_model(tmp_path, cache_dir):
+    # -t 1 < -n 3: every task starts a new client process, so the previous local model must come from disk;
+    # the fundus data (RGB, background / disc rim / cup) runs through loss, Dice per region and results
+    job = make_job("fedce", str(tmp_path / "job"), server={"dataset": "fundus"})
+    results = load_results(run(job, str(tmp_path / "ws"), n=3, t=1))
+    check_common(results, "fedce_sum")
+    assert results["config"]["num_classes"] == 3 and results["config"]["in_channels"] == 3
+    for record in results["rounds"][1:]:
+        assert "rejected" not in record
+        check_contributions(record, ["site-1", "site-2", "site-3"])
+        assert all(0.0 <= t["error"] <= 1.0 for t in record["contribution_terms"].values())
+    for scores in results["final"]["per_site"].values():
+        assert {"dice", "dice_disc", "dice_cup"} <= set(scores)
+        assert scores["dice"] == pytest.approx((scores["dice_disc"] + scores["dice_cup"]) / 2)
+
+
+def test_fedavg_leaves_excluded_site_out_of_training_but_evaluates_it(tmp_path, cache_dir):
+    job = make_job("fedavg", str(tmp_path / "job"), server={"num_rounds": 1, "exclude_sites": ["site-3"]})
+    results = load_results(run(job, str(tmp_path / "ws")))
+    record = results["rounds"][0]
+    assert set(record["train"]) == set(record["weights"]) == {"site-1", "site-2"}
+    assert set(results["final"]["per_site"]) == {"site-1", "site-2", "site-3"}
+    assert results["config"]["exclude_sites"] == ["site-3"]
+
+
 def test_exported_job_runs_only_where_sites_allow_list_fairfl(tmp_path, cache_dir):
     exported = str(tmp_path / "exported")
     subprocess.run(["fairfl", "export-job", make_job("fedavg", str(tmp_path / "job"), server={"num_rounds": 1}),

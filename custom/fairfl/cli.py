@@ -1,8 +1,10 @@
-"""The `fairfl` command: run a job, prepare or convert data, report, export jobs for production."""
+"""The `fairfl` command: run a job, prepare or convert data, leave-one-out values, report, export jobs for
+production."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import shutil
 import sys
@@ -31,22 +33,54 @@ def _run(args) -> int:
     return 0
 
 
+# the generator of each built-in dataset, for `prepare-data --out` ("module:function", imported when used)
+GENERATORS = {"prostate": "fairfl.data.synthetic_prostate:generate_prostate_sites",
+              "fundus": "fairfl.data.synthetic_fundus:generate_fundus_sites"}
+
+
+def _import(target: str):
+    module, function = target.split(":")
+    return getattr(importlib.import_module(module), function)
+
+
 def _prepare_data(args) -> int:
-    from fairfl.data.synthetic_prostate import ensure_builtin_data, generate_prostate_sites
+    from fairfl.data.builtin import ensure_builtin
 
     if args.out:
-        root = generate_prostate_sites(args.out, num_sites=args.num_sites, image_size=args.image_size, seed=args.seed)
+        root = _import(GENERATORS[args.dataset])(args.out, num_sites=args.num_sites, image_size=args.image_size,
+                                                 seed=args.seed, size_scale=args.size_scale)
     else:
-        root = ensure_builtin_data(image_size=args.image_size, seed=args.seed, num_sites=args.num_sites)
+        root = ensure_builtin(args.dataset, image_size=args.image_size, seed=args.seed, num_sites=args.num_sites,
+                              size_scale=args.size_scale)
     print(root)
     return 0
 
 
-def _convert_prostate(args) -> int:
-    from fairfl.data.convert_prostate import convert_prostate
+def _converter(target: str):
+    """A subcommand handler for a dataset converter `convert(src, dst, seed=..., site_names=...)`."""
+    def convert(args) -> int:
+        summary = _import(target)(args.src, args.dst, seed=args.seed,
+                                  site_names="flare" if args.rename_sites else None)
+        print(summary)
+        return 0
+    return convert
 
-    summary = convert_prostate(args.src, args.dst, seed=args.seed, site_names="flare" if args.rename_sites else None)
-    print(summary)
+
+def _leave_one_out(args) -> int:
+    from fairfl.jobconfig import parse_assignments
+    from fairfl.loo import load_loo, marginal_table, run_leave_one_out
+
+    out = args.out or os.path.join("workspaces", "loo-" + os.path.basename(os.path.abspath(args.job)))
+    print(f"leave-one-out of {args.job} with {args.n_clients} sites in {out}: one run with every site, then one "
+          f"without each of {', '.join(args.sites) if args.sites else 'them'}", flush=True)
+    try:
+        path = run_leave_one_out(os.path.abspath(args.job), out, args.n_clients, parse_assignments(args.set),
+                                 sites=args.sites, threads=args.threads)
+    except (RuntimeError, ValueError) as e:
+        print(f"fairfl leave-one-out: {e}", file=sys.stderr)
+        return 1
+    print(f"\n{marginal_table(load_loo(path))}\n\nleave-one-out: {path}\n"
+          f"compare with: fairfl report RUNS... --loo {path}")
     return 0
 
 
@@ -60,6 +94,13 @@ def _export_job(args) -> int:
     return 0
 
 
+def _add_simulator_arguments(parser) -> None:
+    parser.add_argument("-n", "--n-clients", type=int, default=6)
+    parser.add_argument("-t", "--threads", type=int, default=None, help="client processes at once (default n)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="change a job argument (JSON value), e.g. --set num_rounds=50; repeatable")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from fairfl import report
 
@@ -69,25 +110,42 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a job in the NVFlare simulator, then write its report")
     p.add_argument("job", help="job folder, e.g. jobs/fedlwr")
     p.add_argument("-w", "--workspace", help="simulator workspace (default workspaces/<job name>)")
-    p.add_argument("-n", "--n-clients", type=int, default=6)
-    p.add_argument("-t", "--threads", type=int, default=None, help="client processes at once (default n)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="change a job argument for this run (JSON value), e.g. --set num_rounds=50; repeatable")
+    _add_simulator_arguments(p)
     p.set_defaults(func=_run)
 
-    p = sub.add_parser("prepare-data", help="generate the built-in synthetic multi-site prostate data")
+    p = sub.add_parser("prepare-data", help="generate a built-in synthetic multi-site dataset")
+    p.add_argument("--dataset", choices=sorted(GENERATORS), default="prostate")
     p.add_argument("--out", help="write here instead of the cache")
     p.add_argument("--image-size", type=int, default=64)
     p.add_argument("--num-sites", type=int, default=6)
     p.add_argument("--seed", type=int, default=0)
+    # the jobs' `synthetic_size_scale`: with another value the jobs would not find this data in the cache
+    p.add_argument("--size-scale", type=float, default=2.0,
+                   help="scales the number of cases per site (default 2.0, the jobs' synthetic_size_scale)")
     p.set_defaults(func=_prepare_data)
 
-    p = sub.add_parser("convert-prostate", help="convert the multi-site prostate MRI layout to 2-D datalists")
-    p.add_argument("src", help="folder with <site>/Image/<case>.nii.gz and <site>/Mask/<case>.nii.gz")
-    p.add_argument("dst", help="output data root (<site>.json datalists)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rename-sites", action="store_true", help="name sites site-1..site-N (FLARE client names)")
-    p.set_defaults(func=_convert_prostate)
+    for name, target, what, src_help in (
+            ("convert-prostate", "fairfl.data.convert_prostate:convert_prostate",
+             "the multi-site prostate MRI layout to 2-D datalists",
+             "folder with <site>/Image/<case>.nii.gz and <site>/Mask/<case>.nii.gz"),
+            ("convert-fundus", "fairfl.data.convert_fundus:convert_fundus",
+             "the multi-site retinal fundus layout (optic disc and cup) to datalists",
+             "folder of the multi-site fundus data, one folder per site")):
+        p = sub.add_parser(name, help=f"convert {what}")
+        p.add_argument("src", help=src_help)
+        p.add_argument("dst", help="output data root (<site>.json datalists)")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--rename-sites", action="store_true", help="name sites site-1..site-N (FLARE client names)")
+        p.set_defaults(func=_converter(target))
+
+    p = sub.add_parser("leave-one-out", help="leave-one-out client values: the job with every site, then without "
+                                             "each site (FedCE paper, Table 3)")
+    p.add_argument("job", nargs="?", default=os.path.join("jobs", "fedavg"), help="job folder (default jobs/fedavg)")
+    p.add_argument("-o", "--out", help="output folder: runs/ and loo.json (default workspaces/loo-<job name>)")
+    _add_simulator_arguments(p)
+    p.add_argument("--sites", nargs="+", metavar="SITE",
+                   help="leave out only these sites, one at a time (default: every site); give the job before it")
+    p.set_defaults(func=_leave_one_out)
 
     p = sub.add_parser("report", help="paper-style table and figures from one or more runs")
     report.add_arguments(p)

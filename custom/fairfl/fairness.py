@@ -1,11 +1,14 @@
-"""Fairness statistics across sites, as reported in the papers' tables."""
+"""Fairness statistics across sites, as reported in the papers' tables: the spread of one metric over sites
+(Fed-LWR), and the agreement of two per-site vectors (FedCE: performance and collaboration fairness)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 
-__all__ = ["summarize"]
+import numpy as np
+
+__all__ = ["summarize", "performance_fairness", "contribution_agreement", "normalise_abs"]
 
 
 def summarize(per_site: Mapping[str, float], higher_is_better: bool = True) -> dict:
@@ -32,3 +35,78 @@ def summarize(per_site: Mapping[str, float], higher_is_better: bool = True) -> d
     pick = min if higher_is_better else max
     worst_site = pick(values, key=values.__getitem__)
     return {"mean": mean, "std": std, "worst": values[worst_site], "worst_site": worst_site}
+
+
+# ---------------------------------------------------------------- comparing two per-site vectors (FedCE paper)
+
+def performance_fairness(method_scores: Mapping[str, float], solo_scores: Mapping[str, float]) -> dict:
+    """How closely a method's per-site performance follows Solo's (FedCE paper, Table 2).
+
+    Pearson correlation (higher: the federation keeps the sites' order of difficulty) and Euclidean distance
+    (lower: no site is moved far from what it achieves alone) between the two vectors, site by site. Pass Dice
+    in points (x100) to get the distance on the paper's scale; the correlation does not depend on the scale.
+
+    Returns:
+        {"pearson", "p_value", "euclidean", "note"}: pearson and p_value are NaN, with a note saying why, for
+        fewer than 3 sites or a constant vector (a correlation is then undefined or meaningless); note is
+        None otherwise.
+    """
+    method, solo = _paired(method_scores, solo_scores, "performance_fairness")
+    pearson, p_value, note = _pearson(method, solo)
+    return {"pearson": pearson, "p_value": p_value, "euclidean": float(np.linalg.norm(method - solo)), "note": note}
+
+
+def contribution_agreement(estimates: Mapping[str, float], loo_values: Mapping[str, float]) -> dict:
+    """How well estimated client contributions match leave-one-out marginal values (FedCE paper, Table 3).
+
+    Pearson correlation and cosine similarity are scale-free. For the Euclidean distance both vectors are put
+    on one scale first: each is divided by the sum of its absolute values, so the estimates (contributions or
+    aggregation weights, which already sum to 1) are unchanged and the marginal values (drops of the mean
+    Dice, which may be negative) become shares with sum |v| = 1.
+
+    Returns:
+        {"pearson", "p_value", "euclidean", "cosine", "note"}; NaN with a note where a value is undefined
+        (fewer than 3 sites or a constant vector: pearson; an all-zero vector: euclidean and cosine).
+    """
+    estimate, loo = _paired(estimates, loo_values, "contribution_agreement")
+    pearson, p_value, note = _pearson(estimate, loo)
+    notes = [note] if note else []
+    if not (np.any(estimate) and np.any(loo)):
+        notes.append("an all-zero vector has no direction: Euclidean distance and cosine are undefined")
+        euclidean = cosine = math.nan
+    else:
+        euclidean = float(np.linalg.norm(normalise_abs(estimate) - normalise_abs(loo)))
+        cosine = float(estimate @ loo / (np.linalg.norm(estimate) * np.linalg.norm(loo)))
+    return {"pearson": pearson, "p_value": p_value, "euclidean": euclidean, "cosine": cosine,
+            "note": "; ".join(notes) or None}
+
+
+def normalise_abs(values: np.ndarray) -> np.ndarray:
+    """values / sum(|values|): shares that keep their signs (a site whose removal helped stays negative)."""
+    return values / np.abs(values).sum()
+
+
+def _paired(a: Mapping[str, float], b: Mapping[str, float], who: str) -> tuple[np.ndarray, np.ndarray]:
+    """The two vectors in one site order; the sites must be the same and every value finite."""
+    if set(a) != set(b):
+        raise ValueError(f"{who}: the sites differ: {sorted(set(a) ^ set(b))} are in only one of the two")
+    if not a:
+        raise ValueError(f"{who}: no sites")
+    sites = sorted(a)
+    x, y = (np.array([float(v[s]) for s in sites]) for v in (a, b))
+    for site, u, v in zip(sites, x, y):
+        if not (math.isfinite(u) and math.isfinite(v)):
+            raise ValueError(f"{who}: value of {site} is not finite ({u}, {v})")
+    return x, y
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> tuple[float, float, str | None]:
+    """Pearson r and its two-sided p-value, or NaNs and the reason when it is undefined or meaningless."""
+    if len(x) < 3:  # two points always lie on a line: r = +-1 with p = 1 says nothing
+        return math.nan, math.nan, f"Pearson correlation needs at least 3 sites, got {len(x)}"
+    if np.ptp(x) == 0 or np.ptp(y) == 0:
+        return math.nan, math.nan, "Pearson correlation is undefined for a constant vector"
+    from scipy.stats import pearsonr  # here: results.py (imported by every server) needs only summarize
+
+    result = pearsonr(x, y)
+    return float(result.statistic), float(result.pvalue), None

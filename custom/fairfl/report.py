@@ -3,6 +3,11 @@
 As in the papers' tables (Fed-LWR Tables 1-2), values are percent, Avg. is the mean over sites and Std. the
 population standard deviation across sites. With several runs (seeds) of a method, each cell is the mean over
 seeds ± their sample sd (ddof=1), and Std. is the mean over seeds of each run's across-site std.
+
+Runs of one method with other free riders or other left-out sites are reported as separate rows. The FedCE
+paper's fairness tables are added where the inputs allow: performance fairness against Solo (Table 2),
+per-region Dice, client contributions (with a per-round figure), and, given a leave-one-out file, the
+agreement of each method's contribution estimate with the leave-one-out values (Table 3).
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
+from fairfl.fairness import contribution_agreement, normalise_abs, performance_fairness
+from fairfl.loo import load_loo, marginal_table
 from fairfl.results import RESULTS_FILE, SCHEMA_VERSION, SIMULATOR_RESULTS
 
 METHOD_ORDER = ("solo", "fedavg")  # then the others alphabetically
-DISPLAY = {"solo": "Solo", "fedavg": "FedAvg", "fedlwr": "Fed-LWR", "fedce": "FedCE", "qfedavg": "q-FedAvg",
-           "ditto": "Ditto", "fedism": "FedISM", "fedismplus": "FedISM+", "fednpr": "FedNPR"}
+DISPLAY = {"solo": "Solo", "fedavg": "FedAvg", "fedlwr": "Fed-LWR", "fedce": "FedCE", "fedce_sum": "FedCE (Sum.)",
+           "fedce_product": "FedCE (Multi.)", "qfedavg": "q-FedAvg", "ditto": "Ditto", "fedism": "FedISM",
+           "fedismplus": "FedISM+", "fednpr": "FedNPR", "fedprox": "FedProx", "cffl": "CFFL", "cgsv": "CGSV"}
 METRIC_LABEL = {"dice": "Dice", "auc": "AUC", "acc": "Accuracy", "accuracy": "Accuracy"}
 
 
@@ -110,22 +118,41 @@ def _sites(runs) -> list[str]:
     return sorted(found, key=_site_key)
 
 
+def _variant(run) -> str:
+    """What besides the method makes runs of it incomparable: its free riders and left-out sites ("" if none)."""
+    config = run.get("config") or {}
+    parts = [prefix + ", ".join(config[key]) for key, prefix in (("free_riders", "free riders: "),
+                                                                 ("exclude_sites", "without ")) if config.get(key)]
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _group(run) -> str:
+    """The row a run belongs to: its method, and its variant if any, e.g. "fedce_sum (free riders: site-6)"."""
+    return run["method"] + _variant(run)
+
+
 def _by_method(runs) -> dict[str, list[dict]]:
-    """Runs grouped by method: Solo, FedAvg, then the others alphabetically; seeds in order within a method."""
+    """Runs grouped by method and variant: Solo, FedAvg, then the others alphabetically; seeds in order."""
     def key(run):
         m = run["method"]
-        return (METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER), m, run["seed"])
+        return (METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER), m, _variant(run), run["seed"])
     groups = {}
     for run in sorted(runs, key=key):
-        groups.setdefault(run["method"], []).append(run)
+        groups.setdefault(_group(run), []).append(run)
     return groups
 
 
-def _name(method: str) -> str:
-    return DISPLAY.get(method, method)
+def _name(group: str) -> str:
+    """Display name of a method, or of a group "method (variant)"."""
+    method, sep, variant = group.partition(" (")
+    return DISPLAY.get(method, method) + sep + variant
 
 
 def _label(metric: str) -> str:
+    """"dice" -> "Dice", "dice_cup" -> "Dice (cup)"."""
+    base, _, region = metric.partition("_")
+    if metric not in METRIC_LABEL and region and base in METRIC_LABEL:
+        return f"{METRIC_LABEL[base]} ({region})"
     return METRIC_LABEL.get(metric, metric)
 
 
@@ -137,7 +164,7 @@ def _finished(runs, metric) -> list[dict]:
 
 
 def _notes(runs, metric) -> list[str]:
-    notes = [f"Note: skipped {r['file']} ({_name(r['method'])}, seed {r['seed']}): "
+    notes = [f"Note: skipped {r['file']} ({_name(_group(r))}, seed {r['seed']}): "
              + ("no final evaluation (the run did not finish)." if not r["final"] else f"no final {metric}.")
              for r in runs if not _scores(r["final"], metric)]
     for method, group in _by_method(_finished(runs, metric)).items():
@@ -148,12 +175,18 @@ def _notes(runs, metric) -> list[str]:
     return notes
 
 
-def _cell(stat, bold=False) -> str:
+def _cell(stat, bold=False, digits=2) -> str:
     if stat is None:
         return "–"
     mean, sd = stat
-    text = f"{mean:.2f}" if sd is None else f"{mean:.2f} ± {sd:.2f}"
+    text = f"{mean:.{digits}f}" if sd is None else f"{mean:.{digits}f} ± {sd:.{digits}f}"
     return f"**{text}**" if bold else text
+
+
+def _markdown(header, rows) -> list[str]:
+    """Lines of a markdown table: the first column left-aligned, the others right-aligned."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" + "---:|" * (len(header) - 1),
+            *("| " + " | ".join(row) + " |" for row in rows)]
 
 
 def paper_table(runs, metric=None) -> str:
@@ -173,11 +206,10 @@ def paper_table(runs, metric=None) -> str:
     best_std = min(round(row[-1][0], 2) for row in rows.values())
     with_seeds = any(len(g) > 1 for g in groups.values())
     header = ["Method", *sites, "Avg.", "Std."] + (["Seeds"] if with_seeds else [])
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" + "---:|" * (len(header) - 1)]
-    for method, (*site_cells, avg, std) in rows.items():
-        cells = [_name(method), *map(_cell, site_cells),
-                 _cell(avg, round(avg[0], 2) == best_avg), _cell(std, round(std[0], 2) == best_std)]
-        lines.append("| " + " | ".join(cells + ([str(len(groups[method]))] if with_seeds else [])) + " |")
+    lines = _markdown(header, ([_name(method), *map(_cell, site_cells), _cell(avg, round(avg[0], 2) == best_avg),
+                                _cell(std, round(std[0], 2) == best_std)]
+                               + ([str(len(groups[method]))] if with_seeds else [])
+                               for method, (*site_cells, avg, std) in rows.items()))
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
@@ -186,14 +218,191 @@ def write_csv(runs, path, metric=None) -> Path:
     metric = _metric(runs, metric)
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["method", "seed", "site", "metric", "percent", "file"])
+        writer.writerow(["method", "variant", "seed", "site", "metric", "percent", "file"])
         for run in (r for group in _by_method(_finished(runs, metric)).values() for r in group):
             scores = _scores(run["final"], metric)
             avg, std = _avg_std(scores)
             rows = [*scores.items(), ("mean", avg), ("std", std), ("worst", min(scores.values()))]
-            writer.writerows([run["method"], run["seed"], site, metric, f"{value:.4f}", run["file"]]
+            writer.writerows([run["method"], _variant(run).strip(" ()"), run["seed"], site, metric, f"{value:.4f}",
+                              run["file"]]
                              for site, value in rows)
     return Path(path)
+
+
+# ---------------------------------------------------------------- FedCE paper: fairness and contribution tables
+
+def _mean_per_site(dicts) -> dict:
+    """{site: mean over the dicts that have it} of per-site values, e.g. one dict per seed."""
+    sites = sorted({s for d in dicts for s in d}, key=_site_key)
+    return {s: float(np.mean([d[s] for d in dicts if s in d])) for s in sites}
+
+
+def _number(value, spec, best=None) -> str:
+    """A value formatted with `spec`; bold if it equals `best` as printed; "–" if undefined (NaN)."""
+    if value is None or not np.isfinite(value):
+        return "–"
+    text = format(value, spec)
+    return f"**{text}**" if best is not None and text == format(best, spec) else text
+
+
+def _best(values, pick):
+    finite = [v for v in values if v is not None and np.isfinite(v)]
+    return pick(finite) if finite else None
+
+
+def _pearson_cell(stat, best=None) -> str:
+    """"r (p)" as in the papers' tables, e.g. "0.982 (4.6e-04)"."""
+    if not np.isfinite(stat["pearson"]):
+        return "–"
+    return f"{_number(stat['pearson'], '.3f', best)} ({stat['p_value']:.1e})"
+
+
+def _left_out(run) -> list:
+    return list((run.get("config") or {}).get("exclude_sites") or [])
+
+
+def _free_riders(run) -> list:
+    return list((run.get("config") or {}).get("free_riders") or [])
+
+
+def region_metrics(runs, metric) -> list[str]:
+    """The per-region variants of `metric` in the runs' final evaluations, e.g. dice_disc and dice_cup."""
+    found = (key for r in runs for values in ((r["final"] or {}).get("per_site") or {}).values() for key in values)
+    return [key for key in dict.fromkeys(found) if key.startswith(metric + "_")]
+
+
+def performance_fairness_table(runs, metric=None) -> tuple[str, dict]:
+    """FedCE Table 2: each method's per-site final metric (%) against Solo's: Pearson r (p), Euclidean distance.
+
+    Per-site values are averaged over a method's seeds, and over Solo's, before the one comparison. A method is
+    compared with the Solo runs of its own variant (the same free riders) if there are any, else with plain
+    Solo; one whose sites differ from Solo's is skipped with a note. Returns ("", {}) without a Solo run, else
+    (markdown, {group: {"pearson", "p_value", "euclidean", "note", "reference", "seeds", "reference_seeds"}})."""
+    metric = _metric(runs, metric)
+    groups = _by_method(_finished(runs, metric))
+    if not any(group[0]["method"] == "solo" for group in groups.values()):
+        return "", {}
+    stats, notes = {}, []
+    for key, group in groups.items():
+        if group[0]["method"] == "solo":
+            continue
+        reference = next((k for k in ("solo" + _variant(group[0]), "solo") if k in groups), None)
+        if reference is None:
+            notes.append(f"Note: {_name(key)} is not compared: no plain Solo run.")
+            continue
+        scores, solo = (_mean_per_site([_scores(r["final"], metric) for r in g]) for g in (group, groups[reference]))
+        if set(scores) != set(solo):
+            notes.append(f"Note: {_name(key)} is not compared: its sites differ from {_name(reference)}'s.")
+            continue
+        stats[key] = {**performance_fairness(scores, solo), "reference": reference, "seeds": len(group),
+                      "reference_seeds": len(groups[reference])}
+        if stats[key]["note"]:
+            notes.append(f"Note: {_name(key)}: {stats[key]['note']}.")
+    if not stats:
+        return "\n".join(["No method to compare with Solo.", *notes]), {}
+    best_r = _best((v["pearson"] for v in stats.values()), max)
+    best_d = _best((v["euclidean"] for v in stats.values()), min)
+    rows = ([_name(key), _pearson_cell(v, best_r), _number(v["euclidean"], ".2f", best_d),
+             _name(v["reference"]), f"{v['seeds']} / {v['reference_seeds']}"] for key, v in stats.items())
+    lines = _markdown(["Method", "Pearson r (p)", "Euclidean distance", "compared with", "seeds (method / Solo)"], rows)
+    return "\n".join(lines + ([""] + notes if notes else [])), stats
+
+
+def contribution_table(runs) -> tuple[str, dict]:
+    """Final client contributions per site (mean ± sd over seeds) of the runs that record them (FedCE), and the
+    accumulated gradient and data terms where recorded; free riders marked †. ("", {}) if no run has them.
+
+    Returns (markdown, {group: {"contributions"|"gradient"|"data": {site: (mean, sd or None)}}})."""
+    groups = _by_method([r for r in runs if (r["final"] or {}).get("contributions")])
+    if not groups:
+        return "", {}
+    sites = _sites([r for group in groups.values() for r in group])
+    stats, rows = {}, []
+    for key, group in groups.items():
+        finals = [r["final"] for r in group]
+        per_run = {"contributions": [f["contributions"] for f in finals]}
+        for term in ("gradient", "data"):
+            if all(f.get("contribution_terms") for f in finals):
+                per_run[term] = [{s: t[term] for s, t in f["contribution_terms"].items() if term in t} for f in finals]
+        free = set(_free_riders(group[0]))
+        stats[key] = {what: {s: _mean_sd(v[s] for v in values if s in v) for s in sites}
+                      for what, values in per_run.items()}
+        for what, per_site in stats[key].items():
+            label = "contribution" if what == "contributions" else f"{what} term"
+            rows.append([_name(key), label, *(_cell(per_site[s], digits=3) + (" †" if s in free else "")
+                                              for s in sites), str(len(group))])
+    lines = _markdown(["Method", "estimate", *sites, "seeds"], rows)
+    if any(_free_riders(group[0]) for group in groups.values()):
+        lines += ["", "† free rider (trains on one image repeated; should earn almost nothing)."]
+    return "\n".join(lines), stats
+
+
+def _mean_over_rounds(records: list[dict], sites) -> dict:
+    """Mean of per-round weights; a site missing from a round (its update was rejected) counts as weight 0."""
+    return {s: float(np.mean([record.get(s, 0.0) for record in records])) for s in sites}
+
+
+def contribution_estimates(run) -> dict[str, dict]:
+    """{what: {site: value}}: the client contributions a run implies, as the FedCE paper compares them.
+
+    FedCE: its final accumulated contributions. Methods without them: their aggregation weights averaged over
+    rounds ("we take the aggregation weights as client contributions"); Fed-LWR: its anchor weights (FedAvg's
+    sample shares) and, separately, the layer weights it aggregates with, averaged over layers and rounds."""
+    contributions = (run["final"] or {}).get("contributions")
+    if contributions:
+        return {"final contributions": dict(contributions)}
+    estimates = {}
+    for key, what in (("weights", "aggregation weights"), ("anchor_weights", "anchor weights (sample shares)")):
+        records = [r[key] for r in run["rounds"] if r.get(key)]
+        if records:
+            estimates[what] = _mean_over_rounds(records, run["sites"])
+    per_layer = [w for r in run["rounds"] for w in (r.get("layer_weights") or {}).values()]
+    if per_layer:
+        estimates["layer weights, mean over layers"] = _mean_over_rounds(per_layer, run["sites"])
+    return estimates
+
+
+def contribution_agreement_table(runs, loo: dict) -> tuple[str, dict]:
+    """FedCE Table 3: each method's contribution estimate against the leave-one-out marginal values.
+
+    A method's estimate is averaged per site over its seeds, then compared once (Pearson r (p), Euclidean
+    distance after dividing both vectors by the sum of their absolute values, cosine similarity) on the sites
+    the leave-one-out file valued. Runs that left sites out themselves are not compared.
+    Returns (markdown: the agreement table and the per-site shares, {group: {what: statistics + "seeds"}})."""
+    marginal = loo["marginal"]
+    sites = sorted(marginal, key=_site_key)
+    stats, shares, notes = {}, {}, []
+    for key, group in _by_method([r for r in runs if r["final"] and not _left_out(r)]).items():
+        per_what = {}
+        for run in group:
+            for what, estimate in contribution_estimates(run).items():
+                per_what.setdefault(what, []).append(estimate)
+        for what, estimates in per_what.items():
+            mean = _mean_per_site(estimates)
+            if not set(sites) <= set(mean):
+                notes.append(f"Note: {_name(key)} is not compared: it has no {what} for "
+                             f"{', '.join(sorted(set(sites) - set(mean), key=_site_key))}.")
+                continue
+            values = {s: mean[s] for s in sites}
+            stats.setdefault(key, {})[what] = {**contribution_agreement(values, marginal), "seeds": len(estimates)}
+            shares[f"{_name(key)}: {what}"] = normalise_abs(np.array([values[s] for s in sites]))
+            if stats[key][what]["note"]:
+                notes.append(f"Note: {_name(key)}, {what}: {stats[key][what]['note']}.")
+    if not stats:
+        return "\n".join(["No run with a contribution estimate for these sites.", *notes]), {}
+    flat = [v for per_what in stats.values() for v in per_what.values()]
+    best_r, best_d, best_c = (_best((v[k] for v in flat), pick)
+                              for k, pick in (("pearson", max), ("euclidean", min), ("cosine", max)))
+    rows = ([_name(key), what, _pearson_cell(v, best_r), _number(v["euclidean"], ".3f", best_d),
+             _number(v["cosine"], ".3f", best_c), str(v["seeds"])]
+            for key, per_what in stats.items() for what, v in per_what.items())
+    lines = _markdown(["Method", "estimate", "Pearson r (p)", "Euclidean distance", "cosine similarity", "seeds"], rows)
+    if sum(np.abs(list(marginal.values()))) > 0:
+        loo_shares = normalise_abs(np.array([marginal[s] for s in sites]))
+        lines += ["", "Per site, each vector divided by the sum of its absolute values (what the distance compares):",
+                  "", *_markdown(["", *sites], [[label, *(f"{v:+.3f}" for v in values)] for label, values
+                                                in {"leave-one-out": loo_shares, **shares}.items()])]
+    return "\n".join(lines + ([""] + notes if notes else [])), stats
 
 
 # ---------------------------------------------------------------- figures
@@ -206,6 +415,16 @@ def _figure(**kwargs):
 def _colors(runs) -> dict[str, str]:
     """One colour per method, the same in every figure of a report."""
     return {m: f"C{i % 10}" for i, m in enumerate(_by_method(runs))}
+
+
+def _line_with_band(ax, x, samples, band: bool, color, **style) -> None:
+    """The mean of each x's samples (e.g. one per seed) as a line, with a ±sd band over them if `band`."""
+    stats = [_mean_sd(values) for values in samples]
+    mean = np.array([m for m, _ in stats])
+    ax.plot(x, mean, color=color, **style)
+    if band:
+        sd = np.array([s or 0.0 for _, s in stats])
+        ax.fill_between(x, mean - sd, mean + sd, color=color, alpha=0.2, lw=0)
 
 
 def plot_convergence(runs, path, metric=None) -> Path | None:
@@ -225,13 +444,9 @@ def plot_convergence(runs, path, metric=None) -> Path | None:
         x = sorted(per_round)
         evaluated.update(x)
         for i, ax in enumerate(axes):
-            stats = [_mean_sd(v[i] for v in per_round[t]) for t in x]
-            mean = np.array([m for m, _ in stats])
-            sd = np.array([s or 0.0 for _, s in stats])
-            label = _name(method) + (f" ({len(group)} seeds)" if len(group) > 1 else "")
-            ax.plot(x, mean, color=colors[method], label=label, marker="o" if len(x) <= 25 else None, ms=3)
-            if len(group) > 1:
-                ax.fill_between(x, mean - sd, mean + sd, color=colors[method], alpha=0.2, lw=0)
+            _line_with_band(ax, x, [[v[i] for v in per_round[t]] for t in x], len(group) > 1, color=colors[method],
+                            label=_name(method) + (f" ({len(group)} seeds)" if len(group) > 1 else ""),
+                            marker="o" if len(x) <= 25 else None, ms=3)
     if not evaluated:
         return None
     label = _label(metric)
@@ -324,8 +539,35 @@ def plot_layer_weights(run, path) -> Path | None:
     axes[0].set_yticks(range(len(layers)), _short_names(layers), fontsize=7)
     axes[0].set_ylabel("layer (network order)")
     fig.colorbar(image, ax=list(axes), label="aggregation weight", shrink=0.8)
-    fig.suptitle(f"{_name(run['method'])} layer weights, seed {run['seed']}: "
+    fig.suptitle(f"{_name(_group(run))} layer weights, seed {run['seed']}: "
                  f"uniform 1/K = 1/{len(sites)} = {uniform:.3f} (white)", fontsize=11)
+    fig.savefig(path, dpi=120)
+    return Path(path)
+
+
+def plot_contributions(group: list[dict], path, title: str) -> Path | None:
+    """A method's contribution estimate per site versus round (mean ± sd over seeds); free riders drawn as thick
+    black dashed lines; the uniform share 1/K dotted. None if no round records contributions."""
+    per_site = {}  # site -> {round: [value of each run]}
+    for run in group:
+        for record in run["rounds"]:
+            for site, value in (record.get("contributions") or {}).items():
+                per_site.setdefault(site, {}).setdefault(record["round"], []).append(value)
+    if not per_site:
+        return None
+    free = set(_free_riders(group[0]))
+    fig = _figure(figsize=(7.5, 4))
+    ax = fig.subplots()
+    for i, site in enumerate(sorted(per_site, key=_site_key)):
+        x = sorted(per_site[site])
+        style = (dict(color="black", ls="--", lw=2.4, label=f"{site} (free rider)") if site in free
+                 else dict(color=f"C{i % 10}", lw=1.4, label=site))
+        _line_with_band(ax, x, [per_site[site][t] for t in x], len(group) > 1, **style)
+    ax.axhline(1 / len(per_site), color="grey", ls=":", lw=1, label=f"uniform 1/{len(per_site)}")
+    ax.set(xlabel="communication round", ylabel="contribution (sums to 1 over sites)", title=title)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.savefig(path, dpi=120)
     return Path(path)
 
@@ -337,41 +579,100 @@ def _describe(run) -> str:
     seconds = sum(r.get("seconds", 0.0) for r in rounds)
     evaluated = sum(1 for r in rounds if r.get("per_site"))
     rejected = sum(len(r.get("rejected") or {}) for r in rounds)
-    return (f"- `{run['file']}`: {_name(run['method'])}, seed {run['seed']}, {len(rounds)} rounds "
+    return (f"- `{run['file']}`: {_name(_group(run))}, seed {run['seed']}, {len(rounds)} rounds "
             f"({evaluated} evaluated), {seconds:.1f} s, {rejected} rejected site update(s)"
             + ("" if run["final"] else ", **not finished**"))
 
 
-def make_report(paths, out_dir, metric=None) -> dict:
-    """Write report.md, results.csv and the figures into out_dir; returns {"report", "figures", "table"}."""
+def _dataset(runs) -> str | None:
+    """The built-in dataset the runs name (config "dataset"), None if none names one; mixing two is an error."""
+    names = {(r.get("config") or {}).get("dataset") for r in runs} - {None}
+    if len(names) > 1:
+        raise ValueError(f"the runs are on different datasets {sorted(names)}: report each separately")
+    return names.pop() if names else None
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
+
+
+PERFORMANCE_FAIRNESS_TEXT = (
+    "As the FedCE paper's Table 2: Pearson correlation (higher: fairer) and Euclidean distance (lower: fairer) "
+    "between each method's per-site final {label} (%) and Solo's. Per-site values are averaged over a method's "
+    "seeds, and over Solo's, before the one comparison; p: two-sided p-value of the correlation (the paper "
+    "prints r x 100). A method that helps only the sites Solo serves worst moves away from Solo and scores as "
+    "less fair by this measure.")
+CONTRIBUTION_TEXT = (
+    "Final contribution estimate per site (FedCE's accumulated estimate, Eq. 5; sums to 1 over sites), mean ± sd "
+    "over seeds; the gradient and data terms are each accumulated over rounds and normalised to sum 1.")
+AGREEMENT_TEXT = (
+    "As the FedCE paper's Table 3: each method's contribution estimate against the leave-one-out marginal values "
+    "above (`{file}`). FedCE: its final contributions; other methods: their aggregation weights averaged over "
+    "rounds, as the paper does; Fed-LWR: its anchor weights (FedAvg's sample shares, the same as FedAvg's "
+    "weights) and, separately, the layer weights it aggregates with, averaged over layers and rounds. A method's "
+    "estimate is averaged per site over its seeds, then compared once. Pearson r and cosine similarity do not "
+    "depend on scale; for the Euclidean distance both vectors are divided by the sum of their absolute values "
+    "(the estimates already sum to 1). Best values in bold.")
+
+
+def make_report(paths, out_dir, metric=None, loo=None) -> dict:
+    """Write report.md, results.csv and the figures into out_dir; `loo`: a leave-one-out file (or its folder).
+
+    Returns {"report", "figures", "table", "region_tables": {metric: table}, "performance_fairness": {group:
+    stats}, "contributions": {group: stats}, "contribution_agreement": {group: {estimate: stats}}, "loo"}."""
     runs = load_runs(paths)
     metric = _metric(runs, metric)
+    dataset = _dataset(runs)
+    loo = load_loo(loo) if loo else None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = paper_table(runs, metric)
+    region_tables = {region: paper_table(runs, region) for region in region_metrics(runs, metric)}
+    fairness_table, fairness = performance_fairness_table(runs, metric)
+    contributions_table, contributions = contribution_table(runs)
+    agreement_table, agreement = contribution_agreement_table(runs, loo) if loo else ("", {})
     write_csv(runs, out / "results.csv", metric)
     captions = {plot_convergence(runs, out / "convergence.png", metric):
                 f"(a) Avg. and (b) Std. of {_label(metric)} across sites versus communication round",
                 plot_per_site(runs, out / "per_site.png", metric): f"Final {_label(metric)} per site"}
+    for key, group in _by_method(runs).items():
+        captions[plot_contributions(group, out / f"contributions_{_slug(key)}.png", f"{_name(key)}: contributions")] = (
+            f"{_name(key)}: contribution estimate per site versus round"
+            + (f", mean ± sd over {len(group)} seeds" if len(group) > 1 else ""))
     for run in runs:
         name = f"layer_weights_{run['method']}_seed{run['seed']}"
         while (out / f"{name}.png") in captions:
             name += "_"
         captions[plot_layer_weights(run, out / f"{name}.png")] = (
-            f"{_name(run['method'])} layer weights by site, seed {run['seed']} ({run['file']})")
+            f"{_name(_group(run))} layer weights by site, seed {run['seed']} ({run['file']})")
     captions.pop(None, None)
-    tasks = sorted({r.get("task", "?") for r in runs})
-    lines = [f"# fairfl report: {', '.join(tasks)}, {_label(metric)}", "",
+    subject = dataset or ", ".join(sorted({r.get("task", "?") for r in runs}))
+    lines = [f"# fairfl report: {subject}, {_label(metric)}", "",
              f"{_label(metric)} (%) on each site's test set at the end of training. Avg.: mean over sites; "
              f"Std.: population standard deviation across sites; mean ± sd over seeds where a method has several "
-             f"runs. Best Avg. and Std. in bold.", "", table, "", "## Runs", "",
-             *(_describe(r) for group in _by_method(runs).values() for r in group), "",
-             "## Figures", ""]
+             f"runs. Best Avg. and Std. in bold.", "", table, ""]
+    for region, region_table in region_tables.items():
+        lines += [f"### {_label(region)}", "", region_table, ""]
+    if fairness_table:
+        lines += ["## Performance fairness", "", PERFORMANCE_FAIRNESS_TEXT.format(label=_label(metric)), "",
+                  fairness_table, ""]
+    if contributions_table:
+        lines += ["## Client contributions", "", CONTRIBUTION_TEXT, "", contributions_table, ""]
+    if loo:
+        lines += ["## Contribution estimates against leave-one-out", "", "Leave-one-out marginal values (job "
+                  f"`{loo.get('job', '?')}`): the drop of the federation's mean {loo['metric']} over all sites when "
+                  "the site is left out of training (it is still evaluated).", "", marginal_table(loo), "",
+                  AGREEMENT_TEXT.format(file=loo["file"]), "", agreement_table, ""]
+    lines += ["## Runs", "", *(_describe(r) for group in _by_method(runs).values() for r in group), "",
+              "## Figures", ""]
     for figure, caption in captions.items():
         lines += [f"{caption}:", "", f"![{figure.stem}]({figure.name})", ""]
     report = out / "report.md"
     report.write_text("\n".join(lines))
-    return {"report": report, "figures": list(captions), "table": table}
+    return {"report": report, "figures": list(captions), "table": table, "region_tables": region_tables,
+            "performance_fairness": fairness, "contributions": contributions, "contribution_agreement": agreement,
+            "loo": loo, "tables": {"performance_fairness": fairness_table, "contributions": contributions_table,
+                                   "contribution_agreement": agreement_table}}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -379,17 +680,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="results.json file, run directory, simulator workspace, or folder searched recursively")
     parser.add_argument("--out", help="output folder (default: <first input>/report, or beside its results file)")
     parser.add_argument("--metric", help="metric to report (default: the one the runs record)")
+    parser.add_argument("--loo", metavar="PATH",
+                        help="leave-one-out file (loo.json of `fairfl leave-one-out`) to compare the methods' "
+                             "contribution estimates with (the FedCE paper's Table 3)")
 
 
 def run(args) -> int:
     first = Path(args.inputs[0])
     out = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / "report"
     try:
-        result = make_report(args.inputs, out, args.metric)
+        result = make_report(args.inputs, out, args.metric, args.loo)
     except (OSError, ValueError) as e:
         print(f"fairfl report: {e}", file=sys.stderr)
         return 1
     print(result["table"])
+    for title, key in (("Performance fairness against Solo", "performance_fairness"),
+                       ("Client contributions", "contributions"),
+                       ("Contribution estimates against leave-one-out", "contribution_agreement")):
+        if result["tables"][key]:
+            print(f"\n{title}:\n{result['tables'][key]}")
     print(f"\nreport: {result['report']}")
     return 0
 

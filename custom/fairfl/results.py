@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 from fairfl.fairness import summarize
@@ -14,13 +15,18 @@ RESULTS_FILE = "results.json"
 SIMULATOR_RESULTS = os.path.join("server", "simulate_job", RESULTS_FILE)
 
 
+def site_key(site: str) -> list:
+    """Sort key of site names in natural order: site-2 before site-10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", site)]
+
+
 class ResultsLog:
     """Accumulates per-round records and rewrites the file after each one, so a crash loses at most a round."""
 
     def __init__(self, path: str, method: str, task: str, metric: str, seed: int, sites: list, config: dict):
         self.path = path
         self.data = {"schema": SCHEMA_VERSION, "method": method, "task": task, "metric": metric, "seed": seed,
-                     "sites": sorted(sites), "config": config, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                     "sites": sorted(sites, key=site_key), "config": config, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
                      "rounds": [], "final": None}
 
     def add_round(self, round_num: int, seconds: float, per_site: dict | None = None, **extras) -> dict:
@@ -42,7 +48,7 @@ class ResultsLog:
         metric = self.data["metric"]
         scores = {site: values[metric] for site, values in per_site.items() if metric in values}
         summary = summarize(scores) if scores else {}
-        return {"per_site": {s: per_site[s] for s in sorted(per_site)}, **summary}
+        return {"per_site": {s: per_site[s] for s in sorted(per_site, key=site_key)}, **summary}
 
     def write(self) -> None:
         tmp = f"{self.path}.tmp"

@@ -7,6 +7,7 @@ the results file are checked too."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -14,7 +15,9 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from fairfl.jobconfig import customize_job
 from fairfl.results import SIMULATOR_RESULTS
 
 SIMULATOR_OUTPUT = "simulator_output.txt"
@@ -77,3 +80,27 @@ def collect_errors(workspace: str) -> dict:
         if text:
             errors[os.path.basename(os.path.dirname(path))] = text
     return errors
+
+
+def run_unless_finished(job: str, workspace: Path, n_clients: int, job_args: dict, threads: int | None = None) -> dict:
+    """The results dict of `job` with `job_args` run in the simulator in `workspace`.
+
+    A workspace that already holds a finished run (results.json with a `final`) is kept, after checking that
+    the server arguments it recorded are the ones asked for: resuming must not mix settings."""
+    results_path = Path(workspace) / SIMULATOR_RESULTS
+    if results_path.is_file():
+        results = json.loads(results_path.read_text())
+        if results.get("final"):
+            config = results.get("config") or {}
+            changed = sorted(k for k, v in job_args.items() if k in config and config[k] != v)
+            if changed:
+                raise ValueError(f"{workspace} holds a finished run with other settings ({', '.join(changed)}): "
+                                 f"delete it or choose another output folder")
+            print(f"  {workspace.name}: finished before, kept", flush=True)
+            return results
+    job_copy = customize_job(str(job), f"{workspace}_job", job_args)
+    run = run_simulator(job_copy, str(workspace), n_clients, threads)
+    if not run.ok:
+        raise RuntimeError(f"{workspace.name} failed:\n{run.describe_failure()}")
+    print(f"  {workspace.name}: {run.seconds:.0f} s", flush=True)
+    return json.loads(results_path.read_text())

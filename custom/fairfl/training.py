@@ -77,25 +77,33 @@ def train_local(model, loader, settings: TrainSettings, device, loss_fn=None) ->
     return {"train_loss": total / max(steps, 1), "steps": steps}
 
 
-@torch.no_grad()
-def evaluate_dice(model, loader, num_classes: int, device) -> dict:
-    """Mean Dice over foreground classes and images (MONAI DiceMetric); also one value per class.
+def region_masks(onehot: torch.Tensor, regions: dict) -> torch.Tensor:
+    """[B, C, ...] one-hot -> [B, R, ...]: each region is the union of its classes (optic disc = rim + cup)."""
+    return torch.stack([onehot[:, list(classes)].sum(dim=1).clamp(max=1) for classes in regions.values()], dim=1)
 
-    Images whose ground truth has no foreground for a class are ignored for that class (MONAI's
-    ignore_empty), as is usual for slice-wise prostate evaluation."""
+
+@torch.no_grad()
+def evaluate_dice(model, loader, num_classes: int, device, regions: dict | None = None) -> dict:
+    """Mean Dice over regions and images (MONAI DiceMetric); also one value per region when there are several.
+
+    regions: {name: [class, ...]} scored as unions of classes (a dataset.json's `regions`, e.g. fundus
+    {"disc": [1, 2], "cup": [2]}); default: every foreground class on its own, named class_1, class_2, ...
+    Images whose ground truth has no foreground for a region are ignored for it (MONAI's ignore_empty), as
+    is usual for slice-wise prostate evaluation."""
+    regions = regions or {f"class_{c}": [c] for c in range(1, num_classes)}
     model.to(device).eval()
-    metric = DiceMetric(include_background=False, reduction="mean_batch", ignore_empty=True)
+    metric = DiceMetric(include_background=True, reduction="mean_batch", ignore_empty=True)
     for batch in loader:
         image, label = batch["image"].to(device), batch["label"].to(device)
         pred = one_hot(model(image).argmax(dim=1, keepdim=True), num_classes)
-        metric(y_pred=pred, y=one_hot(label.long(), num_classes))
-    per_class = [float(v) for v in metric.aggregate().cpu()]
+        metric(y_pred=region_masks(pred, regions), y=region_masks(one_hot(label.long(), num_classes), regions))
+    per_region = [float(v) for v in metric.aggregate().cpu()]
     metric.reset()
-    finite = [v for v in per_class if math.isfinite(v)]
+    finite = [v for v in per_region if math.isfinite(v)]
     # NaN when no test image has any foreground: there is nothing to score, and 0 would read as a failure
     result = {"dice": float(np.mean(finite)) if finite else float("nan")}
-    if num_classes > 2:
-        result.update({f"dice_class_{c + 1}": v for c, v in enumerate(per_class)})
+    if len(regions) > 1:
+        result.update({f"dice_{name}": v for name, v in zip(regions, per_region)})
     return result
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fairfl.data.datalist import NIFTI_SUFFIXES, SPLITS, split_cases, write_datalist
+from fairfl.data.datalist import NIFTI_SUFFIXES, SPLITS, output_site_names, split_cases, write_datalist
 from fairfl.errors import DataError
 
 MASK_SUFFIXES = ("", "_segmentation")  # matched case-insensitively
@@ -61,7 +61,7 @@ def convert_prostate(
     site_dirs = sorted(p for p in src.iterdir() if p.is_dir() and _subfolder(p, "Image") and _subfolder(p, "Mask"))
     if not site_dirs:
         raise DataError("-", src, "no site folders with Image/ and Mask/ subfolders found")
-    names = _output_names([p.name for p in site_dirs], site_names)
+    names = output_site_names([p.name for p in site_dirs], site_names)
 
     summary = {}
     for site_dir in site_dirs:
@@ -113,20 +113,6 @@ def _find_mask(image_path: Path, mask_dir: Path, site: str) -> Path:
             return mask
     tried = ", ".join(f"{_case_id(image_path)}{s}.nii[.gz]" for s in MASK_SUFFIXES)
     raise DataError(site, image_path, f"no mask for this image in {mask_dir} (looked for {tried})")
-
-
-def _output_names(sources: list[str], site_names) -> dict[str, str]:
-    if site_names is None:
-        names = {s: s for s in sources}
-    elif site_names == "flare":
-        names = {s: f"site-{i + 1}" for i, s in enumerate(sorted(sources))}
-    elif isinstance(site_names, Mapping):
-        names = {s: site_names.get(s, s) for s in sources}
-    else:
-        raise ValueError(f"site_names must be None, 'flare' or a mapping, got {site_names!r}")
-    if len(set(names.values())) != len(names):
-        raise ValueError(f"site names must be unique, got {names}")
-    return names
 
 
 def _convert_case(image_path: Path, mask_path: Path, dst: Path, site: str, case: str,

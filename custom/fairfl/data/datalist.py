@@ -191,3 +191,20 @@ def write_datalist(path: str | Path, splits: Mapping[str, list[dict]]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({split: list(splits[split]) for split in SPLITS}, indent=1) + "\n")
     return path
+
+
+def output_site_names(sources: Sequence[str], site_names: None | str | Mapping[str, str]) -> dict[str, str]:
+    """Source folder name -> output site name, as the converters' `site_names` argument asks: None keeps
+    the folder names, "flare" renames to site-1..site-N in sorted order (FLARE client names), a mapping
+    renames explicitly (sources it does not name keep theirs). Output names must be unique."""
+    if site_names is None:
+        names = {s: s for s in sources}
+    elif site_names == "flare":
+        names = {s: f"site-{i + 1}" for i, s in enumerate(sorted(sources))}
+    elif isinstance(site_names, Mapping):
+        names = {s: site_names.get(s, s) for s in sources}
+    else:
+        raise ValueError(f"site_names must be None, 'flare' or a mapping, got {site_names!r}")
+    if len(set(names.values())) != len(names):
+        raise ValueError(f"site names must be unique, got {names}")
+    return names

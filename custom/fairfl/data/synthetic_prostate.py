@@ -16,17 +16,13 @@ partial-volume edges; the mask is the organ's area fraction >= 0.5 on the same g
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 from scipy import ndimage
 
+from fairfl.data.builtin import cache_name, ensure_cached
 from fairfl.data.datalist import SPLITS, split_cases, write_datalist
 
 GENERATOR_VERSION = 1
@@ -510,57 +506,13 @@ def _write_case(root: Path, site: str, case_id: str, spacing: float, thickness: 
 
 def builtin_data_name(image_size: int = 64, seed: int = 0, num_sites: int = 6, size_scale: float = 1.0) -> str:
     """Cache folder name: changes whenever the generator or its parameters do."""
-    scale = "" if size_scale == 1.0 else f"-x{size_scale:g}"
-    return f"prostate-v{GENERATOR_VERSION}-n{num_sites}-s{image_size}-seed{seed}{scale}"
+    return cache_name("prostate", GENERATOR_VERSION, image_size, seed, num_sites, size_scale)
 
 
 def ensure_builtin_data(image_size: int = 64, seed: int = 0, num_sites: int = 6, cache_dir: str | Path | None = None,
                         size_scale: float = 1.0) -> Path:
-    """Path of the cached built-in dataset (`generate_prostate_sites` output), generating it on first use.
-
-    Cache root: `cache_dir`, else `$FAIRFL_CACHE_DIR`, else `~/.cache/fairfl`. Safe when several
-    FLARE clients start at once: one process generates (the others wait on a lock file) into a
-    temporary sibling folder that is renamed into place only when complete, so a half-written
-    dataset is never visible; if the rename loses to another process, that process's copy is used.
-    """
-    cache_root = Path(cache_dir or os.environ.get("FAIRFL_CACHE_DIR") or Path.home() / ".cache" / "fairfl").expanduser()
+    """Path of the cached built-in dataset (`generate_prostate_sites` output), generating it on first use
+    (`fairfl.data.builtin.ensure_cached`: one generator at a time, never half-written)."""
     name = builtin_data_name(image_size, seed, num_sites, size_scale)
-    final = cache_root / name
-    if (final / "complete").is_file():
-        return final
-    cache_root.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(cache_root / f".{name}.lock"):
-        if (final / "complete").is_file():  # another process finished while we waited
-            return final
-        if final.exists():
-            raise RuntimeError(f"{final} exists but is incomplete (no 'complete' marker): delete it and retry")
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=cache_root))
-        try:
-            started = time.time()
-            generate_prostate_sites(staging, num_sites=num_sites, image_size=image_size, seed=seed, size_scale=size_scale)
-            (staging / "complete").write_text(f"generated in {time.time() - started:.1f} s\n")
-            try:
-                os.rename(staging, final)
-            except OSError:
-                if not (final / "complete").is_file():  # not a lost race: a real failure
-                    raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return final
-
-
-@contextmanager
-def _exclusive_lock(path: Path):
-    """An advisory inter-process lock (POSIX flock); a no-op where flock is unavailable, since
-    the atomic rename alone already keeps the cache consistent (at the cost of duplicate work)."""
-    try:
-        import fcntl
-    except ImportError:  # Windows
-        yield
-        return
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return ensure_cached(name, lambda folder: generate_prostate_sites(folder, num_sites=num_sites, image_size=image_size,
+                                                                      seed=seed, size_scale=size_scale), cache_dir)

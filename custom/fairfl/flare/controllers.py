@@ -6,8 +6,10 @@ and at the end, send `validate` and record per-site Dice -> results.json, Tensor
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -16,12 +18,29 @@ from nvflare.app_common.workflows.model_controller import ModelController
 
 from fairfl.aggregation import check_cka, check_site_state, layerwise_average, lwr_layer_weights, weighted_average
 from fairfl.cka import parameter_layers
+from fairfl.contribution import COMBINE_MODES, ContributionState, flatten, gradient_terms
+from fairfl.data.builtin import builtin_dataset
 from fairfl.flare import protocol
 from fairfl.models import build_model, initial_state, state_to_numpy, state_to_torch
 from fairfl.presets import apply_preset
-from fairfl.results import RESULTS_FILE, ResultsLog
+from fairfl.results import RESULTS_FILE, ResultsLog, site_key
 
 GLOBAL_MODEL_FILE = "global_model.pt"
+METHOD_STATE_FILE = "method_state.json"
+
+
+class SiteUpdate(NamedTuple):
+    """One site's accepted answer to `train`."""
+
+    state: dict        # its trained model, {name: torch.Tensor}
+    num_samples: int   # its training-set size
+    meta: dict         # everything else it reported (FedCE: the leave-one-out error)
+
+
+def average_updates(updates: dict, weights: dict) -> dict:
+    """The weighted average of the sites' models, as numpy arrays (what the next round sends)."""
+    sites = sorted(weights)
+    return state_to_numpy(weighted_average([updates[s].state for s in sites], [weights[s] for s in sites]))
 
 
 class FairRoundController(ModelController):
@@ -32,9 +51,10 @@ class FairRoundController(ModelController):
     evaluate = protocol.FROM_GLOBAL
 
     def __init__(self, num_rounds: int = 20, eval_every: int = 5, min_clients: int = 0,
-                 task_timeout: int = 3600, seed: int = 0, data_seed: int = 0, num_classes: int = 2,
-                 in_channels: int = 1, model_channels=(16, 32, 64, 128), model_strides=(2, 2, 2),
-                 weighting: str = "samples", preset: str = "", task_check_period: float = 0.5):
+                 task_timeout: int = 3600, seed: int = 0, data_seed: int = 0, dataset: str = "prostate",
+                 num_classes=None, in_channels=None, model_channels=(16, 32, 64, 128), model_strides=(2, 2, 2),
+                 weighting: str = "samples", free_riders: int = 0, exclude_sites=None, preset: str = "",
+                 task_check_period: float = 0.5):
         """
         Args:
             num_rounds: communication rounds (the paper: 200; CPU default 20).
@@ -43,8 +63,14 @@ class FairRoundController(ModelController):
             task_timeout: seconds to wait for a task's answers before going on with those received.
             seed: seed of the initial global model.
             data_seed: seed of the built-in synthetic data (ignored with a data root).
-            num_classes, in_channels, model_channels, model_strides: the MONAI U-Net every site builds.
+            dataset: built-in data of sites without a data root: "prostate" (T2 MRI) or "fundus" (RGB, disc/cup).
+            num_classes, in_channels: of the data; null = the built-in dataset's (prostate 2/1, fundus 3/3).
+            model_channels, model_strides: the MONAI U-Net every site builds.
             weighting: "samples" (FedAvg of McMahan et al., by training-set size) or "uniform" (1/K).
+            free_riders: the last N sites become free riders: they train on one image of the first site
+                repeated as many times as that site has training images (the FedCE paper's Fig. 4).
+            exclude_sites: sites that never train nor enter aggregation but are still evaluated
+                (leave-one-out runs: `fairfl leave-one-out`).
             preset: named settings bundle (fairfl.presets); FAIRFL_PRESET overrides it.
             task_check_period: how often the controller checks for answers, in seconds.
         """
@@ -53,17 +79,30 @@ class FairRoundController(ModelController):
             raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
         self.num_rounds, self.eval_every, self.min_clients = num_rounds, eval_every, min_clients
         self.task_timeout, self.seed, self.data_seed = task_timeout, seed, data_seed
-        self.num_classes, self.in_channels = num_classes, in_channels
+        data = builtin_dataset(dataset)
+        self.dataset = dataset
+        self.num_classes = int(num_classes or data.num_classes)
+        self.in_channels = int(in_channels or data.in_channels)
         self.model_channels, self.model_strides = list(model_channels), list(model_strides)
         self.weighting, self.preset = weighting, preset
+        self.free_riders, self.exclude_sites = int(free_riders), sorted(exclude_sites or [])
 
     # --- the round loop --------------------------------------------------------------------------------
     def run(self):
         apply_preset(self, self.preset)
-        sites = sorted(self.sample_clients())
+        sites = sorted(self.sample_clients(), key=site_key)
+        unknown = sorted(set(self.exclude_sites) - set(sites))
+        if unknown:
+            raise ValueError(f"exclude_sites names sites that are not in this run: {unknown}")
+        if not 0 <= self.free_riders < len(sites):
+            raise ValueError(f"free_riders must be in [0, {len(sites) - 1}] with {len(sites)} sites")
+        self.free_rider_sites = sites[len(sites) - self.free_riders:] if self.free_riders else []
+        self.trainers = [s for s in sites if s not in self.exclude_sites]
         self.min_responses = self.min_clients or len(sites)
-        self.task_meta = {protocol.MODEL_SPEC: self.model_spec(), protocol.NUM_SITES: max(6, len(sites)),
-                          protocol.DATA_SEED: self.data_seed}
+        self.task_meta = {protocol.MODEL_SPEC: self.model_spec(), protocol.DATASET: self.dataset,
+                          protocol.NUM_SITES: max(6, len(sites) - self.free_riders),
+                          protocol.DATA_SEED: self.data_seed,
+                          protocol.FREE_RIDERS: {s: sites[0] for s in self.free_rider_sites}}
         run_dir = self.get_run_dir()
         self.results = ResultsLog(os.path.join(run_dir, RESULTS_FILE), method=self.method, task="segmentation",
                                   metric="dice", seed=self.seed, sites=sites, config=self.config())
@@ -95,8 +134,9 @@ class FairRoundController(ModelController):
                           f"std {record.get('std', float('nan')):.4f} worst {record.get('worst_site')}")
             if self.start_from == protocol.FROM_GLOBAL:
                 torch.save(state_to_torch(global_state), os.path.join(run_dir, GLOBAL_MODEL_FILE))
+            self._save_method_state(run_dir, round_num)
         if per_site:
-            final = self.results.finish(per_site)
+            final = self.results.finish(per_site, **self.final_extras())
             self.info(f"final: mean dice {final.get('mean', float('nan')):.4f} std {final.get('std', float('nan')):.4f}"
                       f"; results: {self.results.path}")
         for writer in self.writers.values():
@@ -105,12 +145,13 @@ class FairRoundController(ModelController):
     def _train_round(self, round_num, global_state):
         send_global = self.start_from == protocol.FROM_GLOBAL or round_num == 0
         meta = {**self.task_meta, protocol.START_FROM: self.start_from,
-                protocol.SEND_PARAMS: self.start_from == protocol.FROM_GLOBAL}
+                protocol.SEND_PARAMS: self.start_from == protocol.FROM_GLOBAL, **self.train_meta(round_num)}
         results = self.send_model_and_wait(
             task_name=protocol.TASK_TRAIN,
             data=FLModel(params_type=ParamsType.FULL, params=global_state if send_global else {},
                          current_round=round_num, total_rounds=self.num_rounds, meta=meta),
-            min_responses=self.min_responses, timeout=self.task_timeout)
+            targets=self.trainers, min_responses=min(self.min_responses, len(self.trainers)),
+            timeout=self.task_timeout)
         updates, rejected, train_metrics = {}, {}, {}
         reference = state_to_torch(global_state)
         for result in sorted(results, key=lambda r: r.meta.get("client_name", "?")):
@@ -128,7 +169,7 @@ class FairRoundController(ModelController):
                 rejected[site] = problem
                 self.error(f"round {round_num}: rejected the update of {site}: {problem}")
                 continue
-            updates[site] = (state, int(num_samples))
+            updates[site] = SiteUpdate(state, int(num_samples), dict(result.meta))
         return updates, rejected, train_metrics
 
     def _evaluate(self, round_num, global_state) -> dict:
@@ -152,10 +193,8 @@ class FairRoundController(ModelController):
     # --- the method's hook -------------------------------------------------------------------------------
     def aggregate(self, round_num, global_state, updates, rejected):
         """Return (new global state as numpy arrays, extra fields for the round's results record)."""
-        sites = sorted(updates)
-        weights = self.site_weights({s: updates[s][1] for s in sites})
-        new_state = weighted_average([updates[s][0] for s in sites], [weights[s] for s in sites])
-        return state_to_numpy(new_state), {"weights": weights}
+        weights = self.site_weights({s: updates[s].num_samples for s in sorted(updates)})
+        return average_updates(updates, weights), {"weights": weights}
 
     def site_weights(self, num_samples: dict) -> dict:
         if self.weighting == "uniform":
@@ -163,16 +202,38 @@ class FairRoundController(ModelController):
         total = sum(num_samples.values())
         return {s: n / total for s, n in num_samples.items()}
 
+    def train_meta(self, round_num) -> dict:
+        """Extra meta of the round's `train` task (FedCE: the weights for the leave-one-out model)."""
+        return {}
+
+    def final_extras(self) -> dict:
+        """Extra fields of the results file's `final` record (FedCE: the contributions)."""
+        return {}
+
+    def method_state(self) -> dict | None:
+        """JSON-safe aggregation state the method carries across rounds; saved to disk after every round."""
+        return None
+
+    def _save_method_state(self, run_dir, round_num):
+        state = self.method_state()
+        if state is None:
+            return
+        path = os.path.join(run_dir, METHOD_STATE_FILE)
+        with open(path + ".tmp", "w") as f:
+            json.dump({"method": self.method, "round": round_num, "state": state}, f, indent=1)
+        os.replace(path + ".tmp", path)
+
     # --- plumbing ----------------------------------------------------------------------------------------
     def model_spec(self) -> dict:
         return {"name": "unet", "in_channels": self.in_channels, "num_classes": self.num_classes,
                 "channels": list(self.model_channels), "strides": list(self.model_strides)}
 
     def config(self) -> dict:
-        keys = ["num_rounds", "eval_every", "min_clients", "task_timeout", "seed", "data_seed", "num_classes",
-                "in_channels", "model_channels", "model_strides", "weighting", "preset"]
+        keys = ["num_rounds", "eval_every", "min_clients", "task_timeout", "seed", "data_seed", "dataset",
+                "num_classes", "in_channels", "model_channels", "model_strides", "weighting", "exclude_sites",
+                "preset"]
         return {"controller": type(self).__name__, **{k: getattr(self, k) for k in keys},
-                "preset_env": os.environ.get("FAIRFL_PRESET", "")}
+                "free_riders": getattr(self, "free_rider_sites", []), "preset_env": os.environ.get("FAIRFL_PRESET", "")}
 
     def _log_tensorboard(self, round_num, per_site, train_metrics):
         from torch.utils.tensorboard import SummaryWriter  # imported late: tensorboard is slow to import
@@ -249,6 +310,91 @@ class FedLWRController(FairRoundController):
             return anchor_np, {**extras, "anchor_only": True}
         cka = dict(sorted(cka.items()))  # answers arrive in any order; results read better sorted by site
         layer_weights = lwr_layer_weights(cka, clip=tuple(self.cka_clip) if self.cka_clip else None)
-        new_state = layerwise_average({s: updates[s][0] for s in cka}, layer_weights, layers, state_to_torch(anchor_np))
+        new_state = layerwise_average({s: updates[s].state for s in cka}, layer_weights, layers, state_to_torch(anchor_np))
         return state_to_numpy(new_state), {"anchor_weights": extras["weights"], "cka": cka,
                                       "layer_weights": layer_weights}
+
+
+class FedCEController(FairRoundController):
+    """FedCE (Jiang et al., CVPR 2023): aggregation weights are the sites' accumulated contributions.
+
+    Round k: the `train` task carries each site's weight p_i in the global model w_k it receives. Before
+    training, the site builds the leave-one-out model w^-i = (w_k - p_i w_{k-1,i}) / (1 - p_i) from its own
+    previous local model (kept on disk) and returns its error on its validation split (data term, Eq. 3).
+    The server computes 1 - cos(update_i, aggregated update without i) (gradient term, Eq. 2), normalises
+    both terms over the round's sites, combines them by sum or product (Eq. 4), accumulates them over rounds
+    and aggregates with the accumulated contributions normalised to sum 1 (Eq. 5).
+
+    Round 0: no site has a previous local model, so no leave-one-out model exists; the round is a FedAvg
+    round (weights by `weighting`), and contributions accumulate from round 1. The accumulated state is
+    written to `method_state.json` in the run folder after every round."""
+
+    def __init__(self, combine: str = "sum", **kwargs):
+        """
+        Args:
+            combine: "sum" (FedCE (Sum.), Gamma^s) or "product" (FedCE (Multi.), Gamma^m).
+            **kwargs: see FairRoundController.
+        """
+        super().__init__(**kwargs)
+        if combine not in COMBINE_MODES:
+            raise ValueError(f"combine must be one of {COMBINE_MODES}, got {combine!r}")
+        self.combine = combine
+        self.contribution = ContributionState(mode=combine)
+        self._trainable = None
+
+    @property
+    def method(self) -> str:
+        return f"fedce_{self.combine}"
+
+    def config(self) -> dict:
+        return {**super().config(), "combine": self.combine}
+
+    def train_meta(self, round_num) -> dict:
+        if not self.contribution.weights:
+            return {}  # round 0: nothing to leave out of
+        return {protocol.LOO_WEIGHTS: dict(self.contribution.weights)}
+
+    def aggregate(self, round_num, global_state, updates, rejected):
+        if self._trainable is None:  # Eq. 2 is about parameters, not normalisation statistics
+            self._trainable = [n for n, p in build_model(self.model_spec()).named_parameters() if p.requires_grad]
+        reference = state_to_torch(global_state)
+        if not self.contribution.weights:  # round 0 (or nothing aggregated yet): FedAvg
+            weights = self.site_weights({s: updates[s].num_samples for s in sorted(updates)})
+            self.contribution.weights = dict(weights)
+            return average_updates(updates, weights), {"weights": weights}
+        errors = {}
+        for site in sorted(updates):
+            error = updates[site].meta.get(protocol.LOO_ERROR)
+            if isinstance(error, (int, float)) and np.isfinite(error) and 0.0 <= error <= 1.0:
+                errors[site] = float(error)
+            else:
+                rejected[site] = f"no valid leave-one-out error ({error!r})"
+                self.error(f"round {round_num}: rejected the update of {site}: {rejected[site]}")
+        if not errors:
+            self.error(f"round {round_num}: no site has a valid leave-one-out error; the global model is kept")
+            self.contribution.weights = {}
+            return global_state, {}
+        vectors = {s: flatten(updates[s].state, self._trainable) - flatten(reference, self._trainable) for s in errors}
+        prior = {s: self.contribution.weights.get(s, 0.0) for s in errors}
+        gradient = gradient_terms(vectors, prior)
+        terms = self.contribution.update(gradient, errors)
+        weights = self.contribution.aggregation_weights(sorted(errors))
+        # what the next round's leave-one-out models need: each site's share of the new global model
+        self.contribution.weights = {s: weights.get(s, 0.0) for s in self.trainers}
+        for s in terms:
+            terms[s].update(cosine=1.0 - gradient[s], error=errors[s])
+        return average_updates(updates, weights), {"weights": weights,
+                                                   "contributions": self.contribution.contributions(),
+                                                   "contribution_terms": terms}
+
+    def final_extras(self) -> dict:
+        if not self.contribution.accumulated:
+            return {}
+        return {"contributions": self.contribution.contributions(),
+                "contribution_terms": self.contribution.term_shares()}
+
+    def method_state(self) -> dict:
+        return self.contribution.to_dict()
+
+    def load_method_state(self, state: dict) -> None:
+        self.contribution = ContributionState.from_dict(state)

@@ -7,6 +7,7 @@ run workspace: with `nvflare simulator -t` smaller than `-n`, or after a restart
 
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -15,11 +16,14 @@ from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import make_reply
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
+from nvflare.app_opt.pt.fedce import PTFedCEHelper
 
 from fairfl.cka import layerwise_cka
+from fairfl.contribution import leave_one_out_error
+from fairfl.data.builtin import ensure_builtin
 from fairfl.data.datalist import load_datalist
+from fairfl.data.free_rider import free_rider_datalist
 from fairfl.data.loaders import make_loader
-from fairfl.data.synthetic_prostate import ensure_builtin_data
 from fairfl.errors import DataError
 from fairfl.flare import protocol
 from fairfl.models import build_model, load_numpy_state, state_to_numpy
@@ -28,6 +32,19 @@ from fairfl.training import (TrainSettings, configure_threads, evaluate_dice, sa
                              select_device, site_seed, train_local)
 
 DATA_ROOT_ENV = "FAIRFL_DATA_ROOT"
+FULL_WEIGHT = 1.0 - 1e-6  # a site with this share of the global model is all of it: nothing is left without it
+
+
+def leave_one_out_model(spec: dict, global_params: dict, previous_local_state: dict, weight: float):
+    """FedCE's w^-i = (w - p_i w_i) / (1 - p_i): the global model without this site's share p_i of it, built from
+    the site's previous local model w_i (NVFlare's PTFedCEHelper; integer buffers come from the global model).
+    None when the site is the whole global model (p_i = 1): then no model without it exists."""
+    if weight >= FULL_WEIGHT:
+        return None
+    global_model = load_numpy_state(build_model(spec), global_params)
+    if weight <= 0.0:  # the site is not in the global model
+        return global_model
+    return PTFedCEHelper.make_minus_model(global_model, previous_local_state, weight)
 
 
 class FairflExecutor(Executor):
@@ -57,7 +74,7 @@ class FairflExecutor(Executor):
         self.local_epochs, self.local_steps = local_epochs, local_steps
         self.cka_max_samples, self.synthetic_size_scale = cka_max_samples, synthetic_size_scale
         self.seed, self.num_threads, self.device, self.preset = seed, num_threads, device, preset
-        self._datalist = None
+        self._datalist, self._regions = None, None
         self._loaders = {}  # cached per process: CacheDataset reads the files once
 
     # --- task dispatch ---------------------------------------------------------------------------------
@@ -89,19 +106,23 @@ class FairflExecutor(Executor):
         device = select_device(self.device)
         seed = site_seed(self.seed, site) + int(task.current_round or 0)
         seed_everything(seed)
+        reply_meta = {}
+        if protocol.LOO_WEIGHTS in meta:  # FedCE: measured before training overwrites the previous local model
+            reply_meta[protocol.LOO_ERROR] = self._leave_one_out_error(site, task, state_dir, device)
         model = self._model_for(task, state_dir, protocol.START_FROM)
         loader = self._loader(site, meta, "training", train=True, seed=seed)
         stats = train_local(model, loader, self._train_settings(), device)
         save_model(model, os.path.join(state_dir, protocol.LOCAL_MODEL_FILE))
         params = state_to_numpy(model.state_dict()) if meta.get(protocol.SEND_PARAMS, True) else {}
         return FLModel(params_type=ParamsType.FULL, params=params, metrics={"train_loss": stats["train_loss"]},
-                       meta={protocol.NUM_SAMPLES: len(loader.dataset), protocol.NUM_STEPS: stats["steps"]})
+                       meta={protocol.NUM_SAMPLES: len(loader.dataset), protocol.NUM_STEPS: stats["steps"],
+                             **reply_meta})
 
     def _validate(self, site, task: FLModel, state_dir: str) -> FLModel:
         meta = task.meta
         model = self._model_for(task, state_dir, protocol.EVALUATE)
         loader = self._loader(site, meta, "testing", train=False, seed=self.seed)
-        metrics = evaluate_dice(model, loader, meta[protocol.MODEL_SPEC]["num_classes"], select_device(self.device))
+        metrics = self._dice(model, loader, meta)
         return FLModel(params_type=ParamsType.FULL, params={}, metrics=metrics,
                        meta={protocol.NUM_SAMPLES: len(loader.dataset)})
 
@@ -115,7 +136,27 @@ class FairflExecutor(Executor):
         cka = layerwise_cka(local, anchor, (b["image"] for b in loader), device=select_device(self.device))
         return FLModel(params_type=ParamsType.FULL, params={}, meta={protocol.CKA: cka})
 
+    def _leave_one_out_error(self, site, task: FLModel, state_dir: str, device):
+        """1 - Dice of the leave-one-out model on the validation split; None when it cannot be built (the
+        server then leaves this site out of the round)."""
+        weight = float(task.meta[protocol.LOO_WEIGHTS].get(site, 0.0))
+        path = os.path.join(state_dir, protocol.LOCAL_MODEL_FILE)
+        if weight >= FULL_WEIGHT:
+            return 1.0  # without this site there is no global model at all: the largest possible error
+        if weight > 0.0 and not os.path.exists(path):
+            self.logger.error(f"[{site}] FedCE: my share of the global model is {weight:.4f} but my previous local "
+                              f"model {path} is gone; cannot build the leave-one-out model this round")
+            return None
+        previous = torch.load(path, map_location="cpu") if weight > 0.0 else {}
+        model = leave_one_out_model(task.meta[protocol.MODEL_SPEC], task.params, previous, weight)
+        dice = self._dice(model, self._loader(site, task.meta, "validation", train=False, seed=self.seed),
+                          task.meta, device)["dice"]
+        return leave_one_out_error(dice) if dice == dice else None  # NaN: no foreground to score
+
     # --- helpers ---------------------------------------------------------------------------------------
+    def _dice(self, model, loader, meta: dict, device=None) -> dict:
+        return evaluate_dice(model, loader, meta[protocol.MODEL_SPEC]["num_classes"], device or select_device(self.device),
+                             regions=self._regions)
     def _model_for(self, task: FLModel, state_dir: str, choice: str):
         """The model a task asks for under meta[choice]: the site's own (FROM_LOCAL) or the one sent.
 
@@ -138,14 +179,15 @@ class FairflExecutor(Executor):
                              local_epochs=self.local_epochs, local_steps=self.local_steps)
 
     def _loader(self, site, meta, split, train, seed, max_samples=None, batch_size=None):
-        num_classes = meta[protocol.MODEL_SPEC]["num_classes"]
+        spec = meta[protocol.MODEL_SPEC]
         if self._datalist is None:
-            self._datalist = load_datalist(self._data_root(meta), site, num_classes=num_classes)
+            self._datalist = self._load_datalist(site, meta)
         key = (split, train, max_samples, batch_size)
         if key not in self._loaders:
             self._loaders[key] = make_loader(self._datalist[split], image_size=self.image_size,
-                                             num_classes=num_classes, batch_size=batch_size or self.batch_size,
-                                             train=train, seed=self.seed, max_samples=max_samples)
+                                             num_classes=spec["num_classes"], batch_size=batch_size or self.batch_size,
+                                             train=train, seed=self.seed, max_samples=max_samples,
+                                             in_channels=spec["in_channels"])
         loader = self._loaders[key]
         # Re-seed shuffling and augmentation per round, so a round's batches do not depend on whether this
         # process is the one that ran the previous rounds (simulator -t < -n, restarts).
@@ -154,13 +196,23 @@ class FairflExecutor(Executor):
         loader.dataset.transform.set_random_state(seed=seed % (2**32))
         return loader
 
+    def _load_datalist(self, site, meta) -> dict:
+        """This site's datalist, and the label regions Dice is reported for (`regions` in dataset.json)."""
+        root, num_classes = self._data_root(meta), meta[protocol.MODEL_SPEC]["num_classes"]
+        info_path = os.path.join(root, "dataset.json")
+        self._regions = json.load(open(info_path)).get("regions") if os.path.exists(info_path) else None
+        source = (meta.get(protocol.FREE_RIDERS) or {}).get(site)
+        if source:  # a free rider: one image of another site, repeated
+            return free_rider_datalist(load_datalist(root, source, num_classes=num_classes))
+        return load_datalist(root, site, num_classes=num_classes)
+
     def _data_root(self, meta: dict) -> str:
         root = os.environ.get(DATA_ROOT_ENV) or self.data_root
         if root:
             return root
-        return str(ensure_builtin_data(image_size=self.image_size, seed=meta.get(protocol.DATA_SEED, 0),
-                                       num_sites=meta[protocol.NUM_SITES],
-                                       size_scale=self.synthetic_size_scale))
+        return str(ensure_builtin(meta.get(protocol.DATASET, "prostate"), image_size=self.image_size,
+                                  seed=meta.get(protocol.DATA_SEED, 0), num_sites=meta[protocol.NUM_SITES],
+                                  size_scale=self.synthetic_size_scale))
 
     @staticmethod
     def _state_dir(fl_ctx) -> str:

@@ -1,0 +1,110 @@
+"""The built-in synthetic datasets, and the cache every FLARE client of a run shares.
+
+A job that names no data root uses the built-in data of its task: generated deterministically (seeded) on
+first use into a cache folder, then read from there by every site."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class BuiltinDataset:
+    """What the server must know to build the network, and where the generator lives."""
+
+    name: str
+    task: str
+    in_channels: int
+    num_classes: int
+    ensure: str  # "module:function" with the signature of `ensure_builtin`'s arguments
+
+    def ensure_function(self) -> Callable[..., Path]:
+        module, function = self.ensure.split(":")
+        return getattr(importlib.import_module(module), function)
+
+
+BUILTIN_DATASETS = {
+    "prostate": BuiltinDataset("prostate", "segmentation", 1, 2, "fairfl.data.synthetic_prostate:ensure_builtin_data"),
+    # background, optic disc (rim), optic cup; Dice is reported for the disc (rim + cup) and the cup
+    "fundus": BuiltinDataset("fundus", "segmentation", 3, 3, "fairfl.data.synthetic_fundus:ensure_builtin_fundus"),
+}
+
+
+def builtin_dataset(name: str) -> BuiltinDataset:
+    if name not in BUILTIN_DATASETS:
+        raise ValueError(f"unknown built-in dataset {name!r}; choose one of {sorted(BUILTIN_DATASETS)}")
+    return BUILTIN_DATASETS[name]
+
+
+def ensure_builtin(name: str, image_size: int = 64, seed: int = 0, num_sites: int = 6, size_scale: float = 1.0,
+                   cache_dir: str | Path | None = None) -> Path:
+    """Path of the cached built-in dataset `name`, generating it on first use."""
+    return builtin_dataset(name).ensure_function()(image_size=image_size, seed=seed, num_sites=num_sites,
+                                                   cache_dir=cache_dir, size_scale=size_scale)
+
+
+def cache_name(kind: str, version: int, image_size: int, seed: int, num_sites: int, size_scale: float) -> str:
+    """Cache folder name of a generated dataset: changes whenever the generator or its parameters do."""
+    scale = "" if size_scale == 1.0 else f"-x{size_scale:g}"
+    return f"{kind}-v{version}-n{num_sites}-s{image_size}-seed{seed}{scale}"
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """`cache_dir`, else `$FAIRFL_CACHE_DIR`, else `~/.cache/fairfl`."""
+    return Path(cache_dir or os.environ.get("FAIRFL_CACHE_DIR") or Path.home() / ".cache" / "fairfl").expanduser()
+
+
+def ensure_cached(name: str, generate: Callable[[Path], object], cache_dir: str | Path | None = None) -> Path:
+    """`<cache root>/<name>`, filled by `generate(folder)` on first use.
+
+    Safe when several FLARE clients start at once: one process generates (the others wait on a lock file)
+    into a temporary sibling folder that is renamed into place only when complete, so a half-written
+    dataset is never visible; if the rename loses to another process, that process's copy is used."""
+    root = cache_root(cache_dir)
+    final = root / name
+    if (final / "complete").is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(root / f".{name}.lock"):
+        if (final / "complete").is_file():  # another process finished while we waited
+            return final
+        if final.exists():
+            raise RuntimeError(f"{final} exists but is incomplete (no 'complete' marker): delete it and retry")
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=root))
+        try:
+            started = time.time()
+            generate(staging)
+            (staging / "complete").write_text(f"generated in {time.time() - started:.1f} s\n")
+            try:
+                os.rename(staging, final)
+            except OSError:
+                if not (final / "complete").is_file():  # not a lost race: a real failure
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+@contextmanager
+def _exclusive_lock(path: Path):
+    """An advisory inter-process lock (POSIX flock); a no-op where flock is unavailable, since
+    the atomic rename alone already keeps the cache consistent (at the cost of duplicate work)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
