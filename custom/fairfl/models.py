@@ -3,23 +3,79 @@ server can send one spec to every site and all of them build the same architectu
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
-from monai.networks.nets import UNet
+from monai.networks.blocks import Convolution
+from monai.networks.layers import get_norm_layer
+from monai.networks.nets import UNet, resnet18
 
 # CPU-sized default: a four-level MONAI U-Net. The paper preset uses the five-level one (16..256).
 DEFAULT_UNET = {"name": "unet", "in_channels": 1, "num_classes": 2, "channels": [16, 32, 64, 128],
                 "strides": [2, 2, 2], "num_res_units": 2, "norm": "instance"}
 
+# Classification (FedISM+): MONAI's ResNet-18, never pretrained (the paper starts from ImageNet weights; a
+# FLARE job cannot download them and medical images are grey). conv1_stride 2 is He et al.'s stem (MONAI's
+# default, 1, costs 4x the compute at 224 px). Batch norm as in the paper; see NORMS for the other choices.
+DEFAULT_RESNET18 = {"name": "resnet18", "in_channels": 1, "num_classes": 2, "norm": "batch", "norm_groups": 32,
+                    "conv1_stride": 2}
+# A small CNN so that CPU runs finish: per entry of `channels` a 3x3 convolution with stride 2, norm (not in the
+# last block) and ReLU; then global average pooling and a linear classifier. Group norm by default: batch-norm
+# running statistics averaged over clean and corrupted sites collapsed eval-mode accuracy (DESIGN.md).
+DEFAULT_CNN = {"name": "cnn", "in_channels": 1, "num_classes": 2, "channels": [16, 32, 64], "norm": "group",
+               "norm_groups": 8}
+DEFAULTS = {"unet": DEFAULT_UNET, "resnet18": DEFAULT_RESNET18, "cnn": DEFAULT_CNN}
+NORMS = ("batch", "group", "instance")  # classification networks; group uses gcd(channels, norm_groups) groups
+
 
 def build_model(spec: dict) -> torch.nn.Module:
-    """Build the network a spec describes (see DEFAULT_UNET for the keys)."""
-    spec = {**DEFAULT_UNET, **(spec or {})}
-    if spec["name"] != "unet":
-        raise ValueError(f"unknown model name {spec['name']!r}; known: 'unet'")
-    return UNet(spatial_dims=2, in_channels=spec["in_channels"], out_channels=spec["num_classes"],
-                channels=tuple(spec["channels"]), strides=tuple(spec["strides"]),
-                num_res_units=spec["num_res_units"], norm=spec["norm"])
+    """Build the network a spec describes (see DEFAULT_UNET, DEFAULT_RESNET18 and DEFAULT_CNN for the keys);
+    without a name, the U-Net."""
+    name = (spec or {}).get("name", "unet")
+    if name not in DEFAULTS:
+        raise ValueError(f"unknown model name {name!r}; known: {', '.join(map(repr, DEFAULTS))}")
+    spec = {**DEFAULTS[name], **(spec or {})}
+    if name == "unet":
+        return UNet(spatial_dims=2, in_channels=spec["in_channels"], out_channels=spec["num_classes"],
+                    channels=tuple(spec["channels"]), strides=tuple(spec["strides"]),
+                    num_res_units=spec["num_res_units"], norm=spec["norm"])
+    if spec["norm"] not in NORMS:
+        raise ValueError(f"norm must be one of {NORMS}, got {spec['norm']!r}")
+    if name == "resnet18":
+        model = resnet18(pretrained=False, spatial_dims=2, n_input_channels=spec["in_channels"],
+                         num_classes=spec["num_classes"], conv1_t_stride=spec["conv1_stride"])
+        return _replace_batch_norms(model, spec)
+    layers, width = [], spec["in_channels"]
+    for i, channels in enumerate(spec["channels"]):
+        # no norm in the last block: a per-channel (instance, small-group) norm right before the global pooling
+        # would give every channel the same mean and leave the classifier nothing to read
+        norm = _norm(spec, channels) if i < len(spec["channels"]) - 1 else None
+        layers.append(Convolution(2, width, channels, strides=2, kernel_size=3, act="relu", norm=norm))
+        width = channels
+    layers += [torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(width, spec["num_classes"])]
+    return torch.nn.Sequential(*layers)
+
+
+def _replace_batch_norms(model: torch.nn.Module, spec: dict) -> torch.nn.Module:
+    """Every BatchNorm2d of `model` replaced by the spec's norm. MONAI (1.6) passes ResNet's `norm` to the stem
+    only: the residual blocks and shortcuts stay batch norm (Project-MONAI/MONAI PR #9028), so we swap them."""
+    if spec["norm"] == "batch":
+        return model
+    for parent in list(model.modules()):
+        for child_name, child in parent.named_children():
+            if isinstance(child, torch.nn.BatchNorm2d):
+                setattr(parent, child_name, get_norm_layer(_norm(spec, child.num_features), 2, child.num_features))
+    return model
+
+
+def _norm(spec: dict, channels: int):
+    """A classification network's normalisation as MONAI names it: "batch", "instance" (affine, so that it
+    has parameters to learn like the others) or ("group", {"num_groups": gcd(channels, norm_groups)})."""
+    norm = spec["norm"]
+    if norm == "group":
+        return "group", {"num_groups": math.gcd(channels, int(spec["norm_groups"]))}
+    return (norm, {"affine": True}) if norm == "instance" else norm
 
 
 def initial_state(spec: dict, seed: int) -> dict:

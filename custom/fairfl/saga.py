@@ -1,0 +1,128 @@
+"""FedISM+'s sharpness-aware global aggregation (SAGA, Wu et al. 2025, Eq. 16-18), as plain functions on dicts.
+
+Each site reports, for the global model it received, its sharpness S and perturbed loss L over its whole
+training set (`fairfl.sharpness.measure_sharpness`). The server:
+- checks each report (`check_report`): a site whose value is missing, not a number, NaN/Inf or negative
+  beyond rounding is rejected for the round, with the reason as the error to log;
+- turns the values into raw weights proportional to S^q (variant "S", Eq. 16) or L^q (variant "L", Eq. 17)
+  (`saga_weights`);
+- smooths them with the previous round's weights, w_t = beta w~_t + (1 - beta) w_{t-1}, w_1 = w~_1
+  (`moving_average`, Eq. 18), keeping the per-site weights in `SagaState`, which is JSON-safe so the
+  server saves it after each round and a restarted server goes on with the same moving average.
+
+The FFL4MIA code (sharpness variant only, which we extend with L) floors sharpness at 1e-10, normalises,
+adds 1e-10 and raises to q; up to those 1e-10s that is S^q / sum S^q, which is what we compute.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from fairfl.contribution import normalise
+
+VARIANTS = {"S": "sharpness", "L": "perturbed_loss"}  # the report key each variant weights by
+Q = 2.0  # the paper's defaults (DESIGN.md; the code's q is 1)
+BETA = 0.5
+# Rounding allowed below 0: a sharpness is the difference of two means of float32 losses, so a flat site can
+# report -1e-8 and the like (float32 rounds a loss of 5 to about 5e-7).
+TOLERANCE = 1e-6
+
+
+def check_variant(variant: str) -> str:
+    if variant not in VARIANTS:
+        raise ValueError(f"SAGA variant must be one of {sorted(VARIANTS)}, got {variant!r}")
+    return variant
+
+
+def check_report(report, variant: str, tolerance: float = TOLERANCE) -> str | None:
+    """Why a site's sharpness report cannot be used for variant "S" or "L", or None if it can.
+
+    report: what the site sent, {"loss": ..., "perturbed_loss": ..., "sharpness": ...}; the variant's value
+    must be present, a real number (not a bool), finite, and >= -tolerance. A value a little below 0 is
+    rounding and counts as 0 (see `saga_weights`)."""
+    key = VARIANTS[check_variant(variant)]
+    if not isinstance(report, dict):
+        return f"sharpness report is a {type(report).__name__}, not a mapping"
+    if key not in report or report[key] is None:
+        return f"{key} missing from the sharpness report"
+    value = report[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{key} is not a number: {value!r}"
+    value = float(value)
+    if not math.isfinite(value):
+        return f"{key} is {value}"
+    if value < -tolerance:
+        return f"{key} is {value:.6g}, negative beyond rounding"
+    return None
+
+
+def saga_weights(values: dict, q: float = Q, tolerance: float = TOLERANCE) -> dict:
+    """Eq. 16/17: w~_k = v_k^q / sum_i v_i^q over the sites of `values` ({site: S or L}).
+
+    Values down to -tolerance are rounding and taken as 0 (further below: ValueError, as for NaN/Inf); a site
+    with value 0 gets weight 0. When every value is 0 no site is distinguishable and the weights are equal."""
+    if not values:
+        raise ValueError("saga_weights: no sites")
+    if not (math.isfinite(q) and q > 0):
+        raise ValueError(f"q must be a finite number > 0 (Eq. 16), got {q}")
+    bad = {s: v for s, v in values.items() if not (math.isfinite(v) and v >= -tolerance)}
+    if bad:
+        raise ValueError(f"saga_weights: values must be finite and non-negative, got {bad}")
+    # normalise first (as the FFL4MIA code does) so that v^q cannot overflow or underflow for large q
+    shares = normalise({s: max(float(v), 0.0) for s, v in values.items()})
+    return normalise({s: v ** q for s, v in shares.items()})
+
+
+def moving_average(raw: dict, previous: dict, beta: float = BETA) -> dict:
+    """Eq. 18: w_t = beta w~_t + (1 - beta) w_{t-1}, over the sites of `raw` (this round's), summing to 1.
+
+    previous: {site: w_{t-1}}. Empty: the first round, w_1 = w~_1. Sites can change between rounds (a site
+    rejected or late): w_{t-1} is restricted to this round's sites and renormalised; a site with no previous
+    weight uses its raw weight in its place, so that it is neither favoured nor penalised for its absence."""
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must be in [0, 1], got {beta}")
+    if not previous:
+        return dict(raw)
+    before = normalise({s: previous.get(s, raw[s]) for s in raw})
+    return normalise({s: beta * raw[s] + (1.0 - beta) * before[s] for s in raw})
+
+
+@dataclass
+class SagaState:
+    """What the server carries across rounds: the variant and hyper-parameters it was started with, and each
+    site's weight in the last round it was aggregated (the w_{t-1} of Eq. 18). JSON-safe (`to_dict`)."""
+
+    variant: str = "S"
+    q: float = Q
+    beta: float = BETA
+    weights: dict = field(default_factory=dict)  # site -> its weight in the last round it was aggregated
+    rounds: int = 0  # rounds aggregated so far; 0: the next round uses the raw weights
+
+    def __post_init__(self):
+        check_variant(self.variant)
+
+    def update(self, reports: dict) -> dict:
+        """One round: {site: report} of the sites accepted this round (see `check_report`) -> {site: {"value",
+        "raw", "weight"}}, the variant's value, the raw weight (Eq. 16/17) and the aggregation weight (Eq. 18).
+        The weights are stored for the next round. A report `check_report` refuses raises ValueError: the
+        controller rejects such a site before."""
+        for site, report in reports.items():
+            reason = check_report(report, self.variant)
+            if reason:
+                raise ValueError(f"SAGA: {site}: {reason}")
+        key = VARIANTS[self.variant]
+        values = {s: float(r[key]) for s, r in reports.items()}
+        raw = saga_weights(values, self.q)
+        weights = moving_average(raw, self.weights if self.rounds else {}, self.beta)
+        self.weights.update(weights)
+        self.rounds += 1
+        return {s: {"value": values[s], "raw": raw[s], "weight": weights[s]} for s in sorted(weights)}
+
+    def to_dict(self) -> dict:
+        return {"variant": self.variant, "q": self.q, "beta": self.beta, "weights": self.weights,
+                "rounds": self.rounds}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SagaState:
+        return cls(**{k: data[k] for k in ("variant", "q", "beta", "weights", "rounds")})

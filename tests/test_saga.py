@@ -1,0 +1,100 @@
+"""SAGA's weights (Eq. 16/17), moving average (Eq. 18), report checks and saved state, on small inputs by hand."""
+
+import json
+
+import pytest
+
+from fairfl.saga import SagaState, check_report, moving_average, saga_weights
+
+
+def report(sharpness, loss=1.0):
+    return {"loss": loss, "perturbed_loss": loss + sharpness, "sharpness": sharpness}
+
+
+def test_weights_are_proportional_to_the_value_to_the_q():
+    assert saga_weights({"a": 1.0, "b": 2.0}, q=2) == pytest.approx({"a": 1 / 5, "b": 4 / 5})
+    assert saga_weights({"a": 1.0, "b": 2.0}, q=1) == pytest.approx({"a": 1 / 3, "b": 2 / 3})
+    assert saga_weights({"a": 0.3, "b": 0.1, "c": 0.2}, q=0.5) == pytest.approx(
+        {s: v ** 0.5 / (0.3 ** 0.5 + 0.1 ** 0.5 + 0.2 ** 0.5) for s, v in {"a": 0.3, "b": 0.1, "c": 0.2}.items()})
+    # scale-free, and no overflow for a large q
+    assert saga_weights({"a": 1e-6, "b": 2e-6}, q=2) == pytest.approx({"a": 1 / 5, "b": 4 / 5})
+    big = saga_weights({"a": 1e3, "b": 2e3}, q=100)
+    assert big["b"] == pytest.approx(1.0) and sum(big.values()) == pytest.approx(1.0)
+
+
+def test_zero_and_rounding_sharpness():
+    assert saga_weights({"a": 0.0, "b": 1.0, "c": 3.0}, q=2) == pytest.approx({"a": 0.0, "b": 0.1, "c": 0.9})
+    assert saga_weights({"a": -1e-9, "b": 1.0}, q=2) == pytest.approx({"a": 0.0, "b": 1.0})  # rounding: 0
+    assert saga_weights({"a": 0.0, "b": 0.0}, q=2) == {"a": 0.5, "b": 0.5}  # nothing to tell apart: equal
+    for bad in ({"a": float("nan"), "b": 1.0}, {"a": -0.01, "b": 1.0}, {"a": float("inf"), "b": 1.0}, {}):
+        with pytest.raises(ValueError):
+            saga_weights(bad)
+    for q in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="q"):
+            saga_weights({"a": 1.0}, q=q)
+
+
+def test_moving_average_eq18():
+    raw = {"a": 0.2, "b": 0.8}
+    assert moving_average(raw, {}, beta=0.5) == raw  # round 1: raw
+    assert moving_average(raw, {"a": 0.6, "b": 0.4}, beta=0.5) == pytest.approx({"a": 0.4, "b": 0.6})
+    assert moving_average(raw, {"a": 0.6, "b": 0.4}, beta=1.0) == pytest.approx(raw)  # no smoothing
+    assert moving_average(raw, {"a": 0.6, "b": 0.4}, beta=0.0) == pytest.approx({"a": 0.6, "b": 0.4})
+    # a site absent last round (c): its own raw weight stands in for w_{t-1}; then renormalised
+    three = moving_average({"a": 0.2, "b": 0.3, "c": 0.5}, {"a": 0.6, "b": 0.4}, beta=0.5)
+    assert three == pytest.approx({"a": 0.5 * 0.2 + 0.5 * 0.6 / 1.5, "b": 0.5 * 0.3 + 0.5 * 0.4 / 1.5,
+                                   "c": 0.5 * 0.5 + 0.5 * 0.5 / 1.5})
+    # a site rejected this round (b): the others' previous weights are renormalised among them
+    assert moving_average({"a": 1.0, "c": 0.0}, {"a": 0.2, "b": 0.6, "c": 0.2}, beta=0.5) == pytest.approx(
+        {"a": 0.75, "c": 0.25})
+    with pytest.raises(ValueError, match="beta"):
+        moving_average(raw, {}, beta=1.5)
+
+
+def test_check_report_rejects_missing_nan_and_negative_values():
+    assert check_report(report(0.1), "S") is None
+    assert check_report(report(0.0), "S") is None
+    assert check_report(report(-1e-8), "S") is None  # rounding
+    assert "negative" in check_report(report(-0.01), "S")
+    assert check_report(report(-0.01), "L") is None  # L weights by the perturbed loss, which is fine here
+    assert check_report(report(float("nan")), "S") == "sharpness is nan"
+    assert "inf" in check_report(report(float("inf")), "S")
+    assert "missing" in check_report({"loss": 1.0}, "S")
+    assert "missing" in check_report({"sharpness": None}, "S")
+    assert "missing" in check_report({"sharpness": 0.1}, "L")
+    assert "not a number" in check_report({"sharpness": "0.1"}, "S")
+    assert "not a number" in check_report({"sharpness": True}, "S")
+    assert "not a mapping" in check_report(None, "S")
+    with pytest.raises(ValueError, match="variant"):
+        check_report(report(0.1), "X")
+
+
+def test_state_over_rounds_for_both_variants():
+    reports = {"a": report(0.1, loss=1.0), "b": report(0.3, loss=0.5)}
+    s = SagaState(variant="S", q=2, beta=0.5)
+    first = s.update(reports)
+    assert {k: v["weight"] for k, v in first.items()} == pytest.approx({"a": 0.1, "b": 0.9})  # 0.01 : 0.09
+    assert first["a"]["raw"] == first["a"]["weight"] and first["a"]["value"] == 0.1
+    second = s.update({"a": report(0.3), "b": report(0.1)})  # raw 0.9 / 0.1
+    assert {k: v["weight"] for k, v in second.items()} == pytest.approx({"a": 0.5, "b": 0.5})
+    assert s.rounds == 2
+
+    perturbed = SagaState(variant="L", q=1, beta=0.5).update(reports)  # L = 1.1 and 0.8
+    assert {k: v["weight"] for k, v in perturbed.items()} == pytest.approx({"a": 1.1 / 1.9, "b": 0.8 / 1.9})
+    with pytest.raises(ValueError, match="variant"):
+        SagaState(variant="sharpness")
+    with pytest.raises(ValueError, match="b: sharpness is"):
+        SagaState().update({"a": report(0.1), "b": report(float("nan"))})
+
+
+def test_saved_state_gives_the_same_next_round_as_staying_up():
+    rounds = [{"a": report(0.1), "b": report(0.2), "c": report(0.0)},
+              {"a": report(0.2), "c": report(0.05)},  # b rejected this round
+              {"a": report(0.1), "b": report(0.1), "c": report(0.3)}]
+    up = SagaState(variant="S", q=2, beta=0.5)
+    for r in rounds[:2]:
+        up.update(r)
+    restarted = SagaState.from_dict(json.loads(json.dumps(up.to_dict())))
+    assert restarted == up
+    assert restarted.update(rounds[2]) == up.update(rounds[2])
+    assert sum(v for s, v in up.weights.items() if s in rounds[2]) == pytest.approx(1.0)
