@@ -1,4 +1,4 @@
-"""MONAI transforms and cached data loaders for 2-D segmentation datalists (NIfTI or PNG/JPEG)."""
+"""MONAI transforms and cached data loaders for 2-D segmentation and classification datalists (NIfTI or PNG/JPEG)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from monai.transforms import (
 )
 
 KEYS = ("image", "label")
+TASKS = ("segmentation", "classification")
 
 
 class SqueezeTrailingSingletond(MapTransform):
@@ -66,6 +67,19 @@ class MatchChannelsd(MapTransform):
         return d
 
 
+def _augmentation(spatial_keys) -> list:
+    """Light and label-preserving: mirroring, quarter turns (cheap, no interpolation of a mask; lesions
+    and slices keep their class) and a small intensity scale/shift that mimics residual differences
+    between scanners and cameras."""
+    return [
+        RandFlipd(spatial_keys, prob=0.5, spatial_axis=0),
+        RandFlipd(spatial_keys, prob=0.5, spatial_axis=1),
+        RandRotate90d(spatial_keys, prob=0.5, max_k=3),
+        RandScaleIntensityd("image", factors=0.1, prob=0.5),
+        RandShiftIntensityd("image", offsets=0.1, prob=0.5),
+    ]
+
+
 def segmentation_transforms(image_size: int, num_classes: int, train: bool, in_channels: int = 1) -> Compose:
     """Load, normalise and resize an image/mask pair to `image_size` squared; augment if `train`.
 
@@ -88,19 +102,31 @@ def segmentation_transforms(image_size: int, num_classes: int, train: bool, in_c
         Resized(KEYS, spatial_size=(image_size, image_size), mode=("bilinear", "nearest"), anti_aliasing=(True, False)),
         CastToTyped("label", dtype=torch.long),
     ]
-    augmentation = []
-    if train:
-        # Light and label-preserving: mirroring, quarter turns (cheap, no interpolation of the
-        # mask) and a small intensity scale/shift that mimics residual scanner differences.
-        augmentation = [
-            RandFlipd(KEYS, prob=0.5, spatial_axis=0),
-            RandFlipd(KEYS, prob=0.5, spatial_axis=1),
-            RandRotate90d(KEYS, prob=0.5, max_k=3),
-            RandScaleIntensityd("image", factors=0.1, prob=0.5),
-            RandShiftIntensityd("image", offsets=0.1, prob=0.5),
-        ]
+    augmentation = _augmentation(KEYS) if train else []
     # Plain tensors out: batches stay simple to hook, hash and send across FLARE.
     return Compose([*deterministic, *augmentation, EnsureTyped(KEYS, track_meta=False)])
+
+
+def classification_transforms(image_size: int, train: bool, in_channels: int = 1) -> Compose:
+    """Load, normalise and resize an image to `image_size` squared; augment if `train`. The label is a
+    class index (already checked by `load_datalist`).
+
+    Output: image float32 [in_channels, S, S], label int64 scalar (a batch's labels: int64 [B]).
+    Normalisation is a per-image z-score over all channels together (not channel by channel): like the
+    segmentation transforms it needs no dataset statistics and takes 8- and 16-bit files alike, but it
+    keeps the balance between colour channels, which carries diagnostic colour (red vessels, blue-grey
+    veil) in dermoscopy."""
+    deterministic = [
+        LoadImaged("image", image_only=True),
+        EnsureChannelFirstd("image"),
+        SqueezeTrailingSingletond("image"),
+        MatchChannelsd("image", in_channels),
+        NormalizeIntensityd("image", nonzero=False, channel_wise=False),
+        Resized("image", spatial_size=(image_size, image_size), mode="bilinear", anti_aliasing=True),
+    ]
+    augmentation = _augmentation("image") if train else []
+    return Compose([*deterministic, *augmentation, EnsureTyped("image", track_meta=False),
+                    EnsureTyped("label", dtype=torch.long, track_meta=False)])
 
 
 def make_loader(
@@ -112,20 +138,26 @@ def make_loader(
     seed: int,
     max_samples: int | None = None,
     in_channels: int = 1,
+    task: str = "segmentation",
 ) -> torch.utils.data.DataLoader:
     """A loader over datalist entries, cached in memory after the first read.
 
     Shuffles (with a generator seeded from `seed`) and augments only when `train`; the random
     augmentation is seeded from the same generator, so a run is reproducible. `max_samples`
     keeps the first N entries after a shuffle seeded by `seed` (a deterministic subset).
+    `task` "classification" gives batches with "image" float [B, C, S, S] and "label" int64 [B]
+    (`classification_transforms`); "segmentation" (the default) image/mask pairs.
     """
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     entries = list(entries)
     if max_samples is not None and max_samples < len(entries):
         keep = np.random.default_rng(seed).permutation(len(entries))[:max_samples]
         entries = [entries[i] for i in keep]
     dataset = CacheDataset(
         entries,
-        transform=segmentation_transforms(image_size, num_classes, train, in_channels),
+        transform=(segmentation_transforms(image_size, num_classes, train, in_channels) if task == "segmentation"
+                   else classification_transforms(image_size, train, in_channels)),
         cache_rate=1.0,
         num_workers=0,
         progress=False,

@@ -1,0 +1,188 @@
+"""Converter for the ISIC 2019 layout: image folder, one-hot ground-truth CSV, optional metadata."""
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fairfl.data.convert_isic import convert_isic
+from fairfl.data.datalist import SPLITS, load_datalist
+from fairfl.data.loaders import make_loader
+from fairfl.data.synthetic_classification import CORRUPTED_SPLIT, SKIN_CLASSES
+from fairfl.errors import DataError
+
+COLUMNS = (*SKIN_CLASSES, "UNK")
+# class of each of 61 images: NV dominant, every class present; the last one (60) is UNK
+LABELS = [1] * 24 + [0] * 10 + [2] * 8 + [3] * 4 + [4] * 6 + [5, 5, 6, 6, 7, 7, 7, 7] + [8]
+SOURCES = ["BCN_nan", "HAM_vidir_modern", "HAM_rosendahl", "MSK4nan"]
+
+
+def image_id(k: int) -> str:
+    return f"ISIC_{k:07d}"
+
+
+def lesion(k: int) -> str:
+    """Two images per lesion for the first 20 images (the same class: k and k + 1 pair up below 24)."""
+    return f"{SOURCES[k % 4].split('_')[0][:4]}_{(k // 2 if k < 20 else k):07d}"
+
+
+def write_source(src, metadata: bool = True, fl_metadata: bool = True, size=(24, 20)):
+    images = src / "ISIC_2019_Training_Input"
+    images.mkdir(parents=True)
+    (images / "LICENSE.txt").write_text("CC-BY-NC")
+    rng = np.random.default_rng(0)
+    rows = ["image," + ",".join(COLUMNS)]
+    for k, label in enumerate(LABELS):
+        Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(images / f"{image_id(k)}.jpg")
+        rows.append(image_id(k) + "," + ",".join("1.0" if c == label else "0.0" for c in range(len(COLUMNS))))
+    (src / "ISIC_2019_Training_GroundTruth.csv").write_text("\n".join(rows) + "\n")
+    # lesions pair images k, k+1 (k even) below 20; their sources must agree, so use the pair's source
+    source_of = [SOURCES[(k - k % 2) % 4] if k < 20 else SOURCES[k % 4] for k in range(len(LABELS))]
+    if metadata:
+        lines = ["image,age_approx,anatom_site_general,lesion_id,sex"]
+        lines += [f"{image_id(k)},50,back,{source_of[k].split('_')[0][:4]}_{(k // 2 if k < 20 else k):07d},male"
+                  for k in range(len(LABELS))]
+        (src / "ISIC_2019_Training_Metadata.csv").write_text("\n".join(lines) + "\n")
+    if fl_metadata:
+        lines = ["image,age_approx,anatom_site_general,sex,dataset"]
+        lines += [f"{image_id(k)},50,back,male,{source_of[k] if k != 59 else ''}" for k in range(len(LABELS))]
+        (src / "ISIC_2019_Training_Metadata_FL.csv").write_text("\n".join(lines) + "\n")
+    return src
+
+
+@pytest.fixture
+def source(tmp_path):
+    return write_source(tmp_path / "isic")
+
+
+def entries_by_image(root, site):
+    datalist = json.loads((root / f"{site}.json").read_text())
+    return {split: {e["image"].rsplit("/", 1)[-1].split(".")[0]: e["label"] for e in datalist[split]}
+            for split in datalist}
+
+
+def test_dirichlet_sites_shared_test_set_labels_and_lesions(source, tmp_path):
+    dst = tmp_path / "dst"
+    summary = convert_isic(source, dst, num_sites=4)
+    sites = [f"site-{k}" for k in range(1, 5)]
+    assert list(summary["sites"]) == sites and summary["excluded"]["UNK label"] == 1
+    description = json.loads((dst / "dataset.json").read_text())
+    assert description["classes"] == list(SKIN_CLASSES) and description["num_classes"] == 8
+    assert description["in_channels"] == 3 and description["split"]["method"] == "dirichlet"
+    assert description["corruption"] is None and description["test"]["shared"]
+    where = {}
+    for site in sites:
+        lists = load_datalist(dst, site, task="classification", num_classes=8)  # files exist, labels in range
+        assert CORRUPTED_SPLIT not in json.loads((dst / f"{site}.json").read_text())
+        for split, found in entries_by_image(dst, site).items():
+            for name, label in found.items():
+                assert label == LABELS[int(name.split("_")[1])]
+                where.setdefault(name, set()).add(site if split != "testing" else "test")
+        assert lists["testing"] == load_datalist(dst, "site-1", task="classification", num_classes=8)["testing"]
+    assert len(where) == len(LABELS) - 1 and all(len(v) == 1 for v in where.values())  # UNK left out
+    for k in range(0, 20, 2):  # both images of a lesion in one place
+        assert where[image_id(k)] == where[image_id(k + 1)]
+    copied = next((dst / "site-1").iterdir())
+    assert copied.read_bytes() == (source / "ISIC_2019_Training_Input" / copied.name).read_bytes()
+    batch = next(iter(make_loader(load_datalist(dst, "site-2", task="classification", num_classes=8)["training"],
+                                  32, 8, 2, train=True, seed=0, in_channels=3, task="classification")))
+    assert batch["image"].shape == (2, 3, 32, 32) and batch["label"].shape == (2,)
+
+
+def test_source_sites_with_flare_names_and_their_own_test_sets(source, tmp_path):
+    dst = tmp_path / "dst"
+    summary = convert_isic(source, dst, sites="source", site_names="flare")
+    assert json.loads((dst / "sites.json").read_text()) == {f"site-{k + 1}": s for k, s in enumerate(sorted(SOURCES))}
+    assert summary["excluded"]["no source site"] == 1  # image 59 has no dataset
+    description = json.loads((dst / "dataset.json").read_text())
+    assert description["split"]["method"] == "source" and not description["test"]["shared"]
+    tests = [set(entries_by_image(dst, f"site-{k}")["testing"]) for k in range(1, 5)]
+    assert all(tests) and not set.intersection(*tests[:2])
+    held = sum(len(entries_by_image(dst, f"site-{k}")[s]) for k in range(1, 5) for s in SPLITS)
+    assert held == len(LABELS) - 2
+
+
+def test_lesion_id_prefix_is_the_source_without_fl_metadata(tmp_path):
+    src = write_source(tmp_path / "isic", fl_metadata=False)
+    summary = convert_isic(src, tmp_path / "dst", sites="source")
+    assert set(summary["sites"]) == {"BCN", "HAM", "MSK4"}
+
+
+def test_resized_png_and_corrupted_sites(source, tmp_path):
+    dst = tmp_path / "dst"
+    convert_isic(source, dst, num_sites=4, image_size=32, corrupted_fraction=0.5, seed=3)
+    description = json.loads((dst / "dataset.json").read_text())
+    assert description["corrupted_sites"] == ["site-3", "site-4"] and description["corruption"]["sigma"] == 0.18
+    lists = load_datalist(dst, "site-1", task="classification", num_classes=8, splits=(*SPLITS, CORRUPTED_SPLIT))
+    with Image.open(lists["testing"][0]["image"]) as image:
+        assert image.size == (32, 32) and image.mode == "RGB" and image.format == "PNG"
+    clean = np.asarray(Image.open(lists["testing"][0]["image"]), float)
+    noisy = np.asarray(Image.open(lists[CORRUPTED_SPLIT][0]["image"]), float)
+    assert 20 < np.abs(clean - noisy).mean() < 80
+    with pytest.raises(ValueError, match="need image_size"):
+        convert_isic(source, tmp_path / "other", corrupted_fraction=0.2)
+
+
+def test_deterministic_split(source, tmp_path):
+    convert_isic(source, tmp_path / "a", num_sites=4, seed=1)
+    convert_isic(source, tmp_path / "b", num_sites=4, seed=1)
+    convert_isic(source, tmp_path / "c", num_sites=4, seed=2)
+    read = {name: [entries_by_image(tmp_path / name, f"site-{k}") for k in range(1, 5)] for name in "abc"}
+    assert read["a"] == read["b"] and read["a"] != read["c"]
+
+
+def rewrite(path, old, new):
+    path.write_text(path.read_text().replace(old, new, 1))
+
+
+GT = "ISIC_2019_Training_GroundTruth.csv"
+
+
+@pytest.mark.parametrize("damage, site, file, problem", [
+    (lambda src: (src / GT).unlink(), "-", GT, "file not found"),
+    (lambda src: rewrite(src / GT, "image,MEL", "name,MEL"), "-", GT, "missing column(s) image"),
+    (lambda src: rewrite(src / GT, "ISIC_0000003,0.0,1.0", "ISIC_0000003,1.0,1.0"), "-", GT,
+     "line 5 (ISIC_0000003): exactly one of"),
+    (lambda src: rewrite(src / GT, "ISIC_0000003,0.0,1.0", "ISIC_0000003,0.0,yes"), "-", GT, "must be 0 or 1"),
+    (lambda src: rewrite(src / GT, "ISIC_0000004,", "ISIC_0000003,"), "-", GT, "ISIC_0000003 listed twice"),
+    (lambda src: (src / "ISIC_2019_Training_Input/ISIC_0000007.jpg").unlink(), "-", "ISIC_0000007.jpg",
+     "listed in ISIC_2019_Training_GroundTruth.csv but not found"),
+    (lambda src: Image.new("RGB", (8, 8)).save(src / "ISIC_2019_Training_Input/ISIC_9999999.jpg"), "-",
+     "ISIC_9999999.jpg", "image without a row"),
+    (lambda src: (src / "ISIC_2019_Training_Input/ISIC_0000030.jpg").write_bytes(
+        (src / "ISIC_2019_Training_Input/ISIC_0000030.jpg").read_bytes()[:200]), "site-", "ISIC_0000030.jpg",
+     "cannot read image"),
+    (lambda src: rewrite(src / "ISIC_2019_Training_Metadata.csv", "image,", "img,"), "-",
+     "ISIC_2019_Training_Metadata.csv", "missing column(s) image"),
+])
+def test_each_problem_names_site_and_file_and_writes_nothing(source, tmp_path, damage, site, file, problem):
+    damage(source)
+    assert_refused(lambda src, dst: convert_isic(src, dst, num_sites=4), source, tmp_path, site, file, problem)
+
+
+def assert_refused(convert, source, tmp_path, site, file, problem):
+    """`convert(source, dst)` raises a DataError naming the site, the file and the problem, and leaves no
+    output and no temporary folder behind (`source` is the only thing in `tmp_path`)."""
+    with pytest.raises(DataError) as info:
+        convert(source, tmp_path / "dst")
+    for part in (f"[{site}", file, problem):
+        assert part in str(info.value), (part, str(info.value))
+    assert list(tmp_path.iterdir()) == [source]
+
+
+def test_refusals(source, tmp_path):
+    (tmp_path / "dst").mkdir()
+    (tmp_path / "dst" / "keep.txt").write_text("user data")
+    with pytest.raises(DataError, match="not empty"):
+        convert_isic(source, tmp_path / "dst")
+    with pytest.raises(DataError, match="source folder not found"):
+        convert_isic(tmp_path / "nowhere", tmp_path / "out")
+    with pytest.raises(DataError, match="image folder not found"):
+        convert_isic(tmp_path / "dst", tmp_path / "out")
+    with pytest.raises(DataError, match="cannot split 60 images"):
+        convert_isic(source, tmp_path / "out", num_sites=30)
+    bare = write_source(tmp_path / "bare", metadata=False, fl_metadata=False)
+    with pytest.raises(DataError, match="no source sites"):
+        convert_isic(bare, tmp_path / "out", sites="source")
+    assert not (tmp_path / "out").exists()
