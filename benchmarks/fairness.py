@@ -90,11 +90,13 @@ def main(argv=None):
         runs = [paths[v, s] for v in SETTINGS[setting] for s in args.seeds]
         tables[setting] = make_report(runs, os.path.join(args.out, setting))["table"]
         summary["settings"][setting] = {v: variant_summary([paths[v, s] for s in args.seeds]) for v in SETTINGS[setting]}
-    with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-    markdown = summary_markdown(summary, tables)
-    with open(os.path.join(args.out, "SUMMARY.md"), "w") as f:
-        f.write(markdown)
+    write_summary(args.out, summary, summary_markdown(summary, tables))
+
+
+def write_summary(out_dir, summary: dict, markdown: str) -> None:
+    """A benchmark's outputs: summary.json (numbers) and SUMMARY.md (tables), also printed."""
+    Path(out_dir, "summary.json").write_text(json.dumps(summary, indent=1))
+    Path(out_dir, "SUMMARY.md").write_text(markdown)
     print(markdown)
 
 

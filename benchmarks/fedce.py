@@ -18,7 +18,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fairness import REPO, run_job, variant_summary, versions  # noqa: E402
+from fairness import REPO, run_job, variant_summary, versions, write_summary  # noqa: E402
 
 from fairfl.report import make_report  # noqa: E402
 
@@ -66,7 +66,8 @@ def main(argv=None):
                     {"num_rounds": args.rounds, "eval_every": args.eval_every, "seed": seed, "dataset": dataset})
             if not args.no_free_rider:
                 free_rider[dataset] = run_job("fedce", f"{dataset}-fedce_sum-free_rider-seed{seed}",
-                                              {"seed": seed, "dataset": dataset, "combine": "sum", "free_riders": 1},
+                                              {"seed": seed, "dataset": dataset, "combine": "sum",
+                                               "free_riders": [f"site-{args.sites + 1}"]},
                                               args, n_clients=args.sites + 1)
 
     summary = {"command": " ".join(["python", "benchmarks/fedce.py"] + (argv if argv is not None else sys.argv[1:])),
@@ -83,12 +84,7 @@ def main(argv=None):
             entry["free_rider"] = free_rider_summary(free_rider[dataset])
         summary["datasets"][dataset] = entry
         sections.append((dataset, report))
-    with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-    markdown = summary_markdown(summary, sections)
-    with open(os.path.join(args.out, "SUMMARY.md"), "w") as f:
-        f.write(markdown)
-    print(markdown)
+    write_summary(args.out, summary, summary_markdown(summary, sections))
 
 
 def method_summary(results_paths) -> dict:

@@ -23,7 +23,6 @@ import shutil
 import statistics
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: inherited by every simulator process
 
@@ -40,7 +39,7 @@ from fairfl.simulate import SIMULATOR_OUTPUT, SimulatorRun, collect_errors, run_
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from fairness import versions  # noqa: E402  (benchmarks/fairness.py)
+from fairness import versions, write_summary  # noqa: E402  (benchmarks/fairness.py)
 from nvflare_fedce_client import ROUNDS_FILE, SITE_LOG, FedCERoundRecorder, model_spec  # noqa: E402
 
 CLIENT_SCRIPT = os.path.join(HERE, "nvflare_fedce_client.py")
@@ -383,11 +382,7 @@ def main(argv=None):
     per_seed = [compare_seed(seed, infos[seed]) for seed in complete]
     summary = summarize_runs(args, per_seed)
     table = paper_table(load_runs([p["results"][side] for p in per_seed for side in SIDES]))
-    markdown = summary_markdown(summary, table)
-    out = Path(args.out)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out / "SUMMARY.md").write_text(markdown)
-    print(markdown)
+    write_summary(args.out, summary, summary_markdown(summary, table))
 
 
 if __name__ == "__main__":

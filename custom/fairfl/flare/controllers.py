@@ -37,6 +37,20 @@ class SiteUpdate(NamedTuple):
     meta: dict         # everything else it reported (FedCE: the leave-one-out error)
 
 
+def free_rider_sites(free_riders, sites: list) -> list:
+    """The free riders named by the `free_riders` argument: a number N (the last N sites) or a list of names."""
+    if isinstance(free_riders, int):
+        if not 0 <= free_riders < len(sites):
+            raise ValueError(f"free_riders must be in [0, {len(sites) - 1}] with {len(sites)} sites")
+        return sites[len(sites) - free_riders:] if free_riders else []
+    names = list(free_riders or [])
+    unknown = sorted(set(names) - set(sites))
+    if unknown or sites[0] in names:
+        raise ValueError(f"free_riders must name sites of this run other than {sites[0]} (whose image they "
+                         f"repeat); got {names}")
+    return sorted(names, key=site_key)
+
+
 def average_updates(updates: dict, weights: dict) -> dict:
     """The weighted average of the sites' models, as numpy arrays (what the next round sends)."""
     sites = sorted(weights)
@@ -53,7 +67,7 @@ class FairRoundController(ModelController):
     def __init__(self, num_rounds: int = 20, eval_every: int = 5, min_clients: int = 0,
                  task_timeout: int = 3600, seed: int = 0, data_seed: int = 0, dataset: str = "prostate",
                  num_classes=None, in_channels=None, model_channels=(16, 32, 64, 128), model_strides=(2, 2, 2),
-                 weighting: str = "samples", free_riders: int = 0, exclude_sites=None, preset: str = "",
+                 weighting: str = "samples", free_riders=0, exclude_sites=None, preset: str = "",
                  task_check_period: float = 0.5):
         """
         Args:
@@ -67,8 +81,9 @@ class FairRoundController(ModelController):
             num_classes, in_channels: of the data; null = the built-in dataset's (prostate 2/1, fundus 3/3).
             model_channels, model_strides: the MONAI U-Net every site builds.
             weighting: "samples" (FedAvg of McMahan et al., by training-set size) or "uniform" (1/K).
-            free_riders: the last N sites become free riders: they train on one image of the first site
-                repeated as many times as that site has training images (the FedCE paper's Fig. 4).
+            free_riders: a number N (the last N sites) or a list of site names: free riders train on one image
+                of the first site repeated as many times as that site has training images (the FedCE paper's
+                Fig. 4). The results record their names.
             exclude_sites: sites that never train nor enter aggregation but are still evaluated
                 (leave-one-out runs: `fairfl leave-one-out`).
             preset: named settings bundle (fairfl.presets); FAIRFL_PRESET overrides it.
@@ -85,7 +100,7 @@ class FairRoundController(ModelController):
         self.in_channels = int(in_channels or data.in_channels)
         self.model_channels, self.model_strides = list(model_channels), list(model_strides)
         self.weighting, self.preset = weighting, preset
-        self.free_riders, self.exclude_sites = int(free_riders), sorted(exclude_sites or [])
+        self.free_riders, self.exclude_sites = free_riders, sorted(exclude_sites or [])
 
     # --- the round loop --------------------------------------------------------------------------------
     def run(self):
@@ -94,13 +109,11 @@ class FairRoundController(ModelController):
         unknown = sorted(set(self.exclude_sites) - set(sites))
         if unknown:
             raise ValueError(f"exclude_sites names sites that are not in this run: {unknown}")
-        if not 0 <= self.free_riders < len(sites):
-            raise ValueError(f"free_riders must be in [0, {len(sites) - 1}] with {len(sites)} sites")
-        self.free_rider_sites = sites[len(sites) - self.free_riders:] if self.free_riders else []
+        self.free_rider_sites = free_rider_sites(self.free_riders, sites)
         self.trainers = [s for s in sites if s not in self.exclude_sites]
         self.min_responses = self.min_clients or len(sites)
         self.task_meta = {protocol.MODEL_SPEC: self.model_spec(), protocol.DATASET: self.dataset,
-                          protocol.NUM_SITES: max(6, len(sites) - self.free_riders),
+                          protocol.NUM_SITES: max(6, len(sites) - len(self.free_rider_sites)),
                           protocol.DATA_SEED: self.data_seed,
                           protocol.FREE_RIDERS: {s: sites[0] for s in self.free_rider_sites}}
         run_dir = self.get_run_dir()
