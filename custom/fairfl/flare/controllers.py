@@ -370,7 +370,6 @@ class FedCEController(FairRoundController):
     def aggregate(self, round_num, global_state, updates, rejected):
         if self._trainable is None:  # Eq. 2 is about parameters, not normalisation statistics
             self._trainable = [n for n, p in build_model(self.model_spec()).named_parameters() if p.requires_grad]
-        reference = state_to_torch(global_state)
         if not self.contribution.weights:  # round 0 (or nothing aggregated yet): FedAvg
             weights = self.site_weights({s: updates[s].num_samples for s in sorted(updates)})
             self.contribution.weights = dict(weights)
@@ -387,7 +386,8 @@ class FedCEController(FairRoundController):
             self.error(f"round {round_num}: no site has a valid leave-one-out error; the global model is kept")
             self.contribution.weights = {}
             return global_state, {}
-        vectors = {s: flatten(updates[s].state, self._trainable) - flatten(reference, self._trainable) for s in errors}
+        start = flatten(state_to_torch(global_state), self._trainable)  # the model every site trained from
+        vectors = {s: flatten(updates[s].state, self._trainable) - start for s in errors}
         prior = {s: self.contribution.weights.get(s, 0.0) for s in errors}
         gradient = gradient_terms(vectors, prior)
         terms = self.contribution.update(gradient, errors)
