@@ -114,7 +114,7 @@ class FairRoundController(ModelController):
 
     # --- the round loop --------------------------------------------------------------------------------
     def run(self):
-        apply_preset(self, self.preset)
+        apply_preset(self, self.preset, self.task)
         sites = sorted(self.sample_clients(), key=site_key)
         unknown = sorted(set(self.exclude_sites) - set(sites))
         if unknown:

@@ -104,9 +104,9 @@ class FairflExecutor(Executor):
             return make_reply(ReturnCode.TASK_UNKNOWN)
         site = fl_ctx.get_identity_name()
         try:
-            apply_preset(self, self.preset)
-            configure_threads(self.num_threads)
             task = FLModelUtils.from_shareable(shareable)
+            apply_preset(self, self.preset, self._task(task.meta))
+            configure_threads(self.num_threads)
             result = handlers[task_name](site, task, self._state_dir(fl_ctx))
         except DataError as e:
             self.log_error(fl_ctx, f"bad data: {e}")
