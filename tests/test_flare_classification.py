@@ -191,5 +191,13 @@ def test_executor_trains_with_salt_measures_and_evaluates_clean_and_corrupted(tm
                                                   meta={**meta, protocol.EVALUATE: protocol.FROM_GLOBAL}),
                                 str(tmp_path)).metrics
     names = ("accuracy", "balanced_accuracy", "auc")
-    assert set(scores) == {*names, *(f"corrupted_{n}" for n in names)}
+    assert set(scores) == {*names, "corrupted_site", *(f"{q}_{n}" for n in names for q in ("clean", "corrupted"))}
     assert all(0.0 <= v <= 1.0 and math.isfinite(v) for v in scores.values())
+    # site-4 of 4 is the corrupted one (the last 20%): its own-quality scores are the corrupted test set's
+    assert scores["corrupted_site"] == 1.0 and all(scores[n] == scores[f"corrupted_{n}"] for n in names)
+    other_site = FairflExecutor(image_size=32, batch_size=16, synthetic_size_scale=0.2)  # one site per process
+    clean = other_site._validate("site-1", FLModel(params_type=ParamsType.FULL, params=result.params,
+                                                 meta={**meta, protocol.EVALUATE: protocol.FROM_GLOBAL}),
+                               str(tmp_path / "site-1")).metrics
+    assert clean["corrupted_site"] == 0.0 and all(clean[n] == clean[f"clean_{n}"] for n in names)
+    assert clean["clean_auc"] == scores["clean_auc"]  # one shared test set: the same model scores the same

@@ -6,9 +6,13 @@ training; what to measure on the model it received before training) through the 
 method shares this class.
 
 Classification (meta `task` "classification"): training with the logit-adjusted cross-entropy of the site's
-training labels (`logit_adjustment` 0: plain cross-entropy); evaluation on the `testing` split (clean) and,
-when the datalist has it, `testing_corrupted`, reported as `accuracy`, `balanced_accuracy`, `auc` (macro
-one-vs-rest) and `corrupted_accuracy`, `corrupted_balanced_accuracy`, `corrupted_auc`. What a site measures
+training labels (`logit_adjustment` 0: plain cross-entropy). Evaluation on the `testing` split (clean) and,
+when the datalist has it, `testing_corrupted` (the same images corrupted as the corrupted sites' are), each
+reported as accuracy, balanced accuracy and macro one-vs-rest AUC: `clean_accuracy`, `clean_balanced_accuracy`,
+`clean_auc`, `corrupted_accuracy`, ... (the papers' clean and corrupted columns), and without prefix the values
+on the test set of the site's own image quality (`corrupted_*` at a site listed under `corrupted_sites` in the
+data root's dataset.json, `clean_*` elsewhere), so that the spread of `auc` across sites is FedISM+'s Table IV
+("client-level testing"); `corrupted_site` is 1.0 at such a site, else 0.0. What a site measures
 for the server (sharpness and perturbed loss for SAGA, the loss for q-FFL) uses plain cross-entropy in eval
 mode over the unaugmented training split, as the FFL4MIA code does: it is the model's loss on the site's data,
 not the prior-adjusted training objective. What a site must remember between tasks (its trained local model) lives on disk in the site's
@@ -92,7 +96,7 @@ class FairflExecutor(Executor):
         self.cka_max_samples, self.synthetic_size_scale = cka_max_samples, synthetic_size_scale
         self.seed, self.num_threads, self.device, self.preset = seed, num_threads, device, preset
         self.logit_adjustment = logit_adjustment
-        self._datalist, self._regions = None, None
+        self._datalist, self._regions, self._corrupted_sites = None, None, []
         self._loaders = {}  # cached per process: CacheDataset reads the files once
 
     # --- task dispatch ---------------------------------------------------------------------------------
@@ -150,9 +154,14 @@ class FairflExecutor(Executor):
         model = self._model_for(task, state_dir, protocol.EVALUATE)
         loader = self._loader(site, meta, "testing", train=False, seed=self.seed)
         metrics = self._evaluate(model, loader, meta)
-        if CORRUPTED_SPLIT in self._datalist:  # classification under quality shift: the corrupted test set too
-            corrupted = self._evaluate(model, self._loader(site, meta, CORRUPTED_SPLIT, train=False, seed=self.seed), meta)
-            metrics.update({f"corrupted_{name}": value for name, value in corrupted.items()})
+        if self._task(meta) == CLASSIFICATION:  # under quality shift: clean, corrupted, and the site's own quality
+            scores = {"clean": metrics}
+            if CORRUPTED_SPLIT in self._datalist:
+                scores["corrupted"] = self._evaluate(
+                    model, self._loader(site, meta, CORRUPTED_SPLIT, train=False, seed=self.seed), meta)
+            corrupted_site = site in self._corrupted_sites and "corrupted" in scores
+            metrics = {**scores["corrupted" if corrupted_site else "clean"], "corrupted_site": float(corrupted_site),
+                       **{f"{quality}_{name}": v for quality, values in scores.items() for name, v in values.items()}}
         return FLModel(params_type=ParamsType.FULL, params={}, metrics=metrics,
                        meta={protocol.NUM_SAMPLES: len(loader.dataset)})
 
@@ -262,13 +271,15 @@ class FairflExecutor(Executor):
         return loader
 
     def _load_datalist(self, site, meta) -> dict:
-        """This site's datalist, and the label regions Dice is reported for (`regions` in dataset.json).
-        Classification datalists may also have a corrupted test set (`testing_corrupted`)."""
+        """This site's datalist, the label regions Dice is reported for (`regions` in dataset.json) and the sites
+        whose images are corrupted (`corrupted_sites`). Classification datalists may also have a corrupted test set
+        (`testing_corrupted`)."""
         root, num_classes = self._data_root(meta), meta[protocol.MODEL_SPEC]["num_classes"]
         options = dict(num_classes=num_classes, task=self._task(meta),
                        optional_splits=(CORRUPTED_SPLIT,) if self._task(meta) == CLASSIFICATION else ())
         info_path = os.path.join(root, "dataset.json")
-        self._regions = json.load(open(info_path)).get("regions") if os.path.exists(info_path) else None
+        info = json.load(open(info_path)) if os.path.exists(info_path) else {}
+        self._regions, self._corrupted_sites = info.get("regions"), list(info.get("corrupted_sites") or [])
         source = (meta.get(protocol.FREE_RIDERS) or {}).get(site)
         if source:  # a free rider: one image of another site, repeated
             return free_rider_datalist(load_datalist(root, source, **options))
