@@ -5,18 +5,10 @@ evaluate the global model or the site's own; segmentation or classification; pla
 training; what to measure on the model it received before training) through the task's meta, so every
 method shares this class.
 
-Classification (meta `task` "classification"): training with the logit-adjusted cross-entropy of the site's
-training labels (`logit_adjustment` 0: plain cross-entropy). Evaluation on the `testing` split (clean) and,
-when the datalist has it, `testing_corrupted` (the same images corrupted as the corrupted sites' are), each
-reported as accuracy, balanced accuracy and macro one-vs-rest AUC: `clean_accuracy`, `clean_balanced_accuracy`,
-`clean_auc`, `corrupted_accuracy`, ... (the papers' clean and corrupted columns), and without prefix the values
-on the test set of the site's own image quality (`corrupted_*` at a site listed under `corrupted_sites` in the
-data root's dataset.json, `clean_*` elsewhere), so that the spread of `auc` across sites is FedISM+'s Table IV
-("client-level testing"); `corrupted_site` is 1.0 at such a site, else 0.0. What a site measures
-for the server (sharpness and perturbed loss for SAGA, the loss for q-FFL) uses plain cross-entropy in eval
-mode over the unaugmented training split, as the FFL4MIA code does: it is the model's loss on the site's data,
-not the prior-adjusted training objective. What a site must remember between tasks (its trained local model) lives on disk in the site's
-run workspace: with `nvflare simulator -t` smaller than `-n`, or after a restart, the process is new."""
+Classification (meta `task` "classification") trains with the logit-adjusted cross-entropy of the site's
+training labels and reports accuracy, balanced accuracy and AUC on a clean and a corrupted test set (`_validate`).
+What a site must remember between tasks (its trained local model) lives on disk in the site's run workspace:
+with `nvflare simulator -t` smaller than `-n`, or after a restart, the process is new."""
 
 from __future__ import annotations
 
@@ -150,6 +142,12 @@ class FairflExecutor(Executor):
                              protocol.LR: self.lr, **reply_meta})
 
     def _validate(self, site, task: FLModel, state_dir: str) -> FLModel:
+        """Segmentation: Dice on the `testing` split. Classification: accuracy, balanced accuracy and macro
+        one-vs-rest AUC on `testing` (clean_accuracy, clean_balanced_accuracy, clean_auc) and, when the datalist
+        has it, `testing_corrupted`, the same images corrupted as the corrupted sites' are (corrupted_*); and,
+        without prefix, on the test set of this site's own image quality (corrupted_* at a site listed under
+        `corrupted_sites` in the data root's dataset.json, clean_* elsewhere; `corrupted_site` 1.0 or 0.0), so that
+        the spread of `auc` across sites is FedISM+'s Table IV ("client-level testing")."""
         meta = task.meta
         model = self._model_for(task, state_dir, protocol.EVALUATE)
         loader = self._loader(site, meta, "testing", train=False, seed=self.seed)
@@ -195,7 +193,8 @@ class FairflExecutor(Executor):
     def _probe(self, site, meta: dict, model, device) -> dict:
         """What the server asked to measure on the model it sent, before training changes it: the sharpness and
         perturbed loss at meta[SHARPNESS_RHO] (FedISM(+)'s SAGA) and the loss (q-FedAvg), in eval mode over the
-        whole unaugmented training split."""
+        whole unaugmented training split. Classification measures plain cross-entropy, as the FFL4MIA code does:
+        the model's loss on the site's data, not the prior-adjusted training objective."""
         if protocol.SHARPNESS_RHO not in meta and not meta.get(protocol.MEASURE_LOSS):
             return {}
         loader = self._loader(site, meta, "training", train=False, seed=self.seed)
