@@ -11,7 +11,7 @@ from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 class CorruptResult(Filter):
     def __init__(self, site: str, mode: str = "nan"):
         """mode: "nan" puts NaN in every float tensor; "shape" drops a tensor's last row; "cka" reports CKA 7;
-        "loo" reports a NaN leave-one-out error (FedCE)."""
+        "loo" reports a NaN leave-one-out error (FedCE); "sharpness" a NaN sharpness (FedISM+)."""
         super().__init__()
         self.site, self.mode = site, mode
 
@@ -25,6 +25,10 @@ class CorruptResult(Filter):
             if "loo_error" not in (model.meta or {}):
                 return shareable
             model.meta["loo_error"] = float("nan")
+        elif self.mode == "sharpness":
+            if "sharpness" not in (model.meta or {}):
+                return shareable
+            model.meta["sharpness"] = {**model.meta["sharpness"], "sharpness": float("nan")}
         elif model.params:
             for i, name in enumerate(sorted(model.params)):
                 value = np.asarray(model.params[name])

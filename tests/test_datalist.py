@@ -111,6 +111,20 @@ def test_classification_labels(tmp_path):
             load_datalist(tmp_path, SITE, task="classification", num_classes=3)
 
 
+def test_optional_splits_are_checked_when_present_and_skipped_when_absent(tmp_path):
+    _save(tmp_path / "a.png", np.zeros((8, 8), np.uint8))
+    splits = {s: [{"image": "a.png", "label": 1}] for s in SPLITS}
+    write_datalist(tmp_path / f"{SITE}.json", splits)
+    options = dict(task="classification", num_classes=3, optional_splits=("testing_corrupted",))
+    assert set(load_datalist(tmp_path, SITE, **options)) == set(SPLITS)
+    datalist = {**splits, "testing_corrupted": [{"image": "a.png", "label": 2}]}
+    (tmp_path / f"{SITE}.json").write_text(json.dumps(datalist))
+    assert load_datalist(tmp_path, SITE, **options)["testing_corrupted"][0]["label"] == 2
+    (tmp_path / f"{SITE}.json").write_text(json.dumps({**datalist, "testing_corrupted": [{"image": "b.png", "label": 2}]}))
+    with pytest.raises(DataError, match="b.png"):
+        load_datalist(tmp_path, SITE, **options)
+
+
 def _break(kind, root):
     """Make one kind of bad data in a valid site; return the file name the error must name."""
     datalist_path = root / f"{SITE}.json"

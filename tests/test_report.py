@@ -314,3 +314,37 @@ def test_make_report_with_contributions_and_loo(tmp_path, fedce_dir, capsys):
 def test_plot_contributions_skips_runs_without_them(tmp_path, runs_dir):
     runs = report.load_runs(runs_dir / "fedavg_s0")
     assert report.plot_contributions(runs, tmp_path / "c.png", "x") is None and not (tmp_path / "c.png").exists()
+
+
+def classification_sites(clean, corrupted, corrupted_sites=("site-3",)):
+    """{site: metrics} as the executor reports them: clean_*, corrupted_*, and own quality unprefixed."""
+    result = {}
+    for site, c, k in zip(SITES, clean, corrupted):
+        own = k if site in corrupted_sites else c
+        result[site] = {"clean_accuracy": c - 0.1, "clean_auc": c, "corrupted_accuracy": k - 0.1, "corrupted_auc": k,
+                        "accuracy": own - 0.1, "auc": own, "corrupted_site": float(site in corrupted_sites)}
+    return result
+
+
+def test_quality_shift_table_by_hand(tmp_path):
+    for method, seed, clean, corrupted in (("fedavg", 0, 0.90, 0.60), ("fedavg", 1, 0.92, 0.62),
+                                           ("fedismplus_s", 0, 0.89, 0.70)):
+        data = {"schema": 1, "method": method, "task": "classification", "metric": "auc", "seed": seed,
+                "sites": SITES, "config": {"dataset": "skin"}, "rounds": [],
+                "final": {"per_site": classification_sites([clean] * 3, [corrupted] * 3)}}
+        (tmp_path / f"{method}{seed}").mkdir()
+        (tmp_path / f"{method}{seed}" / "results.json").write_text(json.dumps(data))
+    result = report.make_report([tmp_path], tmp_path / "report")
+    stats = result["quality_shift"]
+    assert stats["fedavg"]["Clean AUC"][0] == pytest.approx(91.0)
+    assert stats["fedavg"]["Clean AUC"][1] == pytest.approx(math.sqrt(2))  # sample sd over the two seeds
+    assert stats["fedavg"]["Corrupted ACC"][0] == pytest.approx(51.0)
+    assert stats["fedavg"]["Average AUC"][0] == pytest.approx(76.0)
+    # own quality: sites 1-2 clean (90), site 3 corrupted (60): population std sqrt(200)
+    assert stats["fedavg"]["Std. AUC"][0] == pytest.approx((math.sqrt(200) + math.sqrt(200)) / 2)
+    assert stats["fedismplus_s"]["Std. AUC"] == (pytest.approx(math.sqrt(2 * 19 ** 2 / 9)), None)
+    rows, header = table_rows(result["tables"]["quality_shift"])
+    assert header[-1] == "Std. AUC" and rows["FedISM+ (S)"][3] == "**70.00**" and rows["FedISM+ (S)"][-1].startswith("**")
+    assert "## Clean and corrupted test sets" in result["report"].read_text()
+    assert report.quality_shift_table([{**r, "final": {"per_site": per_site(v)}} for r, v in
+                                       ((dict(method="fedavg", seed=0, config={}), [0.5] * 3),)]) == ("", {})

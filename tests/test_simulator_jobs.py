@@ -17,8 +17,10 @@ SIM_TIMEOUT = 600
 
 
 def run(job_dir, workspace, n=3, t=3, env=None):
+    # the faulty-site filter comes from tests/; keep any PYTHONPATH already set (a checkout's own code first)
+    python_path = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
     result = run_simulator(job_dir, workspace, n_clients=n, threads=t, timeout=SIM_TIMEOUT,
-                           env={"PYTHONPATH": TESTS, **(env or {})})
+                           env={"PYTHONPATH": python_path, **(env or {})})
     return result
 
 
@@ -208,3 +210,62 @@ def test_bad_data_fails_fast_naming_site_and_file(tmp_path, cache_dir):
     assert "site-2" in sim.errors and os.path.basename(missing) in sim.errors["site-2"]
     assert "site-1" not in sim.errors
     assert sim.seconds < 120  # the job ends; it does not wait for the broken site
+
+
+# ---------------------------------------------------------------- classification under quality shift (FedISM+)
+TINY_CLASSIFICATION = {"synthetic_size_scale": 0.2, "batch_size": 16}  # 400 skin images of 32x32 over the sites
+CLASSIFICATION_METRICS = ("accuracy", "balanced_accuracy", "auc")
+
+
+def check_classification(results, method, sites, rounds=2):
+    assert results["schema"] == 1 and results["method"] == method
+    assert (results["task"], results["metric"]) == ("classification", "auc")
+    assert results["sites"] == list(sites) and [r["round"] for r in results["rounds"]] == list(range(rounds))
+    final = results["final"]
+    assert set(final["per_site"]) == set(sites)
+    for scores in final["per_site"].values():
+        assert set(scores) == {*CLASSIFICATION_METRICS, "corrupted_site",
+                               *(f"{q}_{m}" for m in CLASSIFICATION_METRICS for q in ("clean", "corrupted"))}
+        assert all(0.0 <= v <= 1.0 for v in scores.values())
+    # the last of the sites (20%, rounded) has corrupted images and is scored on the corrupted test set
+    assert [final["per_site"][s]["corrupted_site"] for s in sites] == [0.0] * (len(sites) - 1) + [1.0]
+    auc = [final["per_site"][s]["auc"] for s in sites]
+    assert final["mean"] == pytest.approx(sum(auc) / len(auc)) and final["worst"] == pytest.approx(min(auc))
+
+
+def test_fedism_plus_on_skin_with_a_site_sending_nan_sharpness(tmp_path, cache_dir):
+    fault = {"task_result_filters": [{"tasks": ["train"], "filters": [
+        {"path": "faults.CorruptResult", "args": {"site": "site-2", "mode": "sharpness"}}]}]}
+    job = make_job("fedism_plus", str(tmp_path / "job"), client=TINY_CLASSIFICATION, client_extra=fault)
+    sim = run(job, str(tmp_path / "ws"), n=4, t=4)
+    assert "site-2" in sim.errors.pop("server", "")
+    results = load_results(sim)
+    sites = ["site-1", "site-2", "site-3", "site-4"]
+    check_classification(results, "fedismplus_s", sites)
+    for round_num, record in enumerate(results["rounds"]):
+        assert record["rho"] == pytest.approx(0.1 * ((round_num + 1) / 2) ** 0.5)
+        assert set(record["rejected"]) == {"site-2"} and record["rejected"]["site-2"].startswith("sharpness")
+        assert set(record["weights"]) == set(record["sharpness"]) == {"site-1", "site-3", "site-4"}
+        assert sum(record["weights"].values()) == pytest.approx(1.0)
+        for site, report in record["sharpness"].items():
+            assert report["sharpness"] == pytest.approx(report["perturbed_loss"] - report["loss"], abs=1e-9)
+        for site in sites:  # every site trained with SALT at the round's rho
+            assert record["train"][site]["rho"] == pytest.approx(record["rho"])
+    state = json.load(open(os.path.join(os.path.dirname(sim.results_path), "method_state.json")))
+    assert state["method"] == "fedismplus_s" and state["state"]["rounds"] == 2
+    assert set(state["state"]["weights"]) == {"site-1", "site-3", "site-4"}
+
+
+def test_qfedavg_and_fedavg_run_on_the_classification_data(tmp_path, cache_dir):
+    job = make_job("qfedavg", str(tmp_path / "job"), server={"num_rounds": 1}, client=TINY_CLASSIFICATION)
+    results = load_results(run(job, str(tmp_path / "ws"), n=3, t=3))
+    sites = ["site-1", "site-2", "site-3"]
+    check_classification(results, "qfedavg", sites, rounds=1)
+    record = results["rounds"][0]
+    assert set(record["losses"]) == set(sites) and record["lipschitz"] == pytest.approx(1 / 3e-4)
+    assert 0.0 <= record["global_share"] < 1.0
+    assert sum(record["weights"].values()) + record["global_share"] == pytest.approx(1.0)
+    # FedAvg on the same data: only the dataset (and so the task, model and metrics) changes
+    job = make_job("fedavg", str(tmp_path / "job_fedavg"), server={"num_rounds": 1, "dataset": "skin"},
+                   client=TINY_CLASSIFICATION)
+    check_classification(load_results(run(job, str(tmp_path / "ws_fedavg"), n=3, t=3)), "fedavg", sites, rounds=1)

@@ -28,8 +28,12 @@ from fairfl.results import RESULTS_FILE, SCHEMA_VERSION, SIMULATOR_RESULTS
 METHOD_ORDER = ("solo", "fedavg")  # then the others alphabetically
 DISPLAY = {"solo": "Solo", "fedavg": "FedAvg", "fedlwr": "Fed-LWR", "fedce": "FedCE", "fedce_sum": "FedCE (Sum.)",
            "fedce_product": "FedCE (Multi.)", "qfedavg": "q-FedAvg", "ditto": "Ditto", "fedism": "FedISM",
-           "fedismplus": "FedISM+", "fednpr": "FedNPR", "fedprox": "FedProx", "cffl": "CFFL", "cgsv": "CGSV"}
-METRIC_LABEL = {"dice": "Dice", "auc": "AUC", "acc": "Accuracy", "accuracy": "Accuracy"}
+           "fedismplus": "FedISM+", "fedism_l": "FedISM (L)", "fedismplus_s": "FedISM+ (S)",
+           "fedismplus_l": "FedISM+ (L)", "fednpr": "FedNPR", "fedprox": "FedProx", "cffl": "CFFL", "cgsv": "CGSV"}
+METRIC_LABEL = {"dice": "Dice", "auc": "AUC", "acc": "Accuracy", "accuracy": "Accuracy",
+                "balanced_accuracy": "Balanced accuracy", "corrupted_auc": "AUC (corrupted)",
+                "corrupted_accuracy": "Accuracy (corrupted)",
+                "corrupted_balanced_accuracy": "Balanced accuracy (corrupted)"}
 
 
 # ---------------------------------------------------------------- loading
@@ -255,6 +259,49 @@ def _pearson_cell(stat, best=None) -> str:
     if not np.isfinite(stat["pearson"]):
         return "–"
     return f"{_number(stat['pearson'], '.3f', best)} ({stat['p_value']:.1e})"
+
+
+QUALITY_COLUMNS = (("Clean", "clean"), ("Corrupted", "corrupted"), ("Average", None))
+
+
+def _quality_row(run) -> dict | None:
+    """One run's FedISM+ Tables II-III and IV values in percent: {"Clean ACC", "Clean AUC", "Corrupted ACC",
+    "Corrupted AUC", "Average ACC", "Average AUC" (of clean and corrupted), "Std. AUC" (population std across
+    sites of the AUC on each site's own-quality test set)}; None if its final evaluation has no corrupted AUC."""
+    final = run.get("final") or {}
+    if not _scores(final, "corrupted_auc"):
+        return None
+    row = {}
+    for short, metric in (("ACC", "accuracy"), ("AUC", "auc")):
+        clean, corrupted = (_avg_std(_scores(final, f"{q}_{metric}"))[0] for q in ("clean", "corrupted"))
+        row.update({f"Clean {short}": clean, f"Corrupted {short}": corrupted, f"Average {short}": (clean + corrupted) / 2})
+    row["Std. AUC"] = _avg_std(_scores(final, "auc"))[1]
+    return row
+
+
+def quality_shift_table(runs) -> tuple[str, dict]:
+    """FedISM+'s Tables II-III (clean, corrupted and average ACC and AUC, %) and Table IV (std of AUC across sites)
+    from the classification runs' final evaluations, mean ± sd over seeds; ("", {}) when no run has them."""
+    groups = {}
+    for run in runs:
+        row = _quality_row(run)
+        if row:
+            groups.setdefault(_group(run), []).append(row)
+    if not groups:
+        return "", {}
+    columns = [f"{q} {m}" for q, _ in QUALITY_COLUMNS for m in ("ACC", "AUC")] + ["Std. AUC"]
+    stats = {g: {c: _mean_sd(r[c] for r in rows) for c in columns} for g, rows in groups.items()}
+    best = {c: (min if c == "Std. AUC" else max)(round(v[c][0], 2) for v in stats.values()) for c in columns}
+    lines = _markdown(["Method", *columns], ([_name(g), *(_cell(v[c], round(v[c][0], 2) == best[c]) for c in columns)]
+                                             for g, v in stats.items()))
+    return "\n".join(lines), stats
+
+
+QUALITY_SHIFT_TEXT = (
+    "As FedISM+'s Tables II-III and IV, in %: accuracy (ACC) and macro one-vs-rest AUC on the clean test set and on "
+    "the same images corrupted as the corrupted sites' are, and their average; Std. AUC: population std across "
+    "sites of the AUC each site measures on the test set of its own image quality (the papers' client-level "
+    "testing). Mean ± sd over seeds; best in bold.")
 
 
 def _left_out(run) -> list:
@@ -619,7 +666,8 @@ def make_report(paths, out_dir, metric=None, loo=None) -> dict:
     """Write report.md, results.csv and the figures into out_dir; `loo`: a leave-one-out file (or its folder).
 
     Returns {"report", "figures", "table", "region_tables": {metric: table}, "performance_fairness": {group:
-    stats}, "contributions": {group: stats}, "contribution_agreement": {group: {estimate: stats}}, "loo"}."""
+    stats}, "contributions": {group: stats}, "contribution_agreement": {group: {estimate: stats}}, "quality_shift":
+    {group: {column: stats}} (classification runs with a corrupted test set), "loo"}."""
     runs = load_runs(paths)
     metric = _metric(runs, metric)
     dataset = _dataset(runs)
@@ -631,6 +679,7 @@ def make_report(paths, out_dir, metric=None, loo=None) -> dict:
     fairness_table, fairness = performance_fairness_table(runs, metric)
     contributions_table, contributions = contribution_table(runs)
     agreement_table, agreement = contribution_agreement_table(runs, loo) if loo else ("", {})
+    shift_table, shift = quality_shift_table(runs)
     write_csv(runs, out / "results.csv", metric)
     captions = {plot_convergence(runs, out / "convergence.png", metric):
                 f"(a) Avg. and (b) Std. of {_label(metric)} across sites versus communication round",
@@ -653,6 +702,8 @@ def make_report(paths, out_dir, metric=None, loo=None) -> dict:
              f"runs. Best Avg. and Std. in bold.", "", table, ""]
     for region, region_table in region_tables.items():
         lines += [f"### {_label(region)}", "", region_table, ""]
+    if shift_table:
+        lines += ["## Clean and corrupted test sets", "", QUALITY_SHIFT_TEXT, "", shift_table, ""]
     if fairness_table:
         lines += ["## Performance fairness", "", PERFORMANCE_FAIRNESS_TEXT.format(label=_label(metric)), "",
                   fairness_table, ""]
@@ -671,8 +722,9 @@ def make_report(paths, out_dir, metric=None, loo=None) -> dict:
     report.write_text("\n".join(lines))
     return {"report": report, "figures": list(captions), "table": table, "region_tables": region_tables,
             "performance_fairness": fairness, "contributions": contributions, "contribution_agreement": agreement,
-            "loo": loo, "tables": {"performance_fairness": fairness_table, "contributions": contributions_table,
-                                   "contribution_agreement": agreement_table}}
+            "quality_shift": shift, "loo": loo,
+            "tables": {"performance_fairness": fairness_table, "contributions": contributions_table,
+                       "contribution_agreement": agreement_table, "quality_shift": shift_table}}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -25,6 +25,7 @@ class BuiltinDataset:
     in_channels: int
     num_classes: int
     ensure: str  # "module:function" with the signature of `ensure_builtin`'s arguments
+    min_sites: int = 6  # the data is generated for at least this many sites (the prostate generator's six scanners)
 
     def ensure_function(self) -> Callable[..., Path]:
         module, function = self.ensure.split(":")
@@ -35,6 +36,12 @@ BUILTIN_DATASETS = {
     "prostate": BuiltinDataset("prostate", "segmentation", 1, 2, "fairfl.data.synthetic_prostate:ensure_builtin_data"),
     # background, optic disc (rim), optic cup; Dice is reported for the disc (rim + cup) and the cup
     "fundus": BuiltinDataset("fundus", "segmentation", 3, 3, "fairfl.data.synthetic_fundus:ensure_builtin_fundus"),
+    # FedISM+'s quality shift: 8 dermoscopy classes (RGB) or 5 hemorrhage subtypes (grey CT), split over exactly
+    # the run's sites by Dirichlet(1.0); the last 20% of the sites hold Gaussian-noise (or, *_blur, motion-blurred)
+    # images, and every site has a clean `testing` and a corrupted `testing_corrupted` split of one shared test set
+    **{name: BuiltinDataset(name, "classification", channels, classes,
+                            f"fairfl.data.synthetic_classification:ensure_builtin_{name}", min_sites=2)
+       for name, channels, classes in (("skin", 3, 8), ("skin_blur", 3, 8), ("ich", 1, 5), ("ich_blur", 1, 5))},
 }
 
 

@@ -28,8 +28,12 @@ def load_datalist(
     task: str = "segmentation",
     num_classes: int = 2,
     splits: Sequence[str] = SPLITS,
+    optional_splits: Sequence[str] = (),
 ) -> dict[str, list[dict]]:
     """Read and validate `<data_root>/<site>.json`; return `{split: entries}` with absolute paths.
+
+    `optional_splits` are read and checked like `splits` when the datalist has them, and left out of the
+    result when it does not (a classification datalist's `testing_corrupted`).
 
     Checks, failing on the first problem with a `DataError` that names the site and the file:
     the datalist exists and is JSON; each requested split is present and non-empty; every image
@@ -51,7 +55,7 @@ def load_datalist(
         raise DataError(site, datalist_path, "datalist must be a JSON object with keys " + ", ".join(SPLITS))
 
     result = {}
-    for split in splits:
+    for split in [*splits, *(s for s in optional_splits if s in datalist)]:
         entries = datalist.get(split)
         if entries is None:
             raise DataError(site, datalist_path, f"split {split!r} missing from datalist")

@@ -2,7 +2,10 @@
 
 A round: send `train` (global model, or nothing for Solo) -> screen the returned weights (NaN/Inf, missing
 or mis-shaped tensors are rejected, naming the site) -> the method aggregates -> every `eval_every` rounds
-and at the end, send `validate` and record per-site Dice -> results.json, TensorBoard, checkpoint."""
+and at the end, send `validate` and record per-site metrics -> results.json, TensorBoard, checkpoint.
+
+The task (segmentation or classification) comes from the dataset; so do the results file's main metric (`dice`;
+classification: `auc`, the clean test set's macro one-vs-rest AUC) and the default network (U-Net; small CNN)."""
 
 from __future__ import annotations
 
@@ -23,9 +26,14 @@ from fairfl.data.builtin import builtin_dataset
 from fairfl.flare import protocol
 from fairfl.models import build_model, initial_state, state_to_numpy, state_to_torch
 from fairfl.presets import apply_preset
+from fairfl.qffl import lipschitz_from_lr, qffl_aggregate
+from fairfl.saga import BETA, Q, SagaState, check_report, check_variant
+from fairfl.sharpness import GSAM_ALPHA, RHO_MAX, TAU, search_distance
 from fairfl.results import RESULTS_FILE, ResultsLog, site_key
 
 GLOBAL_MODEL_FILE = "global_model.pt"
+MAIN_METRIC = {"segmentation": "dice", "classification": "auc"}  # the results file's `metric`, per task
+DEFAULT_MODEL = {"segmentation": "unet", "classification": "cnn"}
 METHOD_STATE_FILE = "method_state.json"
 
 
@@ -51,6 +59,13 @@ def free_rider_sites(free_riders, sites: list) -> list:
     return sorted(names, key=site_key)
 
 
+def number_problem(value, what: str, low: float = 0.0, high: float = float("inf")) -> str | None:
+    """Why a site's reported number cannot be used (not a real finite number in [low, high]), or None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and low <= value <= high:
+        return None
+    return f"no valid {what} ({value!r})"
+
+
 def average_updates(updates: dict, weights: dict) -> dict:
     """The weighted average of the sites' models, as numpy arrays (what the next round sends)."""
     sites = sorted(weights)
@@ -66,9 +81,9 @@ class FairRoundController(ModelController):
 
     def __init__(self, num_rounds: int = 20, eval_every: int = 5, min_clients: int = 0,
                  task_timeout: int = 3600, seed: int = 0, data_seed: int = 0, dataset: str = "prostate",
-                 num_classes=None, in_channels=None, model_channels=(16, 32, 64, 128), model_strides=(2, 2, 2),
-                 weighting: str = "samples", free_riders=0, exclude_sites=None, preset: str = "",
-                 task_check_period: float = 0.5):
+                 num_classes=None, in_channels=None, model=None, model_channels=(16, 32, 64, 128),
+                 model_strides=(2, 2, 2), model_norm=None, weighting: str = "samples", free_riders=0,
+                 exclude_sites=None, preset: str = "", task_check_period: float = 0.5):
         """
         Args:
             num_rounds: communication rounds (the paper: 200; CPU default 20).
@@ -77,9 +92,17 @@ class FairRoundController(ModelController):
             task_timeout: seconds to wait for a task's answers before going on with those received.
             seed: seed of the initial global model.
             data_seed: seed of the built-in synthetic data (ignored with a data root).
-            dataset: built-in data of sites without a data root: "prostate" (T2 MRI) or "fundus" (RGB, disc/cup).
-            num_classes, in_channels: of the data; null = the built-in dataset's (prostate 2/1, fundus 3/3).
-            model_channels, model_strides: the MONAI U-Net every site builds.
+            dataset: built-in data of sites without a data root, and so the task: segmentation "prostate" (T2 MRI)
+                or "fundus" (RGB, disc/cup); classification under quality shift "skin" (8 dermoscopy classes, RGB)
+                or "ich" (5 hemorrhage subtypes, CT), with Gaussian-noise corrupted sites, or "skin_blur",
+                "ich_blur" with motion blur. With a data root, name the built-in dataset of the same task.
+            num_classes, in_channels: of the data; null = the built-in dataset's (prostate 2/1, fundus 3/3,
+                skin 8/3, ich 5/1).
+            model: "unet", "cnn" (small CNN) or "resnet18" (MONAI, never pretrained); null = unet for
+                segmentation, cnn for classification.
+            model_channels: channels per level of the U-Net, or per block of the CNN; model_strides: the U-Net's.
+            model_norm: the classification networks' normalisation, "batch", "group" or "instance"; null = the
+                network's default (cnn: group; resnet18: batch).
             weighting: "samples" (FedAvg of McMahan et al., by training-set size) or "uniform" (1/K).
             free_riders: a number N (the last N sites) or a list of site names: free riders train on one image
                 of the first site repeated as many times as that site has training images (the FedCE paper's
@@ -95,7 +118,9 @@ class FairRoundController(ModelController):
         self.num_rounds, self.eval_every, self.min_clients = num_rounds, eval_every, min_clients
         self.task_timeout, self.seed, self.data_seed = task_timeout, seed, data_seed
         data = builtin_dataset(dataset)
-        self.dataset = dataset
+        self.dataset, self.task = dataset, data.task
+        self.metric = MAIN_METRIC[self.task]
+        self.model, self.model_norm = model, model_norm
         self.num_classes = int(num_classes or data.num_classes)
         self.in_channels = int(in_channels or data.in_channels)
         self.model_channels, self.model_strides = list(model_channels), list(model_strides)
@@ -104,7 +129,7 @@ class FairRoundController(ModelController):
 
     # --- the round loop --------------------------------------------------------------------------------
     def run(self):
-        apply_preset(self, self.preset)
+        apply_preset(self, self.preset, self.task)
         sites = sorted(self.sample_clients(), key=site_key)
         unknown = sorted(set(self.exclude_sites) - set(sites))
         if unknown:
@@ -113,12 +138,14 @@ class FairRoundController(ModelController):
         self.trainers = [s for s in sites if s not in self.exclude_sites]
         self.min_responses = self.min_clients or len(sites)
         self.task_meta = {protocol.MODEL_SPEC: self.model_spec(), protocol.DATASET: self.dataset,
-                          protocol.NUM_SITES: max(6, len(sites) - len(self.free_rider_sites)),
+                          protocol.TASK: self.task,
+                          protocol.NUM_SITES: max(builtin_dataset(self.dataset).min_sites,
+                                                  len(sites) - len(self.free_rider_sites)),
                           protocol.DATA_SEED: self.data_seed,
                           protocol.FREE_RIDERS: {s: sites[0] for s in self.free_rider_sites}}
         run_dir = self.get_run_dir()
-        self.results = ResultsLog(os.path.join(run_dir, RESULTS_FILE), method=self.method, task="segmentation",
-                                  metric="dice", seed=self.seed, sites=sites, config=self.config())
+        self.results = ResultsLog(os.path.join(run_dir, RESULTS_FILE), method=self.method, task=self.task,
+                                  metric=self.metric, seed=self.seed, sites=sites, config=self.config())
         self.writers = {}
         self.tb_dir = os.path.join(run_dir, "tb_events")
         global_state = initial_state(self.model_spec(), self.seed)
@@ -143,14 +170,14 @@ class FairRoundController(ModelController):
             record = self.results.add_round(round_num, time.time() - started, per_site, train=train_metrics,
                                             rejected=rejected or None, **extras)
             if per_site:
-                self.info(f"round {round_num}: mean dice {record.get('mean', float('nan')):.4f} "
+                self.info(f"round {round_num}: mean {self.metric} {record.get('mean', float('nan')):.4f} "
                           f"std {record.get('std', float('nan')):.4f} worst {record.get('worst_site')}")
             if self.start_from == protocol.FROM_GLOBAL:
                 torch.save(state_to_torch(global_state), os.path.join(run_dir, GLOBAL_MODEL_FILE))
             self._save_method_state(run_dir, round_num)
         if per_site:
             final = self.results.finish(per_site, **self.final_extras())
-            self.info(f"final: mean dice {final.get('mean', float('nan')):.4f} std {final.get('std', float('nan')):.4f}"
+            self.info(f"final: mean {self.metric} {final.get('mean', float('nan')):.4f} std {final.get('std', float('nan')):.4f}"
                       f"; results: {self.results.path}")
         for writer in self.writers.values():
             writer.close()
@@ -197,7 +224,7 @@ class FairRoundController(ModelController):
         for result in results:
             site = result.meta.get("client_name", "?")
             metrics = {k: float(v) for k, v in (result.metrics or {}).items()}
-            if not all(np.isfinite(list(metrics.values()))) or "dice" not in metrics:
+            if not all(np.isfinite(list(metrics.values()))) or self.metric not in metrics:
                 self.error(f"round {round_num}: ignored the evaluation of {site}: {metrics}")
                 continue
             per_site[site] = metrics
@@ -208,6 +235,22 @@ class FairRoundController(ModelController):
         """Return (new global state as numpy arrays, extra fields for the round's results record)."""
         weights = self.site_weights({s: updates[s].num_samples for s in sorted(updates)})
         return average_updates(updates, weights), {"weights": weights}
+
+    def accepted_reports(self, round_num, updates, rejected, key, problem_of, what) -> dict:
+        """{site: meta[key]} of the sites whose update reports a usable value (`problem_of(value)` is None); the
+        others are rejected for this round (logged, under `rejected`). Logs when no site is left."""
+        accepted = {}
+        for site in sorted(updates):
+            value = updates[site].meta.get(key)
+            problem = problem_of(value)
+            if problem:
+                rejected[site] = problem
+                self.error(f"round {round_num}: rejected the update of {site}: {problem}")
+            else:
+                accepted[site] = value
+        if not accepted:
+            self.error(f"round {round_num}: no site has a valid {what}; the global model is kept")
+        return accepted
 
     def site_weights(self, num_samples: dict) -> dict:
         if self.weighting == "uniform":
@@ -238,13 +281,20 @@ class FairRoundController(ModelController):
 
     # --- plumbing ----------------------------------------------------------------------------------------
     def model_spec(self) -> dict:
-        return {"name": "unet", "in_channels": self.in_channels, "num_classes": self.num_classes,
-                "channels": list(self.model_channels), "strides": list(self.model_strides)}
+        name = self.model or DEFAULT_MODEL[self.task]
+        spec = {"name": name, "in_channels": self.in_channels, "num_classes": self.num_classes}
+        if name in ("unet", "cnn"):
+            spec["channels"] = list(self.model_channels)
+        if name == "unet":
+            spec["strides"] = list(self.model_strides)
+        if self.model_norm and name != "unet":
+            spec["norm"] = self.model_norm
+        return spec
 
     def config(self) -> dict:
-        keys = ["num_rounds", "eval_every", "min_clients", "task_timeout", "seed", "data_seed", "dataset",
-                "num_classes", "in_channels", "model_channels", "model_strides", "weighting", "exclude_sites",
-                "preset"]
+        keys = ["num_rounds", "eval_every", "min_clients", "task_timeout", "seed", "data_seed", "dataset", "task",
+                "num_classes", "in_channels", "model", "model_channels", "model_strides", "model_norm", "weighting",
+                "exclude_sites", "preset"]
         return {"controller": type(self).__name__, **{k: getattr(self, k) for k in keys},
                 "free_riders": getattr(self, "free_rider_sites", []), "preset_env": os.environ.get("FAIRFL_PRESET", "")}
 
@@ -369,21 +419,15 @@ class FedCEController(FairRoundController):
 
     def aggregate(self, round_num, global_state, updates, rejected):
         if self._trainable is None:  # Eq. 2 is about parameters, not normalisation statistics
-            self._trainable = [n for n, p in build_model(self.model_spec()).named_parameters() if p.requires_grad]
+            self._trainable = trainable_names(self.model_spec())
         if not self.contribution.weights:  # round 0 (or nothing aggregated yet): FedAvg
             weights = self.site_weights({s: updates[s].num_samples for s in sorted(updates)})
             self.contribution.weights = dict(weights)
             return average_updates(updates, weights), {"weights": weights}
-        errors = {}
-        for site in sorted(updates):
-            error = updates[site].meta.get(protocol.LOO_ERROR)
-            if isinstance(error, (int, float)) and np.isfinite(error) and 0.0 <= error <= 1.0:
-                errors[site] = float(error)
-            else:
-                rejected[site] = f"no valid leave-one-out error ({error!r})"
-                self.error(f"round {round_num}: rejected the update of {site}: {rejected[site]}")
+        errors = self.accepted_reports(round_num, updates, rejected, protocol.LOO_ERROR,
+                                       lambda e: number_problem(e, "leave-one-out error", 0.0, 1.0), "leave-one-out error")
+        errors = {s: float(e) for s, e in errors.items()}
         if not errors:
-            self.error(f"round {round_num}: no site has a valid leave-one-out error; the global model is kept")
             self.contribution.weights = {}
             return global_state, {}
         start = flatten(state_to_torch(global_state), self._trainable)  # the model every site trained from
@@ -411,3 +455,133 @@ class FedCEController(FairRoundController):
 
     def load_method_state(self, state: dict) -> None:
         self.contribution = ContributionState.from_dict(state)
+
+
+def trainable_names(spec: dict) -> list:
+    """The names of a network's trainable parameters (not its normalisation statistics)."""
+    return [n for n, p in build_model(spec).named_parameters() if p.requires_grad]
+
+
+class FedISMController(FairRoundController):
+    """FedISM+ (Wu et al., 2025) and FedISM (Wu et al., IJCAI 2024): sharpness-aware local training (SALT) and
+    sharpness-aware aggregation (SAGA).
+
+    Round r (t = r + 1 of T = num_rounds): the search distance is rho(t) = rho_max (t / T)^tau (Eq. 12; tau = 0:
+    FedISM's fixed rho = rho_max). The `train` task carries rho: each site first measures, on the global model it
+    received, its loss L(w), perturbed loss L(w + eps*(rho)) and sharpness S = L(w + eps*) - L(w) over its whole
+    training set (eval mode, no augmentation; Eq. 9-11), then trains with GSAM over Adam at rho (SALT, Eq. 14).
+    The server weights the local models by S^q (variant "S", Eq. 16) or L^q (variant "L", Eq. 17), smoothed by
+    w_t = beta w~_t + (1 - beta) w_{t-1} (Eq. 18; round 1 raw). A site whose report is missing, NaN/Inf or
+    negative beyond rounding is left out of that round (logged, under `rejected`). The moving average lives in
+    `method_state.json` after every round; `load_method_state` resumes it."""
+
+    def __init__(self, rho_max: float = RHO_MAX, tau: float = TAU, variant: str = "S", q: float = Q,
+                 beta: float = BETA, gsam_alpha: float = GSAM_ALPHA, **kwargs):
+        """
+        Args:
+            rho_max: the largest search distance (FedISM+: 0.1; FedISM's fixed rho: 0.05).
+            tau: how fast rho grows (Eq. 12; FedISM+: 0.5); 0 = a fixed rho = rho_max, which is FedISM.
+            variant: SAGA's weights: "S" (sharpness, Eq. 16) or "L" (perturbed loss, Eq. 17).
+            q: exponent of the weights (the paper: 2).
+            beta: moving-average weight of this round's raw weights (the paper: 0.5; 1 = no averaging).
+            gsam_alpha: GSAM's surrogate-gap weight (0.1); 0 is SAM.
+            **kwargs: see FairRoundController.
+        """
+        super().__init__(**kwargs)
+        search_distance(1, 1, rho_max, tau)  # checks rho_max and tau
+        self.rho_max, self.tau, self.variant = float(rho_max), float(tau), check_variant(variant)
+        self.q, self.beta, self.gsam_alpha = float(q), float(beta), float(gsam_alpha)
+        self.saga = SagaState(variant=self.variant, q=self.q, beta=self.beta)
+
+    @property
+    def method(self) -> str:
+        """fedism (fixed rho, sharpness weights: the published FedISM), fedism_l, fedismplus_s, fedismplus_l."""
+        if self.tau == 0:
+            return "fedism" if self.variant == "S" else "fedism_l"
+        return f"fedismplus_{self.variant.lower()}"
+
+    def config(self) -> dict:
+        return {**super().config(), "rho_max": self.rho_max, "tau": self.tau, "variant": self.variant, "q": self.q,
+                "beta": self.beta, "gsam_alpha": self.gsam_alpha}
+
+    def rho(self, round_num: int) -> float:
+        return search_distance(round_num + 1, self.num_rounds, self.rho_max, self.tau)
+
+    def train_meta(self, round_num) -> dict:
+        rho = self.rho(round_num)
+        return {protocol.SALT_RHO: rho, protocol.SALT_ALPHA: self.gsam_alpha, protocol.SHARPNESS_RHO: rho}
+
+    def aggregate(self, round_num, global_state, updates, rejected):
+        def problem_of(report):
+            problem = check_report(report, self.variant)
+            return f"sharpness: {problem}" if problem else None
+
+        reports = self.accepted_reports(round_num, updates, rejected, protocol.SHARPNESS, problem_of, "sharpness report")
+        if not reports:
+            return global_state, {"rho": self.rho(round_num)}
+        saga = self.saga.update(reports)
+        weights = {s: v["weight"] for s, v in saga.items()}
+        keys = ("loss", "perturbed_loss", "sharpness", "grad_norm")
+        return average_updates(updates, weights), {
+            "weights": weights, "rho": self.rho(round_num), "raw_weights": {s: v["raw"] for s, v in saga.items()},
+            "sharpness": {s: {k: float(reports[s][k]) for k in keys if k in reports[s]} for s in sorted(reports)}}
+
+    def method_state(self) -> dict:
+        return self.saga.to_dict()
+
+    def load_method_state(self, state: dict) -> None:
+        self.saga = SagaState.from_dict(state)
+
+
+class QFedAvgController(FairRoundController):
+    """q-FedAvg (Li, Sanjabi, Beirami and Smith, ICLR 2020, Algorithm 2): q-FFL's loss-reweighted update.
+
+    Each site measures, before training, the loss F_k of the global model on its training set (eval mode, no
+    augmentation) and sends it with its trained model. The server computes (`fairfl.qffl`)
+    w_new = w - sum_k F_k^q (w - w_k) / sum_k (F_k^q + q L F_k^(q-1) ||w - w_k||^2), ||.|| over the trainable
+    parameters. L (`lipschitz`): null = 1 / lr, the authors' choice (the sites report their lr), faithful for
+    local SGD, but with Adam (FedISM+'s setting) the curvature term dominates and the model barely moves
+    (DESIGN.md: ~3% of FedAvg's step); 0 = FedAvg weighted by F_k^q / sum F^q, what the FFL4MIA code (FedISM+'s
+    comparison) runs as "q-FedAvg". A site whose loss is missing, NaN/Inf or negative is left out of the round."""
+
+    method = "qfedavg"
+
+    def __init__(self, q: float = 1.0, lipschitz=None, **kwargs):
+        """
+        Args:
+            q: fairness exponent (0 = FedAvg with equal weights; FedISM+ tunes it over 0.5, 1, 2, 5).
+            lipschitz: L of the update; null = 1 / the sites' learning rate (Li et al.); 0 = loss^q-weighted FedAvg.
+            **kwargs: see FairRoundController.
+        """
+        super().__init__(**kwargs)
+        if not q >= 0:
+            raise ValueError(f"q must be >= 0, got {q}")
+        if lipschitz is not None and not lipschitz >= 0:
+            raise ValueError(f"lipschitz must be null or >= 0, got {lipschitz}")
+        self.q, self.lipschitz = float(q), lipschitz
+        self._trainable = None
+
+    def config(self) -> dict:
+        return {**super().config(), "q": self.q, "lipschitz": self.lipschitz}
+
+    def train_meta(self, round_num) -> dict:
+        return {protocol.MEASURE_LOSS: True}
+
+    def aggregate(self, round_num, global_state, updates, rejected):
+        losses = self.accepted_reports(round_num, updates, rejected, protocol.GLOBAL_LOSS,
+                                       lambda loss: number_problem(loss, "loss"), "loss")
+        losses = {s: float(v) for s, v in losses.items()}
+        if not losses:
+            return global_state, {}
+        lipschitz = self.lipschitz
+        if lipschitz is None:
+            rates = {float(updates[s].meta.get(protocol.LR) or 0.0) for s in losses}
+            if len(rates) != 1 or not min(rates) > 0:
+                raise ValueError(f"lipschitz null needs one positive lr reported by every site, got {sorted(rates)}")
+            lipschitz = lipschitz_from_lr(rates.pop())
+        if self._trainable is None:  # ||w - w_k|| is about parameters, not normalisation statistics
+            self._trainable = trainable_names(self.model_spec())
+        new_state, shares = qffl_aggregate(state_to_torch(global_state), {s: updates[s].state for s in losses}, losses,
+                                           self.q, lipschitz, keys=self._trainable)
+        return state_to_numpy(new_state), {"weights": {s: shares[s] for s in losses}, "global_share": shares["global"],
+                                           "losses": losses, "lipschitz": lipschitz}

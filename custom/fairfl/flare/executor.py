@@ -1,14 +1,20 @@
 """The one client Executor of every fairfl job: it answers `train`, `validate` and `cka`.
 
 The server decides per task what the site does (train from the global model or from the site's own,
-evaluate the global model or the site's own) through the task's meta, so Solo, FedAvg and Fed-LWR share
-this class. What a site must remember between tasks (its trained local model) lives on disk in the site's
-run workspace: with `nvflare simulator -t` smaller than `-n`, or after a restart, the process is new."""
+evaluate the global model or the site's own; segmentation or classification; plain or sharpness-aware
+training; what to measure on the model it received before training) through the task's meta, so every
+method shares this class.
+
+Classification (meta `task` "classification") trains with the logit-adjusted cross-entropy of the site's
+training labels and reports accuracy, balanced accuracy and AUC on a clean and a corrupted test set (`_validate`).
+What a site must remember between tasks (its trained local model) lives on disk in the site's run workspace:
+with `nvflare simulator -t` smaller than `-n`, or after a restart, the process is new."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 
 import torch
 from nvflare.apis.executor import Executor
@@ -18,20 +24,25 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 from nvflare.app_opt.pt.fedce import PTFedCEHelper
 
+from fairfl.classification import LogitAdjustedCrossEntropy, class_counts, evaluate_classification
 from fairfl.cka import layerwise_cka
 from fairfl.contribution import leave_one_out_error
 from fairfl.data.builtin import ensure_builtin
 from fairfl.data.datalist import load_datalist
 from fairfl.data.free_rider import free_rider_datalist
 from fairfl.data.loaders import make_loader
+from fairfl.data.synthetic_classification import CORRUPTED_SPLIT
 from fairfl.errors import DataError
 from fairfl.flare import protocol
 from fairfl.models import build_model, load_numpy_state, state_to_numpy
 from fairfl.presets import apply_preset
+from fairfl.sharpness import GSAM_ALPHA, dataset_loss, measure_sharpness, train_salt
 from fairfl.training import (TrainSettings, configure_threads, evaluate_dice, save_model, seed_everything,
-                             select_device, site_seed, train_local)
+                             segmentation_loss, select_device, site_seed, train_local)
 
 DATA_ROOT_ENV = "FAIRFL_DATA_ROOT"
+SEGMENTATION, CLASSIFICATION = "segmentation", "classification"
+LOO_SCORE = {SEGMENTATION: "dice", CLASSIFICATION: "balanced_accuracy"}  # FedCE's data term is 1 - this
 FULL_WEIGHT = 1.0 - 1e-6  # a site with this share of the global model is all of it: nothing is left without it
 
 
@@ -51,7 +62,7 @@ class FairflExecutor(Executor):
     def __init__(self, data_root: str = "", image_size: int = 64, batch_size: int = 8, lr: float = 1e-3,
                  weight_decay: float = 1e-4, local_epochs: int = 1, local_steps: int = 0,
                  cka_max_samples: int = 64, synthetic_size_scale: float = 2.0, seed: int = 0,
-                 num_threads: int = 1, device: str = "auto", preset: str = ""):
+                 num_threads: int = 1, device: str = "auto", logit_adjustment: float = 1.0, preset: str = ""):
         """Local training, evaluation and CKA probing for one site.
 
         Args:
@@ -66,6 +77,8 @@ class FairflExecutor(Executor):
             seed: base seed; each site derives its own from it and its name.
             num_threads: torch intra-op threads of this client (0 = torch's default).
             device: "auto" (CUDA when present), "cpu", "cuda", "cuda:1", ...
+            logit_adjustment: classification only: tau of the logit-adjusted cross-entropy (Menon et al.; FedISM+
+                uses 1) against the site's label skew; 0 = plain cross-entropy.
             preset: named settings bundle (fairfl.presets); FAIRFL_PRESET overrides it.
         """
         super().__init__()
@@ -74,7 +87,8 @@ class FairflExecutor(Executor):
         self.local_epochs, self.local_steps = local_epochs, local_steps
         self.cka_max_samples, self.synthetic_size_scale = cka_max_samples, synthetic_size_scale
         self.seed, self.num_threads, self.device, self.preset = seed, num_threads, device, preset
-        self._datalist, self._regions = None, None
+        self.logit_adjustment = logit_adjustment
+        self._datalist, self._regions, self._corrupted_sites = None, None, []
         self._loaders = {}  # cached per process: CacheDataset reads the files once
 
     # --- task dispatch ---------------------------------------------------------------------------------
@@ -86,9 +100,9 @@ class FairflExecutor(Executor):
             return make_reply(ReturnCode.TASK_UNKNOWN)
         site = fl_ctx.get_identity_name()
         try:
-            apply_preset(self, self.preset)
-            configure_threads(self.num_threads)
             task = FLModelUtils.from_shareable(shareable)
+            apply_preset(self, self.preset, self._task(task.meta))
+            configure_threads(self.num_threads)
             result = handlers[task_name](site, task, self._state_dir(fl_ctx))
         except DataError as e:
             self.log_error(fl_ctx, f"bad data: {e}")
@@ -110,19 +124,42 @@ class FairflExecutor(Executor):
         if protocol.LOO_WEIGHTS in meta:  # FedCE: measured before training overwrites the previous local model
             reply_meta[protocol.LOO_ERROR] = self._leave_one_out_error(site, task, state_dir, device)
         model = self._model_for(task, state_dir, protocol.START_FROM)
+        started = time.time()
+        reply_meta.update(self._probe(site, meta, model, device))
+        metrics = {"probe_seconds": time.time() - started} if reply_meta else {}
         loader = self._loader(site, meta, "training", train=True, seed=seed)
-        stats = train_local(model, loader, self._train_settings(), device)
+        loss_fn = self._loss(meta)
+        if protocol.SALT_RHO in meta:  # FedISM(+): GSAM over Adam at the server's search distance
+            stats = train_salt(model, loader, self._train_settings(), device, loss_fn, rho=float(meta[protocol.SALT_RHO]),
+                               alpha=float(meta.get(protocol.SALT_ALPHA, GSAM_ALPHA)))
+        else:
+            stats = train_local(model, loader, self._train_settings(), device, loss_fn=loss_fn)
         save_model(model, os.path.join(state_dir, protocol.LOCAL_MODEL_FILE))
         params = state_to_numpy(model.state_dict()) if meta.get(protocol.SEND_PARAMS, True) else {}
-        return FLModel(params_type=ParamsType.FULL, params=params, metrics={"train_loss": stats["train_loss"]},
+        metrics.update({k: float(stats[k]) for k in ("train_loss", "train_perturbed_loss", "rho") if k in stats})
+        return FLModel(params_type=ParamsType.FULL, params=params, metrics=metrics,
                        meta={protocol.NUM_SAMPLES: len(loader.dataset), protocol.NUM_STEPS: stats["steps"],
-                             **reply_meta})
+                             protocol.LR: self.lr, **reply_meta})
 
     def _validate(self, site, task: FLModel, state_dir: str) -> FLModel:
+        """Segmentation: Dice on the `testing` split. Classification: accuracy, balanced accuracy and macro
+        one-vs-rest AUC on `testing` (clean_accuracy, clean_balanced_accuracy, clean_auc) and, when the datalist
+        has it, `testing_corrupted`, the same images corrupted as the corrupted sites' are (corrupted_*); and,
+        without prefix, on the test set of this site's own image quality (corrupted_* at a site listed under
+        `corrupted_sites` in the data root's dataset.json, clean_* elsewhere; `corrupted_site` 1.0 or 0.0), so that
+        the spread of `auc` across sites is FedISM+'s Table IV ("client-level testing")."""
         meta = task.meta
         model = self._model_for(task, state_dir, protocol.EVALUATE)
         loader = self._loader(site, meta, "testing", train=False, seed=self.seed)
-        metrics = self._dice(model, loader, meta)
+        metrics = self._evaluate(model, loader, meta)
+        if self._task(meta) == CLASSIFICATION:  # under quality shift: clean, corrupted, and the site's own quality
+            scores = {"clean": metrics}
+            if CORRUPTED_SPLIT in self._datalist:
+                scores["corrupted"] = self._evaluate(
+                    model, self._loader(site, meta, CORRUPTED_SPLIT, train=False, seed=self.seed), meta)
+            corrupted_site = site in self._corrupted_sites and "corrupted" in scores
+            metrics = {**scores["corrupted" if corrupted_site else "clean"], "corrupted_site": float(corrupted_site),
+                       **{f"{quality}_{name}": v for quality, values in scores.items() for name, v in values.items()}}
         return FLModel(params_type=ParamsType.FULL, params={}, metrics=metrics,
                        meta={protocol.NUM_SAMPLES: len(loader.dataset)})
 
@@ -137,8 +174,8 @@ class FairflExecutor(Executor):
         return FLModel(params_type=ParamsType.FULL, params={}, meta={protocol.CKA: cka})
 
     def _leave_one_out_error(self, site, task: FLModel, state_dir: str, device):
-        """1 - Dice of the leave-one-out model on the validation split; None when it cannot be built (the
-        server then leaves this site out of the round)."""
+        """1 - Dice (classification: 1 - balanced accuracy) of the leave-one-out model on the validation split;
+        None when it cannot be built (the server then leaves this site out of the round)."""
         weight = float(task.meta[protocol.LOO_WEIGHTS].get(site, 0.0))
         path = os.path.join(state_dir, protocol.LOCAL_MODEL_FILE)
         if weight >= FULL_WEIGHT:
@@ -149,14 +186,50 @@ class FairflExecutor(Executor):
             return None
         previous = torch.load(path, map_location="cpu") if weight > 0.0 else {}
         model = leave_one_out_model(task.meta[protocol.MODEL_SPEC], task.params, previous, weight)
-        dice = self._dice(model, self._loader(site, task.meta, "validation", train=False, seed=self.seed),
-                          task.meta, device)["dice"]
-        return leave_one_out_error(dice) if dice == dice else None  # NaN: no foreground to score
+        score = self._evaluate(model, self._loader(site, task.meta, "validation", train=False, seed=self.seed),
+                               task.meta, device)[LOO_SCORE[self._task(task.meta)]]
+        return leave_one_out_error(score) if score == score else None  # NaN: no foreground to score
+
+    def _probe(self, site, meta: dict, model, device) -> dict:
+        """What the server asked to measure on the model it sent, before training changes it: the sharpness and
+        perturbed loss at meta[SHARPNESS_RHO] (FedISM(+)'s SAGA) and the loss (q-FedAvg), in eval mode over the
+        whole unaugmented training split. Classification measures plain cross-entropy, as the FFL4MIA code does:
+        the model's loss on the site's data, not the prior-adjusted training objective."""
+        if protocol.SHARPNESS_RHO not in meta and not meta.get(protocol.MEASURE_LOSS):
+            return {}
+        loader = self._loader(site, meta, "training", train=False, seed=self.seed)
+        loss_fn = torch.nn.CrossEntropyLoss() if self._task(meta) == CLASSIFICATION else segmentation_loss()
+        result = {}
+        if protocol.SHARPNESS_RHO in meta:
+            result[protocol.SHARPNESS] = measure_sharpness(model, loader, loss_fn, float(meta[protocol.SHARPNESS_RHO]),
+                                                           device)
+        if meta.get(protocol.MEASURE_LOSS):
+            if protocol.SHARPNESS in result:
+                result[protocol.GLOBAL_LOSS] = result[protocol.SHARPNESS]["loss"]
+            else:
+                result[protocol.GLOBAL_LOSS] = dataset_loss(model.to(device).eval(), loader, loss_fn, device)
+        return result
 
     # --- helpers ---------------------------------------------------------------------------------------
-    def _dice(self, model, loader, meta: dict, device=None) -> dict:
-        return evaluate_dice(model, loader, meta[protocol.MODEL_SPEC]["num_classes"], device or select_device(self.device),
-                             regions=self._regions)
+    @staticmethod
+    def _task(meta: dict) -> str:
+        return meta.get(protocol.TASK, SEGMENTATION)
+
+    def _evaluate(self, model, loader, meta: dict, device=None) -> dict:
+        """Dice (segmentation) or accuracy, balanced accuracy and AUC (classification) of `model` on `loader`."""
+        num_classes, device = meta[protocol.MODEL_SPEC]["num_classes"], device or select_device(self.device)
+        if self._task(meta) == CLASSIFICATION:
+            return evaluate_classification(model, loader, num_classes, device)
+        return evaluate_dice(model, loader, num_classes, device, regions=self._regions)
+
+    def _loss(self, meta: dict):
+        """The local training loss: Dice for segmentation; for classification the logit-adjusted cross-entropy
+        of this site's training labels (logit_adjustment 0: plain cross-entropy)."""
+        if self._task(meta) != CLASSIFICATION:
+            return segmentation_loss()
+        counts = class_counts([e["label"] for e in self._datalist["training"]], meta[protocol.MODEL_SPEC]["num_classes"])
+        return LogitAdjustedCrossEntropy(counts, tau=self.logit_adjustment)
+
     def _model_for(self, task: FLModel, state_dir: str, choice: str):
         """The model a task asks for under meta[choice]: the site's own (FROM_LOCAL) or the one sent.
 
@@ -187,7 +260,7 @@ class FairflExecutor(Executor):
             self._loaders[key] = make_loader(self._datalist[split], image_size=self.image_size,
                                              num_classes=spec["num_classes"], batch_size=batch_size or self.batch_size,
                                              train=train, seed=self.seed, max_samples=max_samples,
-                                             in_channels=spec["in_channels"])
+                                             in_channels=spec["in_channels"], task=self._task(meta))
         loader = self._loaders[key]
         # Re-seed shuffling and augmentation per round, so a round's batches do not depend on whether this
         # process is the one that ran the previous rounds (simulator -t < -n, restarts).
@@ -197,14 +270,19 @@ class FairflExecutor(Executor):
         return loader
 
     def _load_datalist(self, site, meta) -> dict:
-        """This site's datalist, and the label regions Dice is reported for (`regions` in dataset.json)."""
+        """This site's datalist, the label regions Dice is reported for (`regions` in dataset.json) and the sites
+        whose images are corrupted (`corrupted_sites`). Classification datalists may also have a corrupted test set
+        (`testing_corrupted`)."""
         root, num_classes = self._data_root(meta), meta[protocol.MODEL_SPEC]["num_classes"]
+        options = dict(num_classes=num_classes, task=self._task(meta),
+                       optional_splits=(CORRUPTED_SPLIT,) if self._task(meta) == CLASSIFICATION else ())
         info_path = os.path.join(root, "dataset.json")
-        self._regions = json.load(open(info_path)).get("regions") if os.path.exists(info_path) else None
+        info = json.load(open(info_path)) if os.path.exists(info_path) else {}
+        self._regions, self._corrupted_sites = info.get("regions"), list(info.get("corrupted_sites") or [])
         source = (meta.get(protocol.FREE_RIDERS) or {}).get(site)
         if source:  # a free rider: one image of another site, repeated
-            return free_rider_datalist(load_datalist(root, source, num_classes=num_classes))
-        return load_datalist(root, site, num_classes=num_classes)
+            return free_rider_datalist(load_datalist(root, source, **options))
+        return load_datalist(root, site, **options)
 
     def _data_root(self, meta: dict) -> str:
         root = os.environ.get(DATA_ROOT_ENV) or self.data_root

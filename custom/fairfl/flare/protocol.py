@@ -5,6 +5,7 @@ TASK_VALIDATE = "validate"
 TASK_CKA = "cka"
 
 # server -> site
+TASK = "task"                    # "segmentation" or "classification": which loaders, loss and metrics a site uses
 MODEL_SPEC = "model_spec"        # dict understood by fairfl.models.build_model
 DATASET = "dataset"              # which built-in dataset (fairfl.data.builtin) a site without a data root uses
 NUM_SITES = "num_sites"          # how many sites the built-in data must have
@@ -15,11 +16,19 @@ START_FROM = "start_from"        # train from FROM_GLOBAL (the params sent) or F
 EVALUATE = "evaluate"            # evaluate FROM_GLOBAL or FROM_LOCAL
 SEND_PARAMS = "send_params"      # whether the site returns its trained weights
 FROM_GLOBAL, FROM_LOCAL = "global", "local"
+SALT_RHO = "salt_rho"            # FedISM(+): train with GSAM (SALT) at this search distance ...
+SALT_ALPHA = "salt_alpha"        # ... and this surrogate-gap weight alpha
+SHARPNESS_RHO = "sharpness_rho"  # FedISM(+): before training, measure the sharpness of the model sent at this rho
+MEASURE_LOSS = "measure_loss"    # q-FedAvg: before training, measure the loss of the model sent (True)
 
 # site -> server
 NUM_SAMPLES = "num_samples"
 NUM_STEPS = "num_steps"
 CKA = "cka"                      # {layer name: CKA(local, anchor)}
-LOO_ERROR = "loo_error"          # FedCE: 1 - Dice of the leave-one-out model on the validation split
+LOO_ERROR = "loo_error"          # FedCE: 1 - Dice (classification: 1 - balanced accuracy) of the leave-one-out
+                                 # model on the validation split
+SHARPNESS = "sharpness"          # FedISM(+): {"loss", "perturbed_loss", "sharpness", "rho", "grad_norm", "samples"}
+GLOBAL_LOSS = "global_loss"      # q-FedAvg: mean loss of the model sent over the site's training set
+LR = "lr"                        # the site's local learning rate (q-FedAvg's L = 1 / lr)
 
 LOCAL_MODEL_FILE = "local_model.pt"

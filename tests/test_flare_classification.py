@@ -1,0 +1,203 @@
+"""The classification side of the FLARE layer without FLARE running: built-in datasets, task-aware presets and
+model specs, FedISM(+) and q-FedAvg aggregation in their controllers (rejections, restart), and the executor's
+train/validate on tiny built-in skin data."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fairfl.data.builtin import BUILTIN_DATASETS, builtin_dataset
+from fairfl.data.synthetic_classification import SETTINGS
+from fairfl.flare import protocol
+from fairfl.flare.controllers import (FairRoundController, FedISMController, QFedAvgController, SiteUpdate,
+                                      number_problem)
+from fairfl.models import initial_state, state_to_torch
+from fairfl.presets import PRESETS, resolve_preset
+from fairfl.saga import SagaState
+
+SITES = ("site-1", "site-2", "site-3")
+TINY = {"dataset": "skin", "model_channels": [4, 8], "num_rounds": 4}
+
+
+@pytest.mark.parametrize("name", ["skin", "skin_blur", "ich", "ich_blur"])
+def test_classification_datasets_are_registered_with_the_generator_shapes(name):
+    data = builtin_dataset(name)
+    setting = SETTINGS[name.split("_")[0]]
+    assert data.task == "classification" and data.min_sites == 2
+    assert (data.in_channels, data.num_classes) == (setting.in_channels, len(setting.classes))
+    assert data.ensure_function().__name__ == f"ensure_builtin_{name}"
+    assert {d.task for d in BUILTIN_DATASETS.values()} == {"segmentation", "classification"}
+
+
+def test_task_sets_metric_model_and_paper_preset(monkeypatch):
+    seg, cls = FairRoundController(), FairRoundController(dataset="ich", model_norm="instance")
+    assert (seg.task, seg.metric, seg.model_spec()["name"]) == ("segmentation", "dice", "unet")
+    assert (cls.task, cls.metric) == ("classification", "auc")
+    assert cls.model_spec() == {"name": "cnn", "in_channels": 1, "num_classes": 5, "channels": [16, 32, 64, 128],
+                                "norm": "instance"}
+    resnet = FairRoundController(dataset="skin", model="resnet18").model_spec()
+    assert resnet == {"name": "resnet18", "in_channels": 3, "num_classes": 8}
+    monkeypatch.setenv("FAIRFL_PRESET", "paper")
+    assert resolve_preset("", "segmentation") is PRESETS["paper"]
+    paper = resolve_preset("", "classification")
+    assert (paper["model"], paper["image_size"], paper["lr"], paper["batch_size"]) == ("resnet18", 224, 3e-4, 32)
+
+
+def test_number_problem():
+    assert number_problem(0.5, "loss") is None and number_problem(0, "loss", 0.0, 1.0) is None
+    for bad in (None, True, float("nan"), float("inf"), -0.1, "1", [1.0]):
+        assert "no valid loss" in number_problem(bad, "loss")
+    assert number_problem(1.5, "error", 0.0, 1.0)
+
+
+def updates_with(global_state, reports, key, seed=0, lr=None):
+    """SiteUpdates as a controller receives them: a perturbed copy of the global model per site and its report."""
+    generator = torch.Generator().manual_seed(seed)
+    updates = {}
+    for i, site in enumerate(sorted(reports)):
+        state = {k: v + 0.01 * (i + 1) * torch.randn(v.shape, generator=generator) if v.is_floating_point() else v
+                 for k, v in state_to_torch(global_state).items()}
+        meta = {} if reports[site] is None else {key: reports[site]}
+        if lr:
+            meta[protocol.LR] = lr
+        updates[site] = SiteUpdate(state, 10 + i, meta)
+    return updates
+
+
+def sharpness(s, loss=1.0):
+    return {"loss": loss, "perturbed_loss": loss + s, "sharpness": s, "rho": 0.1, "grad_norm": 1.0, "samples": 10}
+
+
+def mixture(updates, weights):
+    return {k: sum(weights[s] * updates[s].state[k].double() for s in weights) for k in next(iter(updates.values())).state}
+
+
+def test_fedism_schedule_and_names():
+    plus = FedISMController(**TINY)
+    assert plus.method == "fedismplus_s" and FedISMController(variant="L", **TINY).method == "fedismplus_l"
+    rhos = [plus.train_meta(r)[protocol.SALT_RHO] for r in range(4)]
+    assert rhos == pytest.approx([0.1 * ((r + 1) / 4) ** 0.5 for r in range(4)]) and rhos[-1] == pytest.approx(0.1)
+    meta = plus.train_meta(1)
+    assert meta[protocol.SHARPNESS_RHO] == meta[protocol.SALT_RHO] and meta[protocol.SALT_ALPHA] == 0.1
+    fixed = FedISMController(rho_max=0.05, tau=0.0, **TINY)
+    assert fixed.method == "fedism" and FedISMController(tau=0, variant="L", **TINY).method == "fedism_l"
+    assert {fixed.train_meta(r)[protocol.SALT_RHO] for r in range(4)} == {0.05}
+    with pytest.raises(ValueError):
+        FedISMController(variant="X", **TINY)
+
+
+@pytest.mark.parametrize("variant", ["S", "L"])
+def test_fedism_aggregates_by_saga_weights_and_rejects_bad_reports(variant):
+    controller = FedISMController(variant=variant, **TINY)
+    state0 = initial_state(controller.model_spec(), seed=0)
+    reports = {"site-1": sharpness(0.1, 1.0), "site-2": sharpness(0.3, 2.0), "site-3": sharpness(float("nan")),
+               "site-4": sharpness(-0.5, -1.0), "site-5": None}
+    updates = updates_with(state0, reports, protocol.SHARPNESS)
+    rejected = {}
+    new, extras = controller.aggregate(0, state0, updates, rejected)
+    assert set(rejected) == {"site-3", "site-4", "site-5"} and all(r.startswith("sharpness") for r in rejected.values())
+    values = {"site-1": 0.1, "site-2": 0.3} if variant == "S" else {"site-1": 1.1, "site-2": 2.3}
+    expected = {s: v ** 2 / sum(x ** 2 for x in values.values()) for s, v in values.items()}
+    assert extras["weights"] == pytest.approx(expected) and extras["raw_weights"] == pytest.approx(expected)
+    assert extras["rho"] == pytest.approx(0.1 * (1 / 4) ** 0.5)
+    assert extras["sharpness"]["site-2"]["sharpness"] == pytest.approx(0.3)
+    for name, value in mixture(updates, expected).items():
+        np.testing.assert_allclose(new[name], value.numpy(), rtol=1e-5, atol=1e-6)
+    # round 2: the moving average of Eq. 18
+    _, extras1 = controller.aggregate(1, new, updates_with(new, {"site-1": sharpness(0.3, 1.0),
+                                                                 "site-2": sharpness(0.1, 2.0)}, protocol.SHARPNESS), {})
+    values1 = {"site-1": 0.3, "site-2": 0.1} if variant == "S" else {"site-1": 1.3, "site-2": 2.1}
+    raw1 = {s: v ** 2 / sum(x ** 2 for x in values1.values()) for s, v in values1.items()}
+    assert extras1["weights"] == pytest.approx({s: 0.5 * raw1[s] + 0.5 * expected[s] for s in raw1})
+
+
+def test_fedism_keeps_the_global_model_when_no_report_is_valid():
+    controller = FedISMController(**TINY)
+    state0 = initial_state(controller.model_spec(), seed=0)
+    rejected = {}
+    new, extras = controller.aggregate(0, state0, updates_with(state0, {"site-1": None}, protocol.SHARPNESS), rejected)
+    assert new is state0 and "weights" not in extras and set(rejected) == {"site-1"}
+    assert controller.saga.rounds == 0  # the next round still starts from raw weights
+
+
+def test_fedism_state_on_disk_gives_the_same_next_round_as_staying_up():
+    up = FedISMController(**TINY)
+    state = initial_state(up.model_spec(), seed=0)
+    for r in range(2):
+        reports = {s: sharpness(0.1 * (i + 1 + r)) for i, s in enumerate(SITES)}
+        state, _ = up.aggregate(r, state, updates_with(state, reports, protocol.SHARPNESS, seed=r), {})
+    saved = json.loads(json.dumps(up.method_state()))  # what method_state.json holds
+    restarted = FedISMController(**TINY)
+    restarted.load_method_state(saved)
+    assert isinstance(restarted.saga, SagaState) and restarted.saga.rounds == 2
+    updates = updates_with(state, {s: sharpness(0.05 * (i + 1)) for i, s in enumerate(SITES)}, protocol.SHARPNESS, 2)
+    new_up, extras_up = up.aggregate(2, state, updates, {})
+    new_restarted, extras_restarted = restarted.aggregate(2, state, updates, {})
+    assert extras_up["weights"] == extras_restarted["weights"]
+    for name in new_up:
+        np.testing.assert_array_equal(new_up[name], new_restarted[name])
+
+
+def test_qfedavg_with_lipschitz_zero_is_loss_weighted_fedavg_and_rejects_bad_losses():
+    controller = QFedAvgController(q=2.0, lipschitz=0.0, **TINY)
+    state0 = initial_state(controller.model_spec(), seed=0)
+    updates = updates_with(state0, {"site-1": 1.0, "site-2": 2.0, "site-3": float("nan"), "site-4": None},
+                           protocol.GLOBAL_LOSS)
+    rejected = {}
+    new, extras = controller.aggregate(0, state0, updates, rejected)
+    assert set(rejected) == {"site-3", "site-4"}
+    assert extras["weights"] == pytest.approx({"site-1": 0.2, "site-2": 0.8}) and extras["global_share"] == pytest.approx(0)
+    for name, value in mixture(updates, {"site-1": 0.2, "site-2": 0.8}).items():
+        if value.is_floating_point() and state_to_torch(state0)[name].is_floating_point():
+            np.testing.assert_allclose(new[name], value.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_qfedavg_lipschitz_from_the_sites_lr_keeps_part_of_the_global_model():
+    controller = QFedAvgController(q=1.0, **TINY)
+    state0 = initial_state(controller.model_spec(), seed=0)
+    updates = updates_with(state0, {"site-1": 1.0, "site-2": 2.0}, protocol.GLOBAL_LOSS, lr=1e-3)
+    _, extras = controller.aggregate(0, state0, updates, {})
+    assert extras["lipschitz"] == pytest.approx(1e3)
+    assert 0 < extras["global_share"] < 1 and sum(extras["weights"].values()) + extras["global_share"] == pytest.approx(1)
+    with pytest.raises(ValueError, match="lr"):
+        controller.aggregate(0, state0, updates_with(state0, {"site-1": 1.0}, protocol.GLOBAL_LOSS), {})
+
+
+def test_executor_trains_with_salt_measures_and_evaluates_clean_and_corrupted(tmp_path, cache_dir):
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+    from fairfl.flare.executor import FairflExecutor
+
+    controller = FedISMController(dataset="skin", model_channels=[4, 8], num_rounds=2)
+    meta = {protocol.MODEL_SPEC: controller.model_spec(), protocol.DATASET: "skin", protocol.TASK: "classification",
+            protocol.NUM_SITES: 4, protocol.DATA_SEED: 0, protocol.START_FROM: protocol.FROM_GLOBAL,
+            protocol.MEASURE_LOSS: True, **controller.train_meta(1)}
+    executor = FairflExecutor(image_size=32, batch_size=16, lr=3e-4, weight_decay=5e-4, synthetic_size_scale=0.2)
+    params = initial_state(controller.model_spec(), 0)
+    result = executor._train("site-4", FLModel(params_type=ParamsType.FULL, params=params, current_round=1, meta=meta),
+                             str(tmp_path))
+    report = result.meta[protocol.SHARPNESS]
+    assert report["rho"] == pytest.approx(0.1) and report["samples"] == result.meta[protocol.NUM_SAMPLES]
+    assert report["sharpness"] == pytest.approx(report["perturbed_loss"] - report["loss"])
+    assert result.meta[protocol.GLOBAL_LOSS] == report["loss"] and result.meta[protocol.LR] == 3e-4
+    assert result.metrics["rho"] == pytest.approx(0.1) and "train_perturbed_loss" in result.metrics
+    assert result.metrics["probe_seconds"] > 0
+    changed = [k for k in params if not np.array_equal(params[k], result.params[k])]
+    assert changed  # it trained
+    scores = executor._validate("site-4", FLModel(params_type=ParamsType.FULL, params=result.params,
+                                                  meta={**meta, protocol.EVALUATE: protocol.FROM_GLOBAL}),
+                                str(tmp_path)).metrics
+    names = ("accuracy", "balanced_accuracy", "auc")
+    assert set(scores) == {*names, "corrupted_site", *(f"{q}_{n}" for n in names for q in ("clean", "corrupted"))}
+    assert all(0.0 <= v <= 1.0 and math.isfinite(v) for v in scores.values())
+    # site-4 of 4 is the corrupted one (the last 20%): its own-quality scores are the corrupted test set's
+    assert scores["corrupted_site"] == 1.0 and all(scores[n] == scores[f"corrupted_{n}"] for n in names)
+    other_site = FairflExecutor(image_size=32, batch_size=16, synthetic_size_scale=0.2)  # one site per process
+    clean = other_site._validate("site-1", FLModel(params_type=ParamsType.FULL, params=result.params,
+                                                 meta={**meta, protocol.EVALUATE: protocol.FROM_GLOBAL}),
+                               str(tmp_path / "site-1")).metrics
+    assert clean["corrupted_site"] == 0.0 and all(clean[n] == clean[f"clean_{n}"] for n in names)
+    assert clean["clean_auc"] == scores["clean_auc"]  # one shared test set: the same model scores the same
