@@ -14,8 +14,9 @@ from fairfl.data.synthetic_classification import SETTINGS
 from fairfl.flare import protocol
 from fairfl.flare.controllers import (FairRoundController, FedISMController, QFedAvgController, SiteUpdate,
                                       number_problem)
+from fairfl.flare.executor import FairflExecutor
 from fairfl.models import initial_state, state_to_torch
-from fairfl.presets import PRESETS, resolve_preset
+from fairfl.presets import PRESETS, apply_preset, resolve_preset
 from fairfl.saga import SagaState
 
 SITES = ("site-1", "site-2", "site-3")
@@ -36,14 +37,27 @@ def test_task_sets_metric_model_and_paper_preset(monkeypatch):
     seg, cls = FairRoundController(), FairRoundController(dataset="ich", model_norm="instance")
     assert (seg.task, seg.metric, seg.model_spec()["name"]) == ("segmentation", "dice", "unet")
     assert (cls.task, cls.metric) == ("classification", "auc")
-    assert cls.model_spec() == {"name": "cnn", "in_channels": 1, "num_classes": 5, "channels": [16, 32, 64, 128],
+    assert cls.model_spec() == {"name": "cnn", "in_channels": 1, "num_classes": 5, "channels": [16, 32, 64],
                                 "norm": "instance"}
+    assert seg.model_spec()["channels"] == [16, 32, 64, 128]
+    assert FairRoundController(dataset="ich", model_channels=[8]).model_spec()["channels"] == [8]
     resnet = FairRoundController(dataset="skin", model="resnet18").model_spec()
     assert resnet == {"name": "resnet18", "in_channels": 3, "num_classes": 8}
     monkeypatch.setenv("FAIRFL_PRESET", "paper")
     assert resolve_preset("", "segmentation") is PRESETS["paper"]
     paper = resolve_preset("", "classification")
     assert (paper["model"], paper["image_size"], paper["lr"], paper["batch_size"]) == ("resnet18", 224, 3e-4, 32)
+
+
+def test_null_settings_take_the_task_defaults_and_set_ones_are_kept(monkeypatch):
+    monkeypatch.delenv("FAIRFL_PRESET", raising=False)
+    for task, expected in (("segmentation", (8, 1e-3, 1e-4, 2.0)), ("classification", (32, 3e-4, 5e-4, 1.0))):
+        executor = FairflExecutor()
+        apply_preset(executor, "", task)
+        assert (executor.batch_size, executor.lr, executor.weight_decay, executor.synthetic_size_scale) == expected
+    executor = FairflExecutor(lr=0.01, batch_size=4)
+    apply_preset(executor, "", "classification")
+    assert (executor.lr, executor.batch_size, executor.weight_decay) == (0.01, 4, 5e-4)
 
 
 def test_number_problem():

@@ -38,6 +38,17 @@ def test_marginal_values_by_hand():
         {s: 0.0 for s in SITES})
 
 
+def test_marginal_values_use_the_runs_main_metric():
+    def auc_run(values, exclude=()):
+        run = results(values, exclude)
+        run["metric"] = "auc"
+        run["final"]["per_site"] = {s: {"auc": v} for s, v in zip(SITES, values)}
+        return run
+
+    out = loo.marginal_values(auc_run(FULL), {s: auc_run(v, [s]) for s, v in WITHOUT.items()})
+    assert out["metric"] == "auc" and out["marginal"]["site-1"] == pytest.approx(0.07)
+
+
 def test_marginal_values_for_some_sites_only():
     out = loo.marginal_values(results(FULL), {"site-2": without_runs()["site-2"]})
     assert list(out["marginal"]) == ["site-2"] and out["sites"] == SITES

@@ -46,7 +46,11 @@ def _import(target: str):
 
 
 def _prepare_data(args) -> int:
-    from fairfl.data.builtin import ensure_builtin
+    from fairfl.data.builtin import builtin_dataset, ensure_builtin
+    from fairfl.presets import TASK_DEFAULTS
+
+    if args.size_scale is None:
+        args.size_scale = TASK_DEFAULTS[builtin_dataset(args.dataset).task]["synthetic_size_scale"]
 
     if args.out:
         root = _import(GENERATORS[args.dataset])(args.out, num_sites=args.num_sites, image_size=args.image_size,
@@ -122,8 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-sites", type=int, default=6)
     p.add_argument("--seed", type=int, default=0)
     # the jobs' `synthetic_size_scale`: with another value the jobs would not find this data in the cache
-    p.add_argument("--size-scale", type=float, default=2.0,
-                   help="scales the number of cases per site (default 2.0, the jobs' synthetic_size_scale)")
+    p.add_argument("--size-scale", type=float, default=None,
+                   help="scales the number of cases per site (default: the jobs' synthetic_size_scale for the "
+                        "dataset's task, segmentation 2.0, classification 1.0)")
     p.set_defaults(func=_prepare_data)
 
     for name, target, what, src_help in (

@@ -44,17 +44,19 @@ def _mean_over_sites(scores: dict) -> dict:
     return {"mean": math.fsum(scores.values()) / len(scores), "per_site": scores}
 
 
-def marginal_values(full_results: dict, without_results: dict, metric: str = "dice") -> dict:
+def marginal_values(full_results: dict, without_results: dict, metric: str | None = None) -> dict:
     """Leave-one-out marginal values from results dicts (results.json contents).
 
     full_results: the run with every site; without_results: {site: the run that left that site out}.
-    Both means are over all sites of the full run, the left-out site included.
+    Both means are over all sites of the full run, the left-out site included. metric: null = the runs' main
+    metric (their results' `metric`: dice for segmentation, auc for classification).
 
     Returns:
         {"sites", "metric", "full": {"mean", "per_site"}, "without": {site: {"mean", "per_site"}},
          "marginal": {site: full mean - mean without the site}} (metric values as the runs record them, 0..1).
     """
     sites = list(full_results["sites"])
+    metric = metric or full_results.get("metric", "dice")
     config = full_results.get("config") or {}
     if config.get("exclude_sites"):
         raise ValueError(f"the full run left out {config['exclude_sites']}; it must train with every site")
@@ -105,7 +107,7 @@ def marginal_table(loo: dict) -> str:
 # ---------------------------------------------------------------- running the jobs
 
 def run_leave_one_out(job, out_dir, n_clients: int, overrides: dict | None = None, sites=None,
-                      threads: int | None = None, metric: str = "dice") -> Path:
+                      threads: int | None = None, metric: str | None = None) -> Path:
     """Run `job` with all `n_clients` sites and once without each of `sites` (default: all of them), then write
     `<out_dir>/loo.json` and return its path. Workspaces: `<out_dir>/runs/full`, `.../without-site-k`."""
     all_sites = [f"site-{k}" for k in range(1, n_clients + 1)]  # the simulator's client names for -n

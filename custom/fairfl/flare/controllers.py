@@ -25,7 +25,7 @@ from fairfl.contribution import COMBINE_MODES, ContributionState, flatten, gradi
 from fairfl.data.builtin import builtin_dataset
 from fairfl.flare import protocol
 from fairfl.models import build_model, initial_state, state_to_numpy, state_to_torch
-from fairfl.presets import apply_preset
+from fairfl.presets import apply_preset, fill_task_defaults
 from fairfl.qffl import lipschitz_from_lr, qffl_aggregate
 from fairfl.saga import BETA, Q, SagaState, check_report, check_variant
 from fairfl.sharpness import GSAM_ALPHA, RHO_MAX, TAU, search_distance
@@ -81,7 +81,7 @@ class FairRoundController(ModelController):
 
     def __init__(self, num_rounds: int = 20, eval_every: int = 5, min_clients: int = 0,
                  task_timeout: int = 3600, seed: int = 0, data_seed: int = 0, dataset: str = "prostate",
-                 num_classes=None, in_channels=None, model=None, model_channels=(16, 32, 64, 128),
+                 num_classes=None, in_channels=None, model=None, model_channels=None,
                  model_strides=(2, 2, 2), model_norm=None, weighting: str = "samples", free_riders=0,
                  exclude_sites=None, preset: str = "", task_check_period: float = 0.5):
         """
@@ -100,7 +100,8 @@ class FairRoundController(ModelController):
                 skin 8/3, ich 5/1).
             model: "unet", "cnn" (small CNN) or "resnet18" (MONAI, never pretrained); null = unet for
                 segmentation, cnn for classification.
-            model_channels: channels per level of the U-Net, or per block of the CNN; model_strides: the U-Net's.
+            model_channels: channels per level of the U-Net, or per block of the CNN; null = the task's
+                ([16, 32, 64, 128] for the U-Net, [16, 32, 64] for the CNN). model_strides: the U-Net's.
             model_norm: the classification networks' normalisation, "batch", "group" or "instance"; null = the
                 network's default (cnn: group; resnet18: batch).
             weighting: "samples" (FedAvg of McMahan et al., by training-set size) or "uniform" (1/K).
@@ -123,7 +124,8 @@ class FairRoundController(ModelController):
         self.model, self.model_norm = model, model_norm
         self.num_classes = int(num_classes or data.num_classes)
         self.in_channels = int(in_channels or data.in_channels)
-        self.model_channels, self.model_strides = list(model_channels), list(model_strides)
+        self.model_channels, self.model_strides = model_channels, list(model_strides)
+        fill_task_defaults(self, self.task)
         self.weighting, self.preset = weighting, preset
         self.free_riders, self.exclude_sites = free_riders, sorted(exclude_sites or [])
 

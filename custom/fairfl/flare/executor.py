@@ -59,9 +59,9 @@ def leave_one_out_model(spec: dict, global_params: dict, previous_local_state: d
 
 
 class FairflExecutor(Executor):
-    def __init__(self, data_root: str = "", image_size: int = 64, batch_size: int = 8, lr: float = 1e-3,
-                 weight_decay: float = 1e-4, local_epochs: int = 1, local_steps: int = 0,
-                 cka_max_samples: int = 64, synthetic_size_scale: float = 2.0, seed: int = 0,
+    def __init__(self, data_root: str = "", image_size: int = 64, batch_size: int | None = None,
+                 lr: float | None = None, weight_decay: float | None = None, local_epochs: int = 1, local_steps: int = 0,
+                 cka_max_samples: int = 64, synthetic_size_scale: float | None = None, seed: int = 0,
                  num_threads: int = 1, device: str = "auto", logit_adjustment: float = 1.0, preset: str = ""):
         """Local training, evaluation and CKA probing for one site.
 
@@ -69,11 +69,13 @@ class FairflExecutor(Executor):
             data_root: folder holding `<site>.json` datalists; empty = the built-in synthetic data.
                 The environment variable FAIRFL_DATA_ROOT overrides it.
             image_size: images and masks are resized to image_size x image_size.
-            batch_size, lr, weight_decay: Adam settings of the local update (the paper's by default).
+            batch_size, lr, weight_decay: Adam settings of the local update; null = the task's
+                (fairfl.presets.TASK_DEFAULTS: segmentation 8, 1e-3, 1e-4; classification 32, 3e-4, 5e-4).
             local_epochs: epochs per round, used when local_steps is 0.
             local_steps: if > 0, a fixed number of optimiser steps per round, equal for every site.
             cka_max_samples: at most this many training images are used to measure CKA.
-            synthetic_size_scale: scales the number of cases per site of the built-in data.
+            synthetic_size_scale: scales the number of cases per site of the built-in data; null = the task's
+                (segmentation 2.0, classification 1.0).
             seed: base seed; each site derives its own from it and its name.
             num_threads: torch intra-op threads of this client (0 = torch's default).
             device: "auto" (CUDA when present), "cpu", "cuda", "cuda:1", ...
