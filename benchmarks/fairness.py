@@ -101,14 +101,15 @@ def write_summary(out_dir, summary: dict, markdown: str) -> None:
 
 
 def variant_summary(results_paths) -> dict:
-    """Mean over seeds of the final mean, std and worst, the median non-evaluation round time, the final Dice
-    per site, and for Fed-LWR what the method saw: each site's mean CKA and mean layer weight over layers and
+    """Mean over seeds of the final mean, std and worst, the median non-evaluation round time, the final main
+    metric per site (`final_dice`, `final_auc`), and for Fed-LWR what the method saw: each site's mean CKA and mean layer weight over layers and
     rounds, and the share of CKA values above 0.99 (where the authors' clip makes the weights uniform)."""
     runs = [json.load(open(p)) for p in results_paths]
     sites = runs[0]["sites"]
     summary = {key: statistics.mean(r["final"][key] for r in runs) for key in ("mean", "std", "worst")}
     summary["round_seconds_median"] = statistics.median(sum((round_seconds(p) for p in results_paths), []))
-    summary["final_dice"] = {s: statistics.mean(r["final"]["per_site"][s]["dice"] for r in runs) for s in sites}
+    metric = runs[0].get("metric", "dice")
+    summary[f"final_{metric}"] = {s: statistics.mean(r["final"]["per_site"][s][metric] for r in runs) for s in sites}
     records = [rec for r in runs for rec in r["rounds"] if rec.get("cka")]
     if records:
         cka = [v for rec in records for per_layer in rec["cka"].values() for v in per_layer.values()]

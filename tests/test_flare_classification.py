@@ -157,6 +157,7 @@ def test_fedism_state_on_disk_gives_the_same_next_round_as_staying_up():
 
 def test_qfedavg_with_lipschitz_zero_is_loss_weighted_fedavg_and_rejects_bad_losses():
     controller = QFedAvgController(q=2.0, lipschitz=0.0, **TINY)
+    assert controller.method == "qfedavg_lossweighted" and QFedAvgController(**TINY).method == "qfedavg"
     state0 = initial_state(controller.model_spec(), seed=0)
     updates = updates_with(state0, {"site-1": 1.0, "site-2": 2.0, "site-3": float("nan"), "site-4": None},
                            protocol.GLOBAL_LOSS)

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
 
-from conftest import REPO, make_job
+from conftest import make_job
 from fairfl.simulate import SIMULATOR_OUTPUT, run_simulator
 
 pytestmark = pytest.mark.slow

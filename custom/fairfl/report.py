@@ -27,7 +27,8 @@ from fairfl.results import RESULTS_FILE, SCHEMA_VERSION, SIMULATOR_RESULTS
 
 METHOD_ORDER = ("solo", "fedavg")  # then the others alphabetically
 DISPLAY = {"solo": "Solo", "fedavg": "FedAvg", "fedlwr": "Fed-LWR", "fedce": "FedCE", "fedce_sum": "FedCE (Sum.)",
-           "fedce_product": "FedCE (Multi.)", "qfedavg": "q-FedAvg", "ditto": "Ditto", "fedism": "FedISM",
+           "fedce_product": "FedCE (Multi.)", "qfedavg": "q-FedAvg",
+           "qfedavg_lossweighted": "q-FedAvg (loss-weighted)", "ditto": "Ditto", "fedism": "FedISM",
            "fedismplus": "FedISM+", "fedism_l": "FedISM (L)", "fedismplus_s": "FedISM+ (S)",
            "fedismplus_l": "FedISM+ (L)", "fednpr": "FedNPR", "fedprox": "FedProx", "cffl": "CFFL", "cgsv": "CGSV"}
 METRIC_LABEL = {"dice": "Dice", "auc": "AUC", "acc": "Accuracy", "accuracy": "Accuracy",

@@ -714,7 +714,6 @@ def _vessel_tree(rng, n: int, mask: np.ndarray, trees: int, width: float, steps:
 def _basal_cell_carcinoma(rng, X, Y, n, colour):
     shape, colour = _lesion(rng, X, Y, n, colour, PEARL, opacity=(0.45, 0.75), radius=(0.25, 0.6),
                             asymmetry=(0.05, 0.12), irregularity=(0.04, 0.12), edge=(0.04, 0.1))
-    w = shape.weight
     inside = shape.rho < 0.95
     if rng.random() < 0.85:  # arborizing vessels: sharp, branching, red
         trees = _vessel_tree(rng, n, inside, rng.integers(1, 5), rng.uniform(0.03, 0.05), rng.integers(12, 28),
@@ -810,7 +809,6 @@ def _vascular(rng, X, Y, n, colour):
 def _squamous_cell_carcinoma(rng, X, Y, n, colour):
     shape, colour = _lesion(rng, X, Y, n, colour, PINK, opacity=(0.5, 0.8), radius=(0.28, 0.6),
                             asymmetry=(0.05, 0.15), irregularity=(0.06, 0.16), edge=(0.04, 0.1))
-    w = shape.weight
     if rng.random() < 0.8:  # central keratin mass, rough
         mass = _sigmoid((rng.uniform(0.3, 0.7) - shape.rho * (1 + 0.3 * _smooth_field(rng, 8, n))) / 0.08)
         rough = np.clip(0.75 + 0.35 * _smooth_field(rng, 40, n), 0, 1)

@@ -561,6 +561,8 @@ class QFedAvgController(FairRoundController):
         if lipschitz is not None and not lipschitz >= 0:
             raise ValueError(f"lipschitz must be null or >= 0, got {lipschitz}")
         self.q, self.lipschitz = float(q), lipschitz
+        if lipschitz == 0:  # a different aggregation rule: its own row in reports
+            self.method = "qfedavg_lossweighted"
         self._trainable = None
 
     def config(self) -> dict:

@@ -131,11 +131,13 @@ class FairflExecutor(Executor):
         metrics = {"probe_seconds": time.time() - started} if reply_meta else {}
         loader = self._loader(site, meta, "training", train=True, seed=seed)
         loss_fn = self._loss(meta)
+        started = time.time()
         if protocol.SALT_RHO in meta:  # FedISM(+): GSAM over Adam at the server's search distance
             stats = train_salt(model, loader, self._train_settings(), device, loss_fn, rho=float(meta[protocol.SALT_RHO]),
                                alpha=float(meta.get(protocol.SALT_ALPHA, GSAM_ALPHA)))
         else:
             stats = train_local(model, loader, self._train_settings(), device, loss_fn=loss_fn)
+        metrics["train_seconds"] = time.time() - started  # local training alone (cost benchmarks)
         save_model(model, os.path.join(state_dir, protocol.LOCAL_MODEL_FILE))
         params = state_to_numpy(model.state_dict()) if meta.get(protocol.SEND_PARAMS, True) else {}
         metrics.update({k: float(stats[k]) for k in ("train_loss", "train_perturbed_loss", "rho") if k in stats})
