@@ -186,3 +186,14 @@ def test_refusals(source, tmp_path):
     with pytest.raises(DataError, match="no source sites"):
         convert_isic(bare, tmp_path / "out", sites="source")
     assert not (tmp_path / "out").exists()
+
+
+def test_command_line_converts_with_options_and_reports_bad_data(source, tmp_path, capsys):
+    from fairfl import cli
+
+    dst = tmp_path / "cli"
+    assert cli.main(["convert-isic", str(source), str(dst), "--num-sites", "4", "--image-size", "32",
+                     "--corrupted-fraction", "0.5", "--seed", "3"]) == 0
+    assert json.loads((dst / "dataset.json").read_text())["corrupted_sites"] == ["site-3", "site-4"]
+    assert cli.main(["convert-isic", str(source), str(dst)]) == 1  # not empty any more
+    assert "not empty" in capsys.readouterr().err

@@ -146,3 +146,12 @@ def test_missing_folders_and_options(source, tmp_path):
     (source / CSV).rename(source / "labels.csv")
     summary = convert_rsna_ich(source, tmp_path / "out", num_sites=2, images_dir="slices", labels_csv="labels.csv")
     assert set(summary["sites"]) == {"site-1", "site-2"}
+
+
+def test_command_line_converts(source, tmp_path):
+    from fairfl import cli
+
+    dst = tmp_path / "cli"
+    assert cli.main(["convert-rsna-ich", str(source), str(dst), "--num-sites", "3", "--include-none"]) == 0
+    assert sorted(p.name for p in dst.glob("site-*.json")) == ["site-1.json", "site-2.json", "site-3.json"]
+    assert len(json.loads((dst / "dataset.json").read_text())["classes"]) == 6

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import shutil
 import sys
@@ -62,12 +63,18 @@ def _prepare_data(args) -> int:
     return 0
 
 
-def _converter(target: str):
-    """A subcommand handler for a dataset converter `convert(src, dst, seed=..., site_names=...)`."""
+def _converter(target: str, options=()):
+    """A subcommand handler for a dataset converter `convert(src, dst, seed=..., site_names=..., **options)`;
+    `options` names the arguments passed on when given. Bad data: the error (site and file) and exit code 1."""
     def convert(args) -> int:
-        summary = _import(target)(args.src, args.dst, seed=args.seed,
-                                  site_names="flare" if args.rename_sites else None)
-        print(summary)
+        extra = {k: getattr(args, k) for k in options if getattr(args, k) is not None}
+        try:
+            summary = _import(target)(args.src, args.dst, seed=args.seed,
+                                      site_names="flare" if args.rename_sites else None, **extra)
+        except ValueError as e:  # DataError included: it names the site and the file
+            print(f"fairfl {args.command}: {e}", file=sys.stderr)
+            return 1
+        print(json.dumps(summary, indent=1, default=str))
         return 0
     return convert
 
@@ -143,7 +150,37 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("dst", help="output data root (<site>.json datalists)")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--rename-sites", action="store_true", help="name sites site-1..site-N (FLARE client names)")
-        p.set_defaults(func=_converter(target))
+        p.set_defaults(func=_converter(target), command=name)
+
+    # classification: Dirichlet sites with a quality shift (FedISM+) or, for ISIC, one site per source (FedNPR)
+    for name, target, what, extra in (
+            ("convert-isic", "fairfl.data.convert_isic:convert_isic",
+             "the ISIC 2019 training release (images + ground-truth CSV) to per-site datalists", ("sites",)),
+            ("convert-rsna-ich", "fairfl.data.convert_rsna_ich:convert_rsna_ich",
+             "the RSNA intracranial hemorrhage layout (PNG slices + label CSV) to per-site datalists",
+             ("include_none", "max_images"))):
+        p = sub.add_parser(name, help=f"convert {what}")
+        p.add_argument("src", help="source folder in the public layout (see the converter's docstring)")
+        p.add_argument("dst", help="output data root (<site>.json datalists); must not exist or be empty")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--rename-sites", action="store_true", help="name source sites site-1..site-N")
+        if "sites" in extra:
+            p.add_argument("--sites", choices=["dirichlet", "source"],
+                           help="dirichlet (default; FedISM+) or one site per source hospital (FedNPR, FLamby)")
+        if "include_none" in extra:
+            p.add_argument("--include-none", action="store_true", default=None,
+                           help="keep slices without hemorrhage as a sixth class")
+            p.add_argument("--max-images", type=int, help="a seeded random subset (FedISM+: 25000)")
+        p.add_argument("--num-sites", type=int, help="Dirichlet sites (default 20)")
+        p.add_argument("--alpha", type=float, help="Dirichlet concentration (default 1.0)")
+        p.add_argument("--image-size", type=int, help="resize to square PNGs (default: copy the files)")
+        p.add_argument("--corrupted-fraction", type=float,
+                       help="share of the sites with corrupted images, the last ones (FedISM+: 0.2; needs "
+                            "--image-size)")
+        p.add_argument("--corruption", choices=["noise", "blur"], help="Gaussian noise (default) or motion blur")
+        p.add_argument("--severity", type=int, help="corruption severity 1-5 (default 3)")
+        options = (*extra, "num_sites", "alpha", "image_size", "corrupted_fraction", "corruption", "severity")
+        p.set_defaults(func=_converter(target, options), command=name)
 
     p = sub.add_parser("leave-one-out", help="leave-one-out client values: the job with every site, then without "
                                              "each site (FedCE paper, Table 3)")
