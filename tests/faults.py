@@ -3,22 +3,32 @@
 It runs inside the real client process, after the executor, exactly where a buggy or malicious site would
 send bad numbers. Only used by tests (put on PYTHONPATH by them)."""
 
+import os
+
 import numpy as np
 from nvflare.apis.filter import Filter
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 
 class CorruptResult(Filter):
-    def __init__(self, site: str, mode: str = "nan"):
+    def __init__(self, site: str, mode: str = "nan", round: int = 1):
         """mode: "nan" puts NaN in every float tensor; "shape" drops a tensor's last row; "cka" reports CKA 7;
-        "loo" reports a NaN leave-one-out error (FedCE); "sharpness" a NaN sharpness (FedISM+)."""
+        "loo" reports a NaN leave-one-out error (FedCE); "sharpness" a NaN sharpness (FedISM+); "crash" ends the
+        site's process after it trained in round `round`, before it answers (a site that dies mid-round)."""
         super().__init__()
-        self.site, self.mode = site, mode
+        self.site, self.mode, self.round = site, mode, round
+        self.train_results = 0  # train answers this process has sent
 
     def process(self, shareable, fl_ctx):
         if fl_ctx.get_identity_name() != self.site:
             return shareable
         model = FLModelUtils.from_shareable(shareable)
+        if self.mode == "crash":
+            if model.params:
+                self.train_results += 1
+                if self.train_results == self.round + 1:
+                    os._exit(1)
+            return shareable
         if self.mode == "cka" and "cka" in (model.meta or {}):
             model.meta["cka"] = {name: 7.0 for name in model.meta["cka"]}
         elif self.mode == "loo":

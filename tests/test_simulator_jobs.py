@@ -269,3 +269,34 @@ def test_qfedavg_and_fedavg_run_on_the_classification_data(tmp_path, cache_dir):
     job = make_job("fedavg", str(tmp_path / "job_fedavg"), server={"num_rounds": 1, "dataset": "skin"},
                    client=TINY_CLASSIFICATION)
     check_classification(load_results(run(job, str(tmp_path / "ws_fedavg"), n=3, t=3)), "fedavg", sites, rounds=1)
+
+
+def crashing_site(site="site-3", round_num=1):
+    """site ends its process after training in round round_num, before it answers (tests/faults.py)."""
+    return {"task_result_filters": [{"tasks": ["train"], "filters": [
+        {"path": "faults.CorruptResult", "args": {"site": site, "mode": "crash", "round": round_num}}]}]}
+
+
+def test_a_site_that_dies_mid_round_is_recorded_absent_and_the_run_goes_on(tmp_path, cache_dir):
+    job = make_job("fedavg", str(tmp_path / "job"), {"num_rounds": 3, "eval_every": 3, "min_clients": 2,
+                                                     "straggler_timeout": 10}, client_extra=crashing_site())
+    sim = run(job, str(tmp_path / "ws"))
+    assert "no train answer from site-3" in sim.errors.pop("server", "")
+    results = load_results(sim)
+    first, *later = results["rounds"]
+    assert "absent" not in first and set(first["weights"]) == {"site-1", "site-2", "site-3"}
+    for record in later:
+        assert record["absent"] == ["site-3"]
+        assert set(record["weights"]) == {"site-1", "site-2"} and sum(record["weights"].values()) == pytest.approx(1)
+    assert set(results["final"]["per_site"]) == {"site-1", "site-2"} and "stopped" not in results
+
+
+def test_too_few_sites_left_ends_the_job_with_a_clear_message(tmp_path, cache_dir):
+    job = make_job("fedavg", str(tmp_path / "job"), {"num_rounds": 3, "eval_every": 3, "task_timeout": 25},
+                   client_extra=crashing_site())
+    sim = run(job, str(tmp_path / "ws"))
+    assert "fewer than min_clients 3" in sim.errors.get("server", "")
+    results = json.load(open(sim.results_path))
+    assert [r["round"] for r in results["rounds"]] == [0, 1] and results["final"] is None
+    assert results["rounds"][1]["absent"] == ["site-3"]
+    assert results["stopped"].startswith("round 1: 2 of 3 sites answered")

@@ -39,6 +39,12 @@ class ResultsLog:
         self.write()
         return record
 
+    def stop(self, round_num: int, seconds: float, reason: str, **extras) -> None:
+        """The run ends early in round `round_num` (too few sites answered): that round's record holds why."""
+        self.add_round(round_num, seconds, stopped=reason, **extras)
+        self.data["stopped"] = reason
+        self.write()
+
     def finish(self, per_site: dict, **extras) -> dict:
         self.data["final"] = {**self._scored(per_site), **{k: v for k, v in extras.items() if v is not None}}
         self.write()

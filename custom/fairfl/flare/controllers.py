@@ -83,7 +83,7 @@ class FairRoundController(ModelController):
                  task_timeout: int = 3600, seed: int = 0, data_seed: int = 0, dataset: str = "prostate",
                  num_classes=None, in_channels=None, model=None, model_channels=None,
                  model_strides=(2, 2, 2), model_norm=None, weighting: str = "samples", free_riders=0,
-                 exclude_sites=None, preset: str = "", task_check_period: float = 0.5):
+                 exclude_sites=None, preset: str = "", task_check_period: float = 0.5, straggler_timeout: int = 600):
         """
         Args:
             num_rounds: communication rounds (the paper: 200; CPU default 20).
@@ -112,12 +112,16 @@ class FairRoundController(ModelController):
                 (leave-one-out runs: `fairfl leave-one-out`).
             preset: named settings bundle (fairfl.presets); FAIRFL_PRESET overrides it.
             task_check_period: how often the controller checks for answers, in seconds.
+            straggler_timeout: once `min_clients` sites have answered a task, wait at most this many more seconds
+                for the others; those still missing are recorded as `absent` for the round (a crashed or
+                disconnected site). With min_clients 0 every site must answer within task_timeout.
         """
         super().__init__(persistor_id="", task_check_period=task_check_period)
         if weighting not in ("samples", "uniform"):
             raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
         self.num_rounds, self.eval_every, self.min_clients = num_rounds, eval_every, min_clients
         self.task_timeout, self.seed, self.data_seed = task_timeout, seed, data_seed
+        self.straggler_timeout = int(straggler_timeout)
         data = builtin_dataset(dataset)
         self.dataset, self.task = dataset, data.task
         self.metric = MAIN_METRIC[self.task]
@@ -137,8 +141,9 @@ class FairRoundController(ModelController):
         if unknown:
             raise ValueError(f"exclude_sites names sites that are not in this run: {unknown}")
         self.free_rider_sites = free_rider_sites(self.free_riders, sites)
-        self.trainers = [s for s in sites if s not in self.exclude_sites]
+        self.sites, self.trainers = sites, [s for s in sites if s not in self.exclude_sites]
         self.min_responses = self.min_clients or len(sites)
+        self.absent = []
         self.task_meta = {protocol.MODEL_SPEC: self.model_spec(), protocol.DATASET: self.dataset,
                           protocol.TASK: self.task,
                           protocol.NUM_SITES: max(builtin_dataset(self.dataset).min_sites,
@@ -155,9 +160,17 @@ class FairRoundController(ModelController):
                   f"{self.results.path}")
         per_site = None
         for round_num in range(self.num_rounds):
-            started = time.time()
+            started, self.absent = time.time(), []
             updates, rejected, train_metrics = self._train_round(round_num, global_state)
             if self.abort_signal.triggered:
+                return
+            required = min(self.min_responses, len(self.trainers))
+            if len(train_metrics) < required:  # too few sites answered: end, never wait forever
+                reason = (f"round {round_num}: {len(train_metrics)} of {len(self.trainers)} sites answered, fewer than "
+                          f"min_clients {required}; absent: {', '.join(self.absent)}. The job ends here; the last "
+                          f"global model and results are those of round {round_num - 1}")
+                self.results.stop(round_num, time.time() - started, reason, absent=list(self.absent))
+                self.system_panic(reason, self.fl_ctx)
                 return
             extras = {}
             if updates or self.start_from == protocol.FROM_LOCAL:
@@ -170,7 +183,7 @@ class FairRoundController(ModelController):
                 per_site = self._evaluate(round_num, global_state)
             self._log_tensorboard(round_num, per_site, train_metrics)
             record = self.results.add_round(round_num, time.time() - started, per_site, train=train_metrics,
-                                            rejected=rejected or None, **extras)
+                                            rejected=rejected or None, absent=list(self.absent) or None, **extras)
             if per_site:
                 self.info(f"round {round_num}: mean {self.metric} {record.get('mean', float('nan')):.4f} "
                           f"std {record.get('std', float('nan')):.4f} worst {record.get('worst_site')}")
@@ -188,12 +201,10 @@ class FairRoundController(ModelController):
         send_global = self.start_from == protocol.FROM_GLOBAL or round_num == 0
         meta = {**self.task_meta, protocol.START_FROM: self.start_from,
                 protocol.SEND_PARAMS: self.start_from == protocol.FROM_GLOBAL, **self.train_meta(round_num)}
-        results = self.send_model_and_wait(
-            task_name=protocol.TASK_TRAIN,
-            data=FLModel(params_type=ParamsType.FULL, params=global_state if send_global else {},
-                         current_round=round_num, total_rounds=self.num_rounds, meta=meta),
-            targets=self.trainers, min_responses=min(self.min_responses, len(self.trainers)),
-            timeout=self.task_timeout)
+        results = self.ask(round_num, protocol.TASK_TRAIN,
+                           FLModel(params_type=ParamsType.FULL, params=global_state if send_global else {},
+                                   current_round=round_num, total_rounds=self.num_rounds, meta=meta),
+                           self.trainers)
         updates, rejected, train_metrics = {}, {}, {}
         reference = state_to_torch(global_state)
         for result in sorted(results, key=lambda r: r.meta.get("client_name", "?")):
@@ -215,13 +226,12 @@ class FairRoundController(ModelController):
         return updates, rejected, train_metrics
 
     def _evaluate(self, round_num, global_state) -> dict:
-        results = self.send_model_and_wait(
-            task_name=protocol.TASK_VALIDATE,
-            data=FLModel(params_type=ParamsType.FULL,
-                         params=global_state if self.evaluate == protocol.FROM_GLOBAL else {},
-                         current_round=round_num, total_rounds=self.num_rounds,
-                         meta={**self.task_meta, protocol.EVALUATE: self.evaluate}),
-            min_responses=self.min_responses, timeout=self.task_timeout)
+        results = self.ask(round_num, protocol.TASK_VALIDATE,
+                           FLModel(params_type=ParamsType.FULL,
+                                   params=global_state if self.evaluate == protocol.FROM_GLOBAL else {},
+                                   current_round=round_num, total_rounds=self.num_rounds,
+                                   meta={**self.task_meta, protocol.EVALUATE: self.evaluate}),
+                           self.sites)
         per_site = {}
         for result in results:
             site = result.meta.get("client_name", "?")
@@ -231,6 +241,23 @@ class FairRoundController(ModelController):
                 continue
             per_site[site] = metrics
         return per_site
+
+    def ask(self, round_num, task_name, model: FLModel, targets) -> list:
+        """Send a task to `targets` and return the answers received when all have answered, or `straggler_timeout`
+        seconds after `min_clients` of them have, or after `task_timeout`, whichever comes first. Sites that did
+        not answer are added to the round's `absent` list. (NVFlare's `send_model_and_wait` would end the task
+        the moment `min_clients` have answered, dropping a slow but healthy site every round.)"""
+        results = self.broadcast_model(data=model, task_name=task_name, targets=list(targets),
+                                       min_responses=min(self.min_responses, len(targets)), timeout=self.task_timeout,
+                                       wait_time_after_min_received=self.straggler_timeout)
+        answered = {r.meta.get("client_name") for r in results}
+        for site in targets:
+            if site not in answered and site not in self.absent:
+                self.absent.append(site)
+                self.error(f"round {round_num}: no {task_name} answer from {site} within straggler_timeout "
+                           f"{self.straggler_timeout} s of min_clients answers or task_timeout {self.task_timeout} s "
+                           f"(crashed, disconnected or too slow); absent this round")
+        return results
 
     # --- the method's hook -------------------------------------------------------------------------------
     def aggregate(self, round_num, global_state, updates, rejected):
@@ -294,7 +321,7 @@ class FairRoundController(ModelController):
         return spec
 
     def config(self) -> dict:
-        keys = ["num_rounds", "eval_every", "min_clients", "task_timeout", "seed", "data_seed", "dataset", "task",
+        keys = ["num_rounds", "eval_every", "min_clients", "task_timeout", "straggler_timeout", "seed", "data_seed", "dataset", "task",
                 "num_classes", "in_channels", "model", "model_channels", "model_strides", "model_norm", "weighting",
                 "exclude_sites", "preset"]
         return {"controller": type(self).__name__, **{k: getattr(self, k) for k in keys},
@@ -354,12 +381,10 @@ class FedLWRController(FairRoundController):
         if self._layers is None:  # the same network every round: map its layers once
             self._layers = parameter_layers(build_model(self.model_spec()))
         layers = self._layers
-        results = self.send_model_and_wait(
-            task_name=protocol.TASK_CKA,
-            data=FLModel(params_type=ParamsType.FULL, params=anchor_np, current_round=round_num,
-                         total_rounds=self.num_rounds, meta=self.task_meta),
-            targets=sorted(updates), min_responses=min(self.min_responses, len(updates)),
-            timeout=self.task_timeout)
+        results = self.ask(round_num, protocol.TASK_CKA,
+                           FLModel(params_type=ParamsType.FULL, params=anchor_np, current_round=round_num,
+                                   total_rounds=self.num_rounds, meta=self.task_meta),
+                           sorted(updates))
         cka = {}
         for result in results:
             site = result.meta.get("client_name", "?")
