@@ -16,12 +16,11 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 SIM_TIMEOUT = 600
 
 
-def run(job_dir, workspace, n=3, t=3, env=None):
+def run(job_dir, workspace, n=3, t=3, env=None, **options):
     # the faulty-site filter comes from tests/; keep any PYTHONPATH already set (a checkout's own code first)
     python_path = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
-    result = run_simulator(job_dir, workspace, n_clients=n, threads=t, timeout=SIM_TIMEOUT,
-                           env={"PYTHONPATH": python_path, **(env or {})})
-    return result
+    return run_simulator(job_dir, workspace, n_clients=n, threads=t, timeout=SIM_TIMEOUT,
+                         env={"PYTHONPATH": python_path, **(env or {})}, **options)
 
 
 def load_results(sim):
@@ -300,3 +299,23 @@ def test_too_few_sites_left_ends_the_job_with_a_clear_message(tmp_path, cache_di
     assert [r["round"] for r in results["rounds"]] == [0, 1] and results["final"] is None
     assert results["rounds"][1]["absent"] == ["site-3"]
     assert results["stopped"].startswith("round 1: 2 of 3 sites answered")
+
+
+def test_a_named_run_killed_mid_run_resumes_and_matches_one_that_never_stopped(tmp_path, cache_dir):
+    job = make_job("fedce", str(tmp_path / "job"), {"num_rounds": 4, "eval_every": 2, "run_name": "trial"})
+    reference = load_results(run(job, str(tmp_path / "reference"), env={"FAIRFL_STATE_ROOT": str(tmp_path / "s0")}))
+    env = {"FAIRFL_STATE_ROOT": str(tmp_path / "state")}
+    killed = run(job, str(tmp_path / "ws"), env=env, kill_after_round=1)  # the server dies after round 2 of 4
+    assert killed.returncode != 0 and json.load(open(killed.results_path))["final"] is None
+    assert os.path.exists(tmp_path / "state" / "server" / "trial" / "checkpoint.pt")
+    assert os.path.exists(tmp_path / "state" / "site-1" / "trial" / "local_model.pt")  # FedCE's previous model
+    resumed = load_results(run(job, str(tmp_path / "ws"), env=env))
+    assert resumed["resumed"] in (1, 2)  # the checkpoint of round 1, or of round 0 if killed before writing it
+    assert [r["round"] for r in resumed["rounds"]] == [0, 1, 2, 3]
+    for ours, theirs in zip(resumed["rounds"][2:], reference["rounds"][2:]):
+        assert ours["weights"] == pytest.approx(theirs["weights"], abs=1e-9)
+        assert ours["contributions"] == pytest.approx(theirs["contributions"], abs=1e-9)
+        for site in theirs["train"]:
+            assert ours["train"][site]["train_loss"] == pytest.approx(theirs["train"][site]["train_loss"], abs=1e-9)
+    for site, metrics in reference["final"]["per_site"].items():
+        assert resumed["final"]["per_site"][site]["dice"] == pytest.approx(metrics["dice"], abs=1e-9)

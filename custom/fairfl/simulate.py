@@ -10,6 +10,7 @@ import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -54,10 +55,13 @@ def nvflare_command() -> list:
 
 
 def run_simulator(job: str, workspace: str, n_clients: int = 6, threads: int | None = None, env: dict = None,
-                  timeout: float | None = None, keep_workspace: bool = False) -> SimulatorRun:
+                  timeout: float | None = None, keep_workspace: bool = False,
+                  kill_after_round: int | None = None) -> SimulatorRun:
     """Run `nvflare simulator JOB -w WORKSPACE -n N -t T` and return what it left.
 
-    The workspace is emptied first unless keep_workspace (e.g. to keep a prepared `local/resources.json`)."""
+    The workspace is emptied first unless keep_workspace (e.g. to keep a prepared `local/resources.json`).
+    kill_after_round: kill the whole simulator (server and sites, SIGKILL) as soon as its results file records
+    that round: a server that dies mid-run, for resume drills and tests."""
     if os.path.exists(workspace) and not keep_workspace:
         shutil.rmtree(workspace)
     os.makedirs(workspace, exist_ok=True)
@@ -66,10 +70,37 @@ def run_simulator(job: str, workspace: str, n_clients: int = 6, threads: int | N
     started = time.time()
     # the simulator empties its workspace at start, so the output is written beside it and moved in after
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as log:
-        proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                              timeout=timeout)
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                start_new_session=True)
+        try:
+            returncode = _wait(proc, workspace, timeout, kill_after_round)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     shutil.move(log.name, os.path.join(workspace, SIMULATOR_OUTPUT))
-    return SimulatorRun(workspace, proc.returncode, time.time() - started, collect_errors(workspace))
+    return SimulatorRun(workspace, returncode, time.time() - started, collect_errors(workspace))
+
+
+def _wait(proc, workspace: str, timeout: float | None, kill_after_round: int | None) -> int:
+    """The simulator's exit code; raises subprocess.TimeoutExpired after `timeout` seconds (the finally above kills
+    it). With kill_after_round, polls the results file and kills the process group once that round is in."""
+    if kill_after_round is None:
+        return proc.wait(timeout=timeout)
+    deadline = time.time() + (timeout or float("inf"))
+    results = os.path.join(workspace, SIMULATOR_RESULTS)
+    while proc.poll() is None:
+        if time.time() > deadline:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        try:
+            rounds = json.load(open(results))["rounds"]
+        except (OSError, ValueError, KeyError):
+            rounds = []
+        if any(r["round"] >= kill_after_round for r in rounds):
+            os.killpg(proc.pid, signal.SIGKILL)
+            return proc.wait()
+        time.sleep(0.2)
+    return proc.returncode
 
 
 def collect_errors(workspace: str) -> dict:

@@ -35,6 +35,7 @@ GLOBAL_MODEL_FILE = "global_model.pt"
 MAIN_METRIC = {"segmentation": "dice", "classification": "auc"}  # the results file's `metric`, per task
 DEFAULT_MODEL = {"segmentation": "unet", "classification": "cnn"}
 METHOD_STATE_FILE = "method_state.json"
+CHECKPOINT_FILE = "checkpoint.pt"
 
 
 class SiteUpdate(NamedTuple):
@@ -83,7 +84,8 @@ class FairRoundController(ModelController):
                  task_timeout: int = 3600, seed: int = 0, data_seed: int = 0, dataset: str = "prostate",
                  num_classes=None, in_channels=None, model=None, model_channels=None,
                  model_strides=(2, 2, 2), model_norm=None, weighting: str = "samples", free_riders=0,
-                 exclude_sites=None, preset: str = "", task_check_period: float = 0.5, straggler_timeout: int = 600):
+                 exclude_sites=None, preset: str = "", task_check_period: float = 0.5, straggler_timeout: int = 600,
+                 run_name: str = ""):
         """
         Args:
             num_rounds: communication rounds (the paper: 200; CPU default 20).
@@ -115,13 +117,18 @@ class FairRoundController(ModelController):
             straggler_timeout: once `min_clients` sites have answered a task, wait at most this many more seconds
                 for the others; those still missing are recorded as `absent` for the round (a crashed or
                 disconnected site). With min_clients 0 every site must answer within task_timeout.
+            run_name: "" = an ordinary run. A name makes the run resumable: after every round the server keeps a
+                checkpoint (round, global model, the method's state, the results so far) and the sites keep their
+                state (local models) under that name outside the job's folder; the same job submitted again after a
+                server restart continues from the last completed round. Its settings must be unchanged
+                (num_rounds may grow).
         """
         super().__init__(persistor_id="", task_check_period=task_check_period)
         if weighting not in ("samples", "uniform"):
             raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
         self.num_rounds, self.eval_every, self.min_clients = num_rounds, eval_every, min_clients
         self.task_timeout, self.seed, self.data_seed = task_timeout, seed, data_seed
-        self.straggler_timeout = int(straggler_timeout)
+        self.straggler_timeout, self.run_name = int(straggler_timeout), run_name
         data = builtin_dataset(dataset)
         self.dataset, self.task = dataset, data.task
         self.metric = MAIN_METRIC[self.task]
@@ -150,16 +157,23 @@ class FairRoundController(ModelController):
                                                   len(sites) - len(self.free_rider_sites)),
                           protocol.DATA_SEED: self.data_seed,
                           protocol.FREE_RIDERS: {s: sites[0] for s in self.free_rider_sites}}
+        if self.run_name:
+            self.task_meta[protocol.RUN_NAME] = self.run_name
         run_dir = self.get_run_dir()
         self.results = ResultsLog(os.path.join(run_dir, RESULTS_FILE), method=self.method, task=self.task,
                                   metric=self.metric, seed=self.seed, sites=sites, config=self.config())
         self.writers = {}
         self.tb_dir = os.path.join(run_dir, "tb_events")
         global_state = initial_state(self.model_spec(), self.seed)
-        self.info(f"{self.method}: {self.num_rounds} rounds on {len(sites)} sites; results -> "
+        first_round = 0
+        if self.run_name:
+            checkpoint = self._load_checkpoint()
+            if checkpoint:
+                global_state, first_round = checkpoint["global_state"], checkpoint["round"] + 1
+        self.info(f"{self.method}: rounds {first_round}..{self.num_rounds - 1} on {len(sites)} sites; results -> "
                   f"{self.results.path}")
         per_site = None
-        for round_num in range(self.num_rounds):
+        for round_num in range(first_round, self.num_rounds):
             started, self.absent = time.time(), []
             updates, rejected, train_metrics = self._train_round(round_num, global_state)
             if self.abort_signal.triggered:
@@ -190,8 +204,12 @@ class FairRoundController(ModelController):
             if self.start_from == protocol.FROM_GLOBAL:
                 torch.save(state_to_torch(global_state), os.path.join(run_dir, GLOBAL_MODEL_FILE))
             self._save_method_state(run_dir, round_num)
+            if self.run_name:
+                self._save_checkpoint(round_num, global_state)
         if per_site:
             final = self.results.finish(per_site, **self.final_extras())
+            if self.run_name:  # with the final record: submitting the finished run again changes nothing
+                self._save_checkpoint(self.num_rounds - 1, global_state)
             self.info(f"final: mean {self.metric} {final.get('mean', float('nan')):.4f} std {final.get('std', float('nan')):.4f}"
                       f"; results: {self.results.path}")
         for writer in self.writers.values():
@@ -308,6 +326,44 @@ class FairRoundController(ModelController):
             json.dump({"method": self.method, "round": round_num, "state": state}, f, indent=1)
         os.replace(path + ".tmp", path)
 
+    def _checkpoint_path(self) -> str:
+        root = self.engine.get_workspace().get_root_dir()
+        return os.path.join(protocol.run_state_dir(root, "server", self.run_name), CHECKPOINT_FILE)
+
+    def _save_checkpoint(self, round_num, global_state) -> None:
+        """Everything the next round needs, in one file replaced atomically: a crash keeps the previous one."""
+        path = self._checkpoint_path()
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        checkpoint = {"round": round_num, "config": self.config(), "method_state": self.method_state(),
+                      "global_state": state_to_torch(global_state), "results": self.results.data}
+        torch.save(checkpoint, path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+    def _load_checkpoint(self) -> dict | None:
+        """The named run's checkpoint, loaded into the controller (method state, results so far); None if the
+        run is new. A checkpoint of other settings is refused: resuming must not mix runs."""
+        path = self._checkpoint_path()
+        if not os.path.exists(path):
+            self.info(f"run {self.run_name!r}: no checkpoint at {path}; starting at round 0")
+            return None
+        checkpoint = torch.load(path, weights_only=False)
+        saved, current = checkpoint["config"], self.config()
+        differing = sorted(k for k in set(saved) | set(current) if k != "num_rounds" and saved.get(k) != current.get(k))
+        if differing or checkpoint["results"]["method"] != self.method:
+            raise ValueError(f"run {self.run_name!r}: the checkpoint {path} was made with other settings "
+                             f"({', '.join(differing) or 'method'}); choose another run_name or delete it")
+        if checkpoint["method_state"] is not None:
+            self.load_method_state(checkpoint["method_state"])
+        self.results.data.update(rounds=checkpoint["results"]["rounds"], final=checkpoint["results"]["final"],
+                                 resumed=checkpoint["round"] + 1)
+        self.results.write()
+        self.info(f"run {self.run_name!r}: resuming after round {checkpoint['round']} from {path}")
+        return {"round": checkpoint["round"], "global_state": state_to_numpy(checkpoint["global_state"])}
+
+    def load_method_state(self, state: dict) -> None:
+        """Restore what `method_state` returned (methods that have state override both)."""
+        raise NotImplementedError(f"{type(self).__name__} has no method state to restore")
+
     # --- plumbing ----------------------------------------------------------------------------------------
     def model_spec(self) -> dict:
         name = self.model or DEFAULT_MODEL[self.task]
@@ -321,7 +377,7 @@ class FairRoundController(ModelController):
         return spec
 
     def config(self) -> dict:
-        keys = ["num_rounds", "eval_every", "min_clients", "task_timeout", "straggler_timeout", "seed", "data_seed", "dataset", "task",
+        keys = ["num_rounds", "eval_every", "min_clients", "task_timeout", "straggler_timeout", "run_name", "seed", "data_seed", "dataset", "task",
                 "num_classes", "in_channels", "model", "model_channels", "model_strides", "model_norm", "weighting",
                 "exclude_sites", "preset"]
         return {"controller": type(self).__name__, **{k: getattr(self, k) for k in keys},

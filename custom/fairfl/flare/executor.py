@@ -105,7 +105,7 @@ class FairflExecutor(Executor):
             task = FLModelUtils.from_shareable(shareable)
             apply_preset(self, self.preset, self._task(task.meta))
             configure_threads(self.num_threads)
-            result = handlers[task_name](site, task, self._state_dir(fl_ctx))
+            result = handlers[task_name](site, task, self._state_dir(fl_ctx, task.meta or {}))
         except DataError as e:
             self.log_error(fl_ctx, f"bad data: {e}")
             return make_reply(ReturnCode.BAD_TASK_DATA)
@@ -297,6 +297,10 @@ class FairflExecutor(Executor):
                                   size_scale=self.synthetic_size_scale))
 
     @staticmethod
-    def _state_dir(fl_ctx) -> str:
+    def _state_dir(fl_ctx, meta: dict) -> str:
+        """This site's state (its local model): in the job's run directory, or for a named run where a
+        resubmitted job finds it (protocol.run_state_dir)."""
         workspace = fl_ctx.get_engine().get_workspace()
+        if meta.get(protocol.RUN_NAME):
+            return protocol.run_state_dir(workspace.get_root_dir(), fl_ctx.get_identity_name(), meta[protocol.RUN_NAME])
         return os.path.join(workspace.get_run_dir(fl_ctx.get_job_id()), "fairfl_site")

@@ -1,5 +1,7 @@
 """Names shared by the server controllers and the client executor: task names and task-meta keys."""
 
+import os
+
 TASK_TRAIN = "train"
 TASK_VALIDATE = "validate"
 TASK_CKA = "cka"
@@ -20,6 +22,7 @@ SALT_RHO = "salt_rho"            # FedISM(+): train with GSAM (SALT) at this sea
 SALT_ALPHA = "salt_alpha"        # ... and this surrogate-gap weight alpha
 SHARPNESS_RHO = "sharpness_rho"  # FedISM(+): before training, measure the sharpness of the model sent at this rho
 MEASURE_LOSS = "measure_loss"    # q-FedAvg: before training, measure the loss of the model sent (True)
+RUN_NAME = "run_name"            # a named (resumable) run: sites keep their state in run_state_dir(...) of it
 
 # site -> server
 NUM_SAMPLES = "num_samples"
@@ -32,3 +35,16 @@ GLOBAL_LOSS = "global_loss"      # q-FedAvg: mean loss of the model sent over th
 LR = "lr"                        # the site's local learning rate (q-FedAvg's L = 1 / lr)
 
 LOCAL_MODEL_FILE = "local_model.pt"
+
+STATE_ROOT_ENV = "FAIRFL_STATE_ROOT"
+
+
+def run_state_dir(workspace_root: str, participant: str, run_name: str) -> str:
+    """Where the server's checkpoint or a site's state of the named run `run_name` lives: outside the job's run
+    directory, so a resubmitted job (a new job id after a server restart) finds it. Default
+    `<participant's workspace>/fairfl_runs/<run_name>`; FAIRFL_STATE_ROOT moves it to `<root>/<participant>/<run_name>`
+    (the simulator wipes its workspace at every start)."""
+    root = os.environ.get(STATE_ROOT_ENV)
+    if root:
+        return os.path.join(root, participant, run_name)
+    return os.path.join(workspace_root, "fairfl_runs", run_name)
