@@ -199,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job")
     p.add_argument("out")
     p.set_defaults(func=_export_job)
+
+    from fairfl.deploy.commands import add_commands
+    add_commands(sub)
     return parser
 
 
