@@ -71,6 +71,14 @@ def start(kit: str, kind: str, org: str) -> subprocess.Popen:
         return subprocess.Popen(command, cwd=kit, env=site_env(), stdout=log, stderr=subprocess.STDOUT)
 
 
+def fairfl(*args, env=None, timeout=300) -> str:
+    """Run `fairfl ARGS` as a user would; its output (it must succeed)."""
+    proc = subprocess.run([sys.executable, "-m", "fairfl.cli", *args], env=env or site_env(), capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, f"fairfl {' '.join(args)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
 def kill_processes_under(folder: str) -> None:
     """Kill every process whose command line names `folder` (all of them started by this test)."""
     folder = str(folder)
@@ -206,8 +214,7 @@ def cleanup(tmp_path):
 def exported(tmp_path, name, **client_extra) -> str:
     job = make_job("fedlwr", str(tmp_path / "jobs" / f"{name}_full"), client_extra=client_extra or None)
     out = tmp_path / "jobs" / name
-    subprocess.run([sys.executable, "-m", "fairfl.cli", "export-job", job, str(out)], check=True,
-                   capture_output=True, env=site_env())
+    fairfl("export-job", job, str(out))
     return str(out)
 
 
@@ -233,14 +240,17 @@ def test_provisioned_mtls_federation_runs_fedlwr_refuses_a_foreign_site_and_an_u
     try:
         wait_for_clients(admin_kit, user, ["site-1", "site-2"])
         started = time.time()
-        good = admin.submit(admin_kit, exported(tmp_path, "fedlwr"), user)
+        out = fairfl("submit", exported(tmp_path, "fedlwr"), "--admin", admin_kit, "--no-wait")
+        good = re.search(r"^job (\S+) submitted$", out, re.M).group(1)
         # the sites' allow-list admits fairfl., not the test's fault filter: they must refuse to build it
         bad = admin.submit(admin_kit, exported(tmp_path, "unlisted", task_result_filters=[
             {"tasks": ["train"], "filters": [{"path": "faults.CorruptResult", "args": {"site": "x"}}]}]), user)
         assert admin.wait(admin_kit, good, JOB_TIMEOUT, user) == admin.COMPLETED
         print(f"fedlwr job: {time.time() - started:.0f} s")
-        folder = admin.download(admin_kit, good, str(tmp_path / "downloads"), user)
-        results = json.load(open(admin.find_results(folder)))
+        out = fairfl("download", good, "--admin", admin_kit, "-o", str(tmp_path / "downloads"))
+        folder = tmp_path / "downloads" / good
+        assert f"job workspace: {folder}" in out and (folder / "report" / "report.md").is_file()
+        results = json.load(open(admin.find_results(str(folder))))
         assert results["method"] == "fedlwr" and results["sites"] == ["site-1", "site-2"]
         assert [r["round"] for r in results["rounds"]] == [0, 1]
         assert set(results["final"]["per_site"]) == {"site-1", "site-2"}
@@ -274,19 +284,16 @@ def test_poc_commands_prepare_start_submit_download_stop_clean(tmp_path, cache_d
     # nvflare poc keeps its settings in ~/.nvflare: a home of the test's own
     env = site_env(HOME=str(tmp_path / "home"), NVFLARE_POC_WORKSPACE=str(workspace))
 
-    def fairfl(*args, timeout=300):
-        proc = subprocess.run([sys.executable, "-m", "fairfl.cli", "poc", *args], env=env, capture_output=True,
-                              text=True, timeout=timeout)
-        assert proc.returncode == 0, f"fairfl poc {' '.join(args)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        return proc.stdout
+    def poc(*args):
+        return fairfl("poc", *args, env=env)
 
     port = free_port()
-    fairfl("prepare", "-n", "2", "--port", str(port))
+    poc("prepare", "-n", "2", "--port", str(port))
     site_resources = json.loads((workspace / "fairfl" / "prod_00" / "site-1" / "local" / "resources.json").read_text())
     assert "fairfl." in site_resources["class_allow_list"]
     started = False
     try:
-        fairfl("start", "--timeout", "120")
+        poc("start", "--timeout", "120")
         started = True
         if shutil.which("ss"):  # the server port is bound on loopback only
             listening = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout
@@ -294,11 +301,11 @@ def test_poc_commands_prepare_start_submit_download_stop_clean(tmp_path, cache_d
             assert ours and all("127.0.0.1:" in line for line in ours), ours
 
         t0 = time.time()
-        out = fairfl("submit", make_job("fedavg", str(tmp_path / "fedavg")), "--timeout", str(JOB_TIMEOUT))
+        out = poc("submit", make_job("fedavg", str(tmp_path / "fedavg")), "--timeout", str(JOB_TIMEOUT))
         print(f"POC fedavg job: {time.time() - t0:.0f} s")
         job_id, status = re.search(r"^job (\S+): (\S+)$", out, re.M).groups()
         assert status == "FINISHED:COMPLETED", out
-        out = fairfl("download")  # the last job submitted
+        out = poc("download")  # the last job submitted
         folder = tmp_path / "poc-results" / job_id
         assert str(folder) in out and "| FedAvg |" in out
         results = json.load(open(admin.find_results(str(folder))))
@@ -306,8 +313,8 @@ def test_poc_commands_prepare_start_submit_download_stop_clean(tmp_path, cache_d
         assert (folder / "report" / "report.md").is_file()
     finally:
         if started:
-            fairfl("stop")
-    fairfl("clean")
+            poc("stop")
+    poc("clean")
     assert not workspace.exists()
 
 
