@@ -103,6 +103,12 @@ def _export_job(args) -> int:
         print(f"{args.out} exists; not overwriting", file=sys.stderr)
         return 1
     shutil.copytree(args.job, args.out, ignore=shutil.ignore_patterns("custom", "__pycache__"))
+    if args.gpus is not None:  # every site's resource manager must lend this many GPUs before the job starts
+        meta_path = os.path.join(args.out, "meta.json")
+        meta = json.load(open(meta_path))
+        meta["resource_spec"] = {"@default": {"num_of_gpus": args.gpus}}
+        with open(meta_path, "w") as f:
+            json.dump(meta, f, indent=2)
     print(f"exported {args.job} -> {args.out} (no app/custom: sites must allow-list 'fairfl.')")
     return 0
 
@@ -198,7 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export-job", help="copy a job for POC/production sites that forbid bring-your-own-code")
     p.add_argument("job")
     p.add_argument("out")
+    p.add_argument("--gpus", type=int, help="GPUs each site must lend the job (meta.json resource_spec)")
     p.set_defaults(func=_export_job)
+
+    from fairfl.deploy.commands import add_commands
+    add_commands(sub)
     return parser
 
 

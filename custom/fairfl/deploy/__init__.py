@@ -1,0 +1,1 @@
+"""Deployment helpers: POC federations, completing provisioned startup kits, submitting jobs, the dashboard."""

@@ -1,0 +1,150 @@
+"""`fairfl poc ...`, `fairfl submit`, `fairfl download`, `fairfl provision-complete`, `fairfl dashboard`."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import sys
+
+
+def _fail(command: str, error: Exception) -> int:
+    print(f"fairfl {command}: {error}", file=sys.stderr)
+    return 1
+
+
+def _poc(args) -> int:
+    from fairfl.deploy import poc
+
+    try:
+        if args.action == "prepare":
+            ws = poc.prepare(args.n_sites, args.port)
+            print(f"POC workspace {ws}: server localhost:{args.port} (127.0.0.1 only), sites "
+                  f"site-1..site-{args.n_sites}, admin {poc.ADMIN}; class allow-list admits 'fairfl.'\n"
+                  f"next: fairfl poc start")
+        elif args.action == "start":
+            poc.start(args.timeout)
+            print(f"POC federation running from {poc.workspace()}\nnext: fairfl poc submit jobs/fedlwr")
+        elif args.action == "submit":
+            job_id, status = poc.submit(args.job, wait=not args.no_wait, timeout=args.timeout)
+            print(f"job {job_id}" + (f": {status}" if status else " submitted"))
+            if status and status != "FINISHED:COMPLETED":
+                print(f"logs: fairfl poc download {job_id} (the server's and sites' logs are in it)", file=sys.stderr)
+                return 1
+            print(f"next: fairfl poc download {job_id}")
+        elif args.action == "download":
+            folder, report = poc.download(args.job_id, args.out)
+            print(f"{report['table']}\n\njob workspace: {folder}\nreport:        {report['report']}")
+        elif args.action == "stop":
+            poc.stop()
+        elif args.action == "clean":
+            poc.clean()
+    except (OSError, RuntimeError, ValueError) as e:
+        return _fail(f"poc {args.action}", e)
+    except Exception as e:  # the admin API's own errors: no connection, authorization, job timeout
+        return _fail(f"poc {args.action}", f"{type(e).__name__}: {e}")
+    return 0
+
+
+def _submit(args) -> int:
+    from fairfl.deploy import admin
+
+    try:
+        job_id = admin.submit(args.admin, args.job, args.user)
+        print(f"job {job_id} submitted", flush=True)
+        if args.no_wait:
+            return 0
+        status = admin.wait(args.admin, job_id, args.timeout, args.user)
+    except Exception as e:
+        return _fail("submit", f"{type(e).__name__}: {e}")
+    print(f"job {job_id}: {status}\nnext: fairfl download {job_id} --admin {args.admin}")
+    return 0 if status == admin.COMPLETED else 1
+
+
+def _download(args) -> int:
+    from fairfl.deploy import admin
+    from fairfl.report import make_report
+
+    try:
+        folder = admin.download(args.admin, args.job_id, args.out, args.user)
+        report = make_report([admin.find_results(folder)], os.path.join(folder, "report"))
+    except Exception as e:
+        return _fail("download", f"{type(e).__name__}: {e}")
+    print(f"{report['table']}\n\njob workspace: {folder}\nreport:        {report['report']}")
+    return 0
+
+
+def _provision_complete(args) -> int:
+    from fairfl.deploy.kits import complete_kits
+
+    try:
+        done = complete_kits(args.kits, args.storage)
+    except (OSError, ValueError) as e:
+        return _fail("provision-complete", e)
+    for kit, kind in done.items():
+        print(f"{kind:6} {kit}: local/resources.json (allow-list + 'fairfl.'), local/authorization.json")
+    return 0
+
+
+def _dashboard(args) -> int:
+    from fairfl.deploy.dashboard import serve
+
+    password = None
+    if args.admin and not os.path.exists(os.path.join(args.root, "db.sqlite")):
+        password = os.environ.get("FAIRFL_DASHBOARD_PASSWORD") or getpass.getpass(f"password for {args.admin}: ")
+    try:
+        serve(args.root, args.port, args.admin, password, args.org)
+    except ValueError as e:
+        return _fail("dashboard", e)
+    return 0
+
+
+def add_commands(sub) -> None:
+    """Register the deployment subcommands on the `fairfl` parser's subparsers."""
+    p = sub.add_parser("poc", help="a POC federation on this machine (127.0.0.1 only): prepare, start, submit, "
+                                   "download, stop, clean; workspace $NVFLARE_POC_WORKSPACE or workspaces/poc")
+    actions = p.add_subparsers(dest="action", required=True)
+    a = actions.add_parser("prepare", help="provision the server and N sites, allow-list the fairfl package")
+    a.add_argument("-n", "--n-sites", type=int, default=2)
+    a.add_argument("--port", type=int, default=8002, help="server port on 127.0.0.1 (default 8002)")
+    a = actions.add_parser("start", help="start the server and the sites in the background")
+    a.add_argument("--timeout", type=int, default=120, help="seconds to wait for the sites to connect")
+    a = actions.add_parser("submit", help="submit a job (without app/custom: not BYOC) and wait for it")
+    a.add_argument("job", help="job folder, e.g. jobs/fedlwr")
+    a.add_argument("--no-wait", action="store_true")
+    a.add_argument("--timeout", type=float, default=0.0, help="seconds to wait (0: until it ends)")
+    a = actions.add_parser("download", help="download a job's workspace and write its report")
+    a.add_argument("job_id", nargs="?", help="default: the last one submitted")
+    a.add_argument("-o", "--out", help="folder (default: <POC workspace>-results)")
+    actions.add_parser("stop", help="stop the server and the sites")
+    actions.add_parser("clean", help="delete the POC workspace (stop first)")
+    p.set_defaults(func=_poc)
+
+    for name, what in (("submit", "submit a job to a federation as an admin, and wait for it"),
+                       ("download", "download a finished job's workspace and write its report")):
+        p = sub.add_parser(name, help=what)
+        if name == "submit":
+            p.add_argument("job", help="job folder; any app/custom folder is left out (not BYOC)")
+            p.add_argument("--no-wait", action="store_true")
+            p.add_argument("--timeout", type=float, default=0.0, help="seconds to wait (0: until it ends)")
+            p.set_defaults(func=_submit)
+        else:
+            p.add_argument("job_id")
+            p.add_argument("-o", "--out", default=".", help="folder to download into (default: here)")
+            p.set_defaults(func=_download)
+        p.add_argument("--admin", required=True, metavar="KIT", help="your admin startup kit folder")
+        p.add_argument("--user", help="admin user name (default: the kit's folder name)")
+
+    p = sub.add_parser("provision-complete", help="allow-list fairfl and set the authorization policy in the "
+                                                  "startup kits of `nvflare provision` (local/ only)")
+    p.add_argument("kits", help="the provisioned folder holding the kits, e.g. workspace/fairfl/prod_00")
+    p.add_argument("--storage", help="server job storage (default <server kit>/storage)")
+    p.set_defaults(func=_provision_complete)
+
+    p = sub.add_parser("dashboard", help="run the FLARE dashboard on 127.0.0.1 (a workstation; for a real "
+                                         "deployment use its container: nvflare dashboard --start)")
+    p.add_argument("--root", default=os.path.join("workspaces", "dashboard"), help="database folder")
+    p.add_argument("--port", type=int, default=8443)
+    p.add_argument("--admin", metavar="EMAIL", help="project admin, first start only (password: "
+                                                    "$FAIRFL_DASHBOARD_PASSWORD or asked)")
+    p.add_argument("--org", default="fairfl", help="project admin's organisation, first start only")
+    p.set_defaults(func=_dashboard)

@@ -1,0 +1,118 @@
+"""A proof-of-concept federation on this machine: NVFlare's `nvflare poc` with our settings.
+
+- the server is named `localhost`, so the server and every site listen on 127.0.0.1 only;
+- each site's (and the server's) class allow-list admits the installed `fairfl` package, and the
+  authorization policy is the production one (only the project admin submits, nobody has BYOC);
+- jobs are submitted without `app/custom/` (not BYOC), through the admin API, as the project admin.
+
+The workspace is `$NVFLARE_POC_WORKSPACE`, else `workspaces/poc` under the current folder. Site processes
+inherit this environment: `FAIRFL_DATA_ROOT` (default: built-in synthetic data), `FAIRFL_CACHE_DIR`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+
+import yaml
+
+from fairfl.deploy import admin
+from fairfl.deploy.kits import complete_kits
+
+PROJECT = "fairfl"
+ADMIN = "admin@fairfl.org"
+LAST_JOB = "last_job_id"
+
+
+def workspace() -> str:
+    return os.path.abspath(os.environ.get("NVFLARE_POC_WORKSPACE") or os.path.join("workspaces", "poc"))
+
+
+def prod_dir(ws: str | None = None) -> str:
+    return os.path.join(ws or workspace(), PROJECT, "prod_00")
+
+
+def admin_kit(ws: str | None = None) -> str:
+    kit = os.path.join(prod_dir(ws), ADMIN)
+    if not os.path.isdir(kit):
+        raise FileNotFoundError(f"no POC admin kit at {kit}: run `fairfl poc prepare` first")
+    return kit
+
+
+def project(n_sites: int, port: int = 8002) -> dict:
+    """A POC project.yml: server `localhost` (loopback only), one project admin, sites site-1..site-N."""
+    if n_sites < 1:
+        raise ValueError(f"need at least one site, got {n_sites}")
+    participants = [{"name": "localhost", "type": "server", "org": "fairfl", "fed_learn_port": port},
+                    {"name": ADMIN, "type": "admin", "org": "fairfl", "role": "project_admin"}]
+    participants += [{"name": f"site-{i}", "type": "client", "org": "fairfl"} for i in range(1, n_sites + 1)]
+    return {"api_version": 3, "name": PROJECT, "description": "fairfl POC federation on 127.0.0.1",
+            "participants": participants,
+            "builders": [{"path": "nvflare.lighter.impl.workspace.WorkspaceBuilder",
+                          "args": {"template_file": ["master_template.yml"]}},
+                         {"path": "nvflare.lighter.impl.static_file.StaticFileBuilder",
+                          "args": {"config_folder": "config"}},
+                         {"path": "nvflare.lighter.impl.cert.CertBuilder"},
+                         {"path": "nvflare.lighter.impl.signature.SignatureBuilder"}]}
+
+
+def _nvflare(*args, ws: str | None = None, timeout: float = 300) -> None:
+    from fairfl.simulate import nvflare_command
+
+    env = {**os.environ, "NVFLARE_POC_WORKSPACE": ws or workspace()}
+    proc = subprocess.run(nvflare_command() + ["poc", *args], env=env, timeout=timeout, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`nvflare poc {' '.join(args)}` failed with exit code {proc.returncode} (see above)")
+
+
+def prepare(n_sites: int = 2, port: int = 8002) -> str:
+    """Provision a fresh POC workspace (replacing any stopped one) and complete its kits; the workspace."""
+    ws = workspace()
+    with tempfile.TemporaryDirectory() as tmp:  # not inside the workspace, which nvflare empties first
+        project_file = os.path.join(tmp, "project.yml")
+        with open(project_file, "w") as f:
+            yaml.safe_dump(project(n_sites, port), f, sort_keys=False)
+        _nvflare("prepare", "-i", project_file, "--force", ws=ws)
+    complete_kits(prod_dir(ws), storage=os.path.join(ws, "storage"))
+    return ws
+
+
+def start(timeout: int = 120) -> None:
+    """Start the server and every site (background processes); returns once they are connected."""
+    admin_kit()
+    _nvflare("start", "--timeout", str(timeout), timeout=timeout + 60)
+
+
+def stop() -> None:
+    _nvflare("stop")
+
+
+def clean() -> None:
+    _nvflare("clean")
+
+
+def submit(job: str, wait: bool = True, timeout: float = 0.0) -> tuple:
+    """Submit a job as the project admin; (job id, final status or None when not waiting)."""
+    kit = admin_kit()
+    job_id = admin.submit(kit, job)
+    with open(os.path.join(workspace(), LAST_JOB), "w") as f:
+        f.write(job_id)
+    return job_id, (admin.wait(kit, job_id, timeout) if wait else None)
+
+
+def last_job_id() -> str:
+    path = os.path.join(workspace(), LAST_JOB)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no job submitted from {workspace()} yet: give the job id")
+    return open(path).read().strip()
+
+
+def download(job_id: str | None = None, out: str | None = None) -> tuple:
+    """Download a job (default: the last submitted) and write its report; (downloaded folder, report dict)."""
+    from fairfl.report import make_report
+
+    job_id = job_id or last_job_id()
+    out = os.path.abspath(out or os.path.join(workspace().rstrip("/") + "-results"))
+    folder = admin.download(admin_kit(), job_id, out)
+    results = admin.find_results(folder)
+    return folder, make_report([results], os.path.join(folder, "report"))
