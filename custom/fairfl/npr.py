@@ -93,6 +93,9 @@ def balanced_assignment(plan: torch.Tensor) -> torch.Tensor:
             continue
         assignment[sample] = cluster
         filled[cluster] += 1
+        n -= 1
+        if n == 0:  # all placed
+            break
     return torch.from_numpy(assignment)
 
 
