@@ -77,7 +77,11 @@ def classification_metrics(labels, probs) -> dict:
 
     Prediction: argmax of probs. Balanced accuracy is scikit-learn's (mean recall over the classes present in
     the labels; a predicted class with no test example only lowers the recall of the true classes). AUC:
-    `macro_ovr_auc`. Every value NaN with no samples."""
+    `macro_ovr_auc`. Every value NaN with no samples.
+
+    These are FedNPR's per-site metrics as they stand: bACC (mean per-class accuracy, i.e. recall) is
+    "balanced_accuracy" and bAUC (mean per-class AUC) is "auc"; on a site's own test set both average over
+    the classes that test set has, so a class the site lacks neither counts nor yields NaN."""
     labels = np.asarray(labels).reshape(-1).astype(np.int64)
     probs = np.asarray(probs, dtype=np.float64)
     if labels.size == 0:

@@ -38,7 +38,9 @@ def _run(args) -> int:
 GENERATORS = {"prostate": "fairfl.data.synthetic_prostate:generate_prostate_sites",
               "fundus": "fairfl.data.synthetic_fundus:generate_fundus_sites",
               "skin": "fairfl.data.synthetic_classification:generate_skin_sites",
-              "ich": "fairfl.data.synthetic_classification:generate_ich_sites"}
+              "ich": "fairfl.data.synthetic_classification:generate_ich_sites",
+              "skin_imbalanced": "fairfl.data.imbalanced:generate_skin_imbalanced_sites",
+              "ich_imbalanced": "fairfl.data.imbalanced:generate_ich_imbalanced_sites"}
 
 
 def _import(target: str):

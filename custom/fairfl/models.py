@@ -4,6 +4,7 @@ server can send one spec to every site and all of them build the same architectu
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -55,6 +56,49 @@ def build_model(spec: dict) -> torch.nn.Module:
         width = channels
     layers += [torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(width, spec["num_classes"])]
     return torch.nn.Sequential(*layers)
+
+
+def classifier_head(model: torch.nn.Module) -> tuple[str, torch.nn.Linear]:
+    """(name, module) of a classification network's final linear classifier: MONAI ResNet's `fc`, the small
+    CNN's last layer. Everything else is the feature extractor, shared by FedNPR-Per while each site keeps its
+    own head. Found as the last nn.Linear registered, which in both networks is the layer forward ends with
+    (`forward_with_features` relies on it; the tests check head(features) == logits)."""
+    linears = [(name, module) for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    if not linears:
+        raise ValueError(f"{type(model).__name__} has no linear classifier head (a segmentation network?)")
+    return linears[-1]
+
+
+def head_state_keys(model: torch.nn.Module | dict) -> list[str]:
+    """The state-dict keys of the classifier head (a model, or a spec to build one): what FedNPR-Per leaves
+    out of aggregation. Every other key belongs to the feature extractor."""
+    model = build_model(model) if isinstance(model, dict) else model
+    name, head = classifier_head(model)
+    return [f"{name}.{key}" for key in head.state_dict()]
+
+
+@contextmanager
+def head_inputs(model: torch.nn.Module):
+    """While open, a one-element list holding the classifier head's input (the features) of the model's
+    latest forward pass: one forward gives logits and features, the features keeping their graph so that a
+    loss on them trains the extractor. Only the latest is kept, so an epoch does not pile up graphs."""
+    latest: list[torch.Tensor] = []
+
+    def keep(_module, args):
+        latest[:] = [args[0]]
+
+    handle = classifier_head(model)[1].register_forward_pre_hook(keep)
+    try:
+        yield latest
+    finally:
+        handle.remove()
+
+
+def forward_with_features(model: torch.nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features [B, d], logits [B, C]) from one forward pass: features are the input of the head."""
+    with head_inputs(model) as latest:
+        logits = model(images)
+    return latest[0], logits
 
 
 def _replace_batch_norms(model: torch.nn.Module, spec: dict) -> torch.nn.Module:

@@ -42,6 +42,12 @@ BUILTIN_DATASETS = {
     **{name: BuiltinDataset(name, "classification", channels, classes,
                             f"fairfl.data.synthetic_classification:ensure_builtin_{name}", min_sites=2)
        for name, channels, classes in (("skin", 3, 8), ("skin_blur", 3, 8), ("ich", 1, 5), ("ich_blur", 1, 5))},
+    # FedNPR's class imbalance with missing classes, every site its own test set, no corruption: the six
+    # Fed-ISIC2019 sources of its Table I (fixed, so six sites at most) and its ten-site ICH Dirichlet split
+    "skin_imbalanced": BuiltinDataset("skin_imbalanced", "classification", 3, 8,
+                                      "fairfl.data.imbalanced:ensure_builtin_skin_imbalanced", min_sites=6),
+    "ich_imbalanced": BuiltinDataset("ich_imbalanced", "classification", 1, 5,
+                                     "fairfl.data.imbalanced:ensure_builtin_ich_imbalanced", min_sites=10),
 }
 
 
