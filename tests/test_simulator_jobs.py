@@ -319,3 +319,23 @@ def test_a_named_run_killed_mid_run_resumes_and_matches_one_that_never_stopped(t
             assert ours["train"][site]["train_loss"] == pytest.approx(theirs["train"][site]["train_loss"], abs=1e-9)
     for site, metrics in reference["final"]["per_site"].items():
         assert resumed["final"]["per_site"][site]["dice"] == pytest.approx(metrics["dice"], abs=1e-9)
+
+
+def test_fednpr_per_trains_with_prototypes_and_keeps_the_heads_on_the_sites(tmp_path, cache_dir):
+    import torch
+
+    from fairfl.models import head_state_keys, initial_state
+
+    sim = run(make_job("fednpr_per", str(tmp_path / "job"), {"model_channels": [8, 16]}), str(tmp_path / "ws"))
+    results = load_results(sim)
+    assert results["method"] == "fednpr_per" and results["task"] == "classification"
+    for record in results["rounds"]:
+        assert set(record["train"]) == {"site-1", "site-2", "site-3"}
+        assert all(m["prototype_seconds"] > 0 for m in record["train"].values())
+        assert all(0.0 <= v["balanced_accuracy"] <= 1.0 for v in record["per_site"].values())
+    spec = {"name": "cnn", "in_channels": 3, "num_classes": 8, "channels": [8, 16]}
+    start = initial_state(spec, 0)
+    final = torch.load(os.path.join(os.path.dirname(sim.results_path), "global_model.pt"))
+    head = head_state_keys(spec)
+    assert all(torch.equal(final[k], torch.as_tensor(start[k])) for k in head)  # never aggregated
+    assert not all(torch.equal(final[k], torch.as_tensor(start[k])) for k in start if k not in head)

@@ -24,7 +24,8 @@ from fairfl.cka import parameter_layers
 from fairfl.contribution import COMBINE_MODES, ContributionState, flatten, gradient_terms
 from fairfl.data.builtin import builtin_dataset
 from fairfl.flare import protocol
-from fairfl.models import build_model, initial_state, state_to_numpy, state_to_torch
+from fairfl.models import build_model, head_state_keys, initial_state, state_to_numpy, state_to_torch
+from fairfl.npr import EPSILON, NPR_WEIGHT, NUM_SUBCLUSTERS, SINKHORN_ITERATIONS, TEMPERATURE
 from fairfl.presets import apply_preset, fill_task_defaults
 from fairfl.qffl import lipschitz_from_lr, qffl_aggregate
 from fairfl.saga import BETA, Q, SagaState, check_report, check_variant
@@ -159,6 +160,7 @@ class FairRoundController(ModelController):
                           protocol.FREE_RIDERS: {s: sites[0] for s in self.free_rider_sites}}
         if self.run_name:
             self.task_meta[protocol.RUN_NAME] = self.run_name
+        self.task_meta.update(self.site_meta())
         run_dir = self.get_run_dir()
         self.results = ResultsLog(os.path.join(run_dir, RESULTS_FILE), method=self.method, task=self.task,
                                   metric=self.metric, seed=self.seed, sites=sites, config=self.config())
@@ -309,6 +311,10 @@ class FairRoundController(ModelController):
         """Extra meta of the round's `train` task (FedCE: the weights for the leave-one-out model)."""
         return {}
 
+    def site_meta(self) -> dict:
+        """Extra meta of every task (FedNPR-Per: evaluate with the site's own head)."""
+        return {}
+
     def final_extras(self) -> dict:
         """Extra fields of the results file's `final` record (FedCE: the contributions)."""
         return {}
@@ -407,6 +413,87 @@ class SoloController(FairRoundController):
 
     def aggregate(self, round_num, global_state, updates, rejected):
         return global_state, {}
+
+
+class FedProxController(FairRoundController):
+    """FedProx (Li et al., MLSys 2020): FedAvg aggregation; each site adds the proximal term (mu / 2) ||w - w_t||^2
+    to its local loss (NVFlare's PTFedProxLoss)."""
+
+    method = "fedprox"
+
+    def __init__(self, mu: float = 0.01, **kwargs):
+        """
+        Args:
+            mu: weight of the proximal term (FedProx tunes it over 0.001..1; 0.01 is NVFlare's default).
+            **kwargs: see FairRoundController.
+        """
+        super().__init__(**kwargs)
+        if not mu >= 0:
+            raise ValueError(f"mu must be >= 0, got {mu}")
+        self.mu = float(mu)
+
+    def config(self) -> dict:
+        return {**super().config(), "mu": self.mu}
+
+    def train_meta(self, round_num) -> dict:
+        return {protocol.PROX_MU: self.mu} if self.mu else {}
+
+
+class FedNPRController(FedProxController):
+    """FedNPR and FedNPR-Per (Wicaksana et al., 2024): each site trains with balanced softmax over its own class
+    prior plus lambda * NPR, the cross-entropy over classes of the largest cosine similarity of a sample's
+    features to each class's K prototypes (Eq. 3-5); the prototypes are Sinkhorn-Knopp sub-cluster centres of
+    the features of the model the site received, recomputed every round and never sent. FedNPR-Per
+    (`personal_head`) does not aggregate the classifier head: every site trains and is evaluated with its own.
+    `mu` > 0 adds FedProx's proximal term (FedProx + NPR, the paper's Table VI); the aggregation is FedAvg's."""
+
+    def __init__(self, num_subclusters: int = NUM_SUBCLUSTERS, npr_weight: float = NPR_WEIGHT,
+                 sinkhorn_epsilon: float = EPSILON, sinkhorn_iterations: int = SINKHORN_ITERATIONS,
+                 temperature: float = TEMPERATURE, personal_head: bool = False, mu: float = 0.0, **kwargs):
+        """
+        Args:
+            num_subclusters: K prototypes per class (the paper: 4 on skin lesions, 2 on ICH; 1 = the class mean).
+            npr_weight: lambda of Eq. 5 (the paper: 0.1 on skin lesions, 0.05 on ICH).
+            sinkhorn_epsilon, sinkhorn_iterations: Sinkhorn-Knopp's entropic regularisation and iterations.
+            temperature: of the similarities in NPR (Eq. 3 has none: 1).
+            personal_head: FedNPR-Per: every site keeps its own classifier head.
+            mu: FedProx's proximal weight; 0 = none.
+            **kwargs: see FairRoundController.
+        """
+        super().__init__(mu=mu, **kwargs)
+        if self.task != "classification":
+            raise ValueError(f"FedNPR is a classification method; dataset {self.dataset!r} is {self.task}")
+        if int(num_subclusters) < 1 or not npr_weight >= 0:
+            raise ValueError(f"num_subclusters must be >= 1 and npr_weight >= 0, got {num_subclusters}, {npr_weight}")
+        self.num_subclusters, self.npr_weight = int(num_subclusters), float(npr_weight)
+        self.sinkhorn_epsilon, self.sinkhorn_iterations = float(sinkhorn_epsilon), int(sinkhorn_iterations)
+        self.temperature, self.personal_head = float(temperature), bool(personal_head)
+        self._head_keys = None
+
+    @property
+    def method(self) -> str:
+        """fednpr, fednpr_per, fedprox_npr, fedprox_npr_per."""
+        return ("fedprox_npr" if self.mu else "fednpr") + ("_per" if self.personal_head else "")
+
+    def config(self) -> dict:
+        return {**super().config(), "num_subclusters": self.num_subclusters, "npr_weight": self.npr_weight,
+                "sinkhorn_epsilon": self.sinkhorn_epsilon, "sinkhorn_iterations": self.sinkhorn_iterations,
+                "temperature": self.temperature, "personal_head": self.personal_head}
+
+    def site_meta(self) -> dict:
+        return {protocol.PERSONAL_HEAD: self.personal_head}
+
+    def train_meta(self, round_num) -> dict:
+        return {**super().train_meta(round_num), protocol.NPR: {
+            "k": self.num_subclusters, "weight": self.npr_weight, "epsilon": self.sinkhorn_epsilon,
+            "iterations": self.sinkhorn_iterations, "temperature": self.temperature}}
+
+    def aggregate(self, round_num, global_state, updates, rejected):
+        new_state, extras = super().aggregate(round_num, global_state, updates, rejected)
+        if self.personal_head:  # the heads stay on the sites: the global head is never updated
+            self._head_keys = self._head_keys or head_state_keys(self.model_spec())
+            new_state.update({k: global_state[k] for k in self._head_keys})
+        return new_state, extras
 
 
 class FedLWRController(FairRoundController):

@@ -12,6 +12,8 @@ with `nvflare simulator -t` smaller than `-n`, or after a restart, the process i
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import os
 import time
@@ -23,6 +25,7 @@ from nvflare.apis.shareable import make_reply
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 from nvflare.app_opt.pt.fedce import PTFedCEHelper
+from nvflare.app_opt.pt.fedproxloss import PTFedProxLoss
 
 from fairfl.classification import LogitAdjustedCrossEntropy, class_counts, evaluate_classification
 from fairfl.cka import layerwise_cka
@@ -34,7 +37,8 @@ from fairfl.data.loaders import make_loader
 from fairfl.data.synthetic_classification import CORRUPTED_SPLIT
 from fairfl.errors import DataError
 from fairfl.flare import protocol
-from fairfl.models import build_model, load_numpy_state, state_to_numpy
+from fairfl.models import build_model, head_state_keys, load_numpy_state, state_to_numpy
+from fairfl.npr import class_prototypes, extract_features, fednpr_objective
 from fairfl.presets import apply_preset
 from fairfl.sharpness import GSAM_ALPHA, dataset_loss, measure_sharpness, train_salt
 from fairfl.training import (TrainSettings, configure_threads, evaluate_dice, save_model, seed_everything,
@@ -131,13 +135,20 @@ class FairflExecutor(Executor):
         metrics = {"probe_seconds": time.time() - started} if reply_meta else {}
         loader = self._loader(site, meta, "training", train=True, seed=seed)
         loss_fn = self._loss(meta)
-        started = time.time()
-        if protocol.SALT_RHO in meta:  # FedISM(+): GSAM over Adam at the server's search distance
-            stats = train_salt(model, loader, self._train_settings(), device, loss_fn, rho=float(meta[protocol.SALT_RHO]),
-                               alpha=float(meta.get(protocol.SALT_ALPHA, GSAM_ALPHA)))
-        else:
-            stats = train_local(model, loader, self._train_settings(), device, loss_fn=loss_fn)
-        metrics["train_seconds"] = time.time() - started  # local training alone (cost benchmarks)
+        with contextlib.ExitStack() as stack:
+            if protocol.NPR in meta:  # FedNPR: prototypes of the model sent, before training moves it
+                started = time.time()
+                loss_fn = stack.enter_context(self._npr_objective(site, meta, model, device, seed))
+                metrics["prototype_seconds"] = time.time() - started
+            if meta.get(protocol.PROX_MU):
+                loss_fn = with_proximal_term(loss_fn, model, float(meta[protocol.PROX_MU]))
+            started = time.time()
+            if protocol.SALT_RHO in meta:  # FedISM(+): GSAM over Adam at the server's search distance
+                stats = train_salt(model, loader, self._train_settings(), device, loss_fn,
+                                   rho=float(meta[protocol.SALT_RHO]), alpha=float(meta.get(protocol.SALT_ALPHA, GSAM_ALPHA)))
+            else:
+                stats = train_local(model, loader, self._train_settings(), device, loss_fn=loss_fn)
+            metrics["train_seconds"] = time.time() - started  # local training alone (cost benchmarks)
         save_model(model, os.path.join(state_dir, protocol.LOCAL_MODEL_FILE))
         params = state_to_numpy(model.state_dict()) if meta.get(protocol.SEND_PARAMS, True) else {}
         metrics.update({k: float(stats[k]) for k in ("train_loss", "train_perturbed_loss", "rho") if k in stats})
@@ -235,13 +246,31 @@ class FairflExecutor(Executor):
         return LogitAdjustedCrossEntropy(counts, tau=self.logit_adjustment)
 
     def _model_for(self, task: FLModel, state_dir: str, choice: str):
-        """The model a task asks for under meta[choice]: the site's own (FROM_LOCAL) or the one sent.
+        """The model a task asks for under meta[choice]: the site's own (FROM_LOCAL) or the one sent; with
+        meta[PERSONAL_HEAD] the one sent carries this site's own classifier head once it has one (FedNPR-Per).
 
         A site asked for its own model before it has one (Solo's first round) starts from the one sent."""
-        local_exists = os.path.exists(os.path.join(state_dir, protocol.LOCAL_MODEL_FILE))
-        if task.meta.get(choice) == protocol.FROM_LOCAL and (local_exists or not task.params):
+        local_path = os.path.join(state_dir, protocol.LOCAL_MODEL_FILE)
+        if task.meta.get(choice) == protocol.FROM_LOCAL and (os.path.exists(local_path) or not task.params):
             return self._load_local(task.meta, state_dir)
-        return load_numpy_state(build_model(task.meta[protocol.MODEL_SPEC]), task.params)
+        model = load_numpy_state(build_model(task.meta[protocol.MODEL_SPEC]), task.params)
+        if task.meta.get(protocol.PERSONAL_HEAD) and os.path.exists(local_path):
+            own = torch.load(local_path, map_location="cpu")
+            model.load_state_dict({k: own[k] for k in head_state_keys(model)}, strict=False)
+        return model
+
+    def _npr_objective(self, site, meta: dict, model, device, seed):
+        """FedNPR's local loss (a context, see fairfl.npr.fednpr_objective): balanced softmax with this site's
+        class prior + weight * NPR on K prototypes per class from the features of the model sent."""
+        settings, num_classes = meta[protocol.NPR], meta[protocol.MODEL_SPEC]["num_classes"]
+        features, labels = extract_features(model, self._loader(site, meta, "training", train=False, seed=self.seed),
+                                            device)
+        prototypes, mask = class_prototypes(features, labels, num_classes, k=int(settings["k"]),
+                                            epsilon=float(settings["epsilon"]),
+                                            iterations=int(settings["iterations"]), seed=seed)
+        counts = class_counts([e["label"] for e in self._datalist["training"]], num_classes)
+        return fednpr_objective(model, counts, prototypes.to(device), mask.to(device),
+                                lam=float(settings["weight"]), temperature=float(settings["temperature"]))
 
     def _load_local(self, meta: dict, state_dir: str):
         path = os.path.join(state_dir, protocol.LOCAL_MODEL_FILE)
@@ -304,3 +333,11 @@ class FairflExecutor(Executor):
         if meta.get(protocol.RUN_NAME):
             return protocol.run_state_dir(workspace.get_root_dir(), fl_ctx.get_identity_name(), meta[protocol.RUN_NAME])
         return os.path.join(workspace.get_run_dir(fl_ctx.get_job_id()), "fairfl_site")
+
+
+def with_proximal_term(loss_fn, model, mu: float):
+    """FedProx (Li et al., MLSys 2020): loss_fn plus NVFlare's proximal term (mu / 2) ||w - w_sent||^2 against a
+    frozen copy of the model as received."""
+    reference = copy.deepcopy(model).requires_grad_(False)
+    proximal = PTFedProxLoss(mu=mu)
+    return lambda logits, target: loss_fn(logits, target) + proximal(model, reference.to(logits.device))

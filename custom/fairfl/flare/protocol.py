@@ -22,6 +22,10 @@ SALT_RHO = "salt_rho"            # FedISM(+): train with GSAM (SALT) at this sea
 SALT_ALPHA = "salt_alpha"        # ... and this surrogate-gap weight alpha
 SHARPNESS_RHO = "sharpness_rho"  # FedISM(+): before training, measure the sharpness of the model sent at this rho
 MEASURE_LOSS = "measure_loss"    # q-FedAvg: before training, measure the loss of the model sent (True)
+NPR = "npr"                      # FedNPR: {"k", "weight", "epsilon", "iterations", "temperature"}: train with
+                                 # balanced softmax + weight * NPR on prototypes of the model sent
+PROX_MU = "prox_mu"              # FedProx: add (mu / 2) ||w - w_sent||^2 to the local loss
+PERSONAL_HEAD = "personal_head"  # FedNPR-Per: the site trains and is evaluated with its own classifier head
 RUN_NAME = "run_name"            # a named (resumable) run: sites keep their state in run_state_dir(...) of it
 
 # site -> server

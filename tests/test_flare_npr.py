@@ -1,0 +1,93 @@
+"""FedNPR, FedNPR-Per and FedProx in the FLARE layer: controllers on hand-made updates, the executor on tiny data."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+from fairfl.flare import protocol
+from fairfl.flare.controllers import FedNPRController, FedProxController, SiteUpdate
+from fairfl.flare.executor import FairflExecutor, with_proximal_term
+from fairfl.models import build_model, head_state_keys, initial_state, state_to_torch
+
+TINY = {"dataset": "skin_imbalanced", "model_channels": [4, 8], "num_rounds": 2}
+
+
+def perturbed_updates(global_state, sites=("site-1", "site-2", "site-3")):
+    generator = torch.Generator().manual_seed(0)
+    return {site: SiteUpdate({k: v + 0.1 * (i + 1) * torch.randn(v.shape, generator=generator)
+                              if v.is_floating_point() else v for k, v in state_to_torch(global_state).items()},
+                             10 * (i + 1), {})
+            for i, site in enumerate(sites)}
+
+
+def test_method_names_settings_and_refusals():
+    assert FedNPRController(**TINY).method == "fednpr"
+    assert FedNPRController(personal_head=True, **TINY).method == "fednpr_per"
+    assert FedNPRController(mu=0.01, **TINY).method == "fedprox_npr"
+    assert FedProxController().method == "fedprox" and FedProxController().train_meta(0) == {protocol.PROX_MU: 0.01}
+    meta = FedNPRController(num_subclusters=1, **TINY).train_meta(0)
+    assert meta[protocol.NPR]["k"] == 1 and protocol.PROX_MU not in meta
+    with pytest.raises(ValueError, match="classification method"):
+        FedNPRController(dataset="prostate")
+    with pytest.raises(ValueError):
+        FedNPRController(num_subclusters=0, **TINY)
+    with pytest.raises(ValueError):
+        FedProxController(mu=-1)
+
+
+@pytest.mark.parametrize("personal", [False, True])
+def test_fednpr_per_leaves_the_head_out_of_aggregation(personal):
+    controller = FedNPRController(personal_head=personal, **TINY)
+    global_state = initial_state(controller.model_spec(), 0)
+    updates = perturbed_updates(global_state)
+    new_state, extras = controller.aggregate(0, global_state, updates, {})
+    weights = extras["weights"]
+    assert weights == pytest.approx({"site-1": 1 / 6, "site-2": 2 / 6, "site-3": 3 / 6})
+    head = set(head_state_keys(controller.model_spec()))
+    assert head and head < set(global_state)
+    for key in global_state:
+        averaged = sum(weights[s] * updates[s].state[key].double() for s in updates).numpy()
+        if personal and key in head:
+            np.testing.assert_array_equal(new_state[key], global_state[key])  # the global head never moves
+        else:
+            np.testing.assert_allclose(new_state[key], averaged, rtol=1e-5, atol=1e-6)
+
+
+def test_proximal_term_is_nvflares_fedprox_loss():
+    model = build_model({"name": "cnn", "in_channels": 3, "num_classes": 4, "channels": [4, 8]})
+    loss_fn = with_proximal_term(lambda logits, target: torch.zeros(()), model, mu=0.5)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1)
+    expected = 0.25 * sum(float(((p.detach() - before[n]) ** 2).sum()) for n, p in model.named_parameters())
+    assert float(loss_fn(torch.zeros(1, 4), torch.zeros(1))) == pytest.approx(expected, rel=1e-5)
+
+
+def test_executor_trains_with_npr_and_evaluates_with_its_own_head(tmp_path, cache_dir):
+    controller = FedNPRController(personal_head=True, mu=0.01, **TINY)
+    meta = {protocol.MODEL_SPEC: controller.model_spec(), protocol.DATASET: "skin_imbalanced",
+            protocol.TASK: "classification", protocol.NUM_SITES: 6, protocol.DATA_SEED: 0,
+            protocol.START_FROM: protocol.FROM_GLOBAL, **controller.site_meta(), **controller.train_meta(0)}
+    executor = FairflExecutor(image_size=32, batch_size=16, lr=3e-4, weight_decay=5e-4, synthetic_size_scale=0.3)
+    params = initial_state(controller.model_spec(), 0)
+    result = executor._train("site-2", FLModel(params_type=ParamsType.FULL, params=params, current_round=0,
+                                               meta=meta), str(tmp_path))
+    assert result.metrics["prototype_seconds"] > 0 and math.isfinite(result.metrics["train_loss"])
+    head = head_state_keys(controller.model_spec())
+    own_head = {k: result.params[k] for k in head}
+    assert any(not np.array_equal(own_head[k], params[k]) for k in head)  # the head trained
+    # next round the server sends its global model (head unchanged); the site puts its own head back on it
+    model = executor._model_for(FLModel(params_type=ParamsType.FULL, params=params, meta=meta), str(tmp_path),
+                                protocol.START_FROM)
+    state = model.state_dict()
+    assert all(np.array_equal(state[k].numpy(), own_head[k]) for k in head)
+    body = [k for k in params if k not in head and params[k].dtype.kind == "f"]
+    assert all(np.array_equal(state[k].numpy(), params[k]) for k in body)
+    scores = executor._validate("site-2", FLModel(params_type=ParamsType.FULL, params=params,
+                                                  meta={**meta, protocol.EVALUATE: protocol.FROM_GLOBAL}),
+                                str(tmp_path)).metrics
+    assert 0.0 <= scores["balanced_accuracy"] <= 1.0
