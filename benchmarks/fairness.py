@@ -93,6 +93,14 @@ def main(argv=None):
     write_summary(args.out, summary, summary_markdown(summary, tables))
 
 
+def step_shares(results_path, key: str) -> list:
+    """Per site and round (round 0 excluded): seconds of a step before training (`probe_seconds`: SAGA's
+    sharpness, `prototype_seconds`: FedNPR's prototypes) / (those + the local training's `train_seconds`)."""
+    rounds = json.load(open(results_path))["rounds"]
+    return [m[key] / (m[key] + m["train_seconds"]) for r in rounds[1:] for m in (r.get("train") or {}).values()
+            if key in m and "train_seconds" in m]
+
+
 def write_summary(out_dir, summary: dict, markdown: str) -> None:
     """A benchmark's outputs: summary.json (numbers) and SUMMARY.md (tables), also printed."""
     Path(out_dir, "summary.json").write_text(json.dumps(summary, indent=1))
@@ -124,7 +132,7 @@ def variant_summary(results_paths) -> dict:
 
 def summary_markdown(summary, tables) -> str:
     settings = summary["settings"]
-    lines = [f"# Fairness benchmark: Solo, FedAvg, Fed-LWR", "",
+    lines = ["# Fairness benchmark: Solo, FedAvg, Fed-LWR", "",
              f"`{summary['command']}` — {summary['sites']} sites, {summary['rounds']} rounds, seeds "
              f"{summary['seeds']}; {summary['versions']}.", ""]
     titles = {"epoch": "One local epoch per round (the paper's setting)",

@@ -295,7 +295,7 @@ def summary_markdown(summary, table) -> str:
     for p in per_seed:
         lines += [f"- seed {p['seed']}: ours " + ", ".join(f"{p['final_weights']['fairfl'][s]:.3f}" for s in sites)
                   + "; NVFlare " + ", ".join(f"{p['final_weights']['nvflare'][s]:.3f}" for s in sites)
-                  + f"; Pearson per round: " + " ".join(fmt(r["pearson"]) for r in p["round_weights_agreement"])
+                  + "; Pearson per round: " + " ".join(fmt(r["pearson"]) for r in p["round_weights_agreement"])
                   + f"; round-0 train loss max |diff| {p['round0_train_loss_max_abs_diff']:.2e}"]
     lines += ["", DIFFERENCES]
     return "\n".join(lines) + "\n"

@@ -13,13 +13,12 @@ Resumable: complete runs are kept.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fairness import REPO, run_job, variant_summary, versions, write_summary  # noqa: E402
+from fairness import REPO, run_job, step_shares, variant_summary, versions, write_summary  # noqa: E402
 
 from fairfl.report import DISPLAY, make_report  # noqa: E402
 
@@ -64,18 +63,10 @@ def main(argv=None):
     write_summary(args.out, summary, summary_markdown(summary, report))
 
 
-def probe_shares(results_path) -> list:
-    """Per site and round: sharpness-probe seconds / (probe + local training seconds) of the train task."""
-    rounds = json.load(open(results_path))["rounds"]
-    return [m["probe_seconds"] / (m["probe_seconds"] + m["train_seconds"])
-            for r in rounds[1:] for m in (r.get("train") or {}).values()
-            if "probe_seconds" in m and "train_seconds" in m]
-
-
 def method_summary(results_paths) -> dict:
     """fairness.variant_summary plus the median probe share (methods that measure sharpness or loss)."""
     summary = variant_summary(results_paths)
-    shares = sum((probe_shares(p) for p in results_paths), [])
+    shares = sum((step_shares(p, "probe_seconds") for p in results_paths), [])
     if shares:
         summary["probe_share_median"] = statistics.median(shares)
     return summary
