@@ -30,7 +30,8 @@ DISPLAY = {"solo": "Solo", "fedavg": "FedAvg", "fedlwr": "Fed-LWR", "fedce": "Fe
            "fedce_product": "FedCE (Multi.)", "qfedavg": "q-FedAvg",
            "qfedavg_lossweighted": "q-FedAvg (loss-weighted)", "ditto": "Ditto", "fedism": "FedISM",
            "fedismplus": "FedISM+", "fedism_l": "FedISM (L)", "fedismplus_s": "FedISM+ (S)",
-           "fedismplus_l": "FedISM+ (L)", "fednpr": "FedNPR", "fedprox": "FedProx", "cffl": "CFFL", "cgsv": "CGSV"}
+           "fedismplus_l": "FedISM+ (L)", "fednpr": "FedNPR", "fednpr_per": "FedNPR-Per",
+           "fedprox_npr": "FedProx + NPR", "fedprox_npr_per": "FedProx + NPR-Per", "fedprox": "FedProx", "cffl": "CFFL", "cgsv": "CGSV"}
 METRIC_LABEL = {"dice": "Dice", "auc": "AUC", "acc": "Accuracy", "accuracy": "Accuracy",
                 "balanced_accuracy": "Balanced accuracy", "corrupted_auc": "AUC (corrupted)",
                 "corrupted_accuracy": "Accuracy (corrupted)",
