@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import time
 
 import yaml
 
@@ -21,6 +22,7 @@ from fairfl.deploy.kits import complete_kits
 
 PROJECT = "fairfl"
 ADMIN = "admin@fairfl.org"
+SERVER = "localhost"  # a loopback name: the server then binds 127.0.0.1 only
 LAST_JOB = "last_job_id"
 
 
@@ -43,7 +45,7 @@ def project(n_sites: int, port: int = 8002) -> dict:
     """A POC project.yml: server `localhost` (loopback only), one project admin, sites site-1..site-N."""
     if n_sites < 1:
         raise ValueError(f"need at least one site, got {n_sites}")
-    participants = [{"name": "localhost", "type": "server", "org": "fairfl", "fed_learn_port": port},
+    participants = [{"name": SERVER, "type": "server", "org": "fairfl", "fed_learn_port": port},
                     {"name": ADMIN, "type": "admin", "org": "fairfl", "role": "project_admin"}]
     participants += [{"name": f"site-{i}", "type": "client", "org": "fairfl"} for i in range(1, n_sites + 1)]
     return {"api_version": 3, "name": PROJECT, "description": "fairfl POC federation on 127.0.0.1",
@@ -83,8 +85,29 @@ def start(timeout: int = 120) -> None:
     _nvflare("start", "--timeout", str(timeout), timeout=timeout + 60)
 
 
-def stop() -> None:
+def stop(timeout: float = 120) -> None:
+    """Stop the server and the sites; returns once the server process is gone (`nvflare poc stop` returns
+    before it is, and `poc clean` refuses a workspace whose server still runs)."""
     _nvflare("stop")
+    deadline = time.time() + timeout
+    while _live_server_pids():
+        if time.time() > deadline:
+            raise RuntimeError(f"the POC server (pid {_live_server_pids()}) still runs {timeout:.0f} s after stop")
+        time.sleep(1)
+
+
+def _live_server_pids() -> list:
+    """Pids in the POC server's pid files whose process still exists."""
+    live = []
+    for name in ("pid.fl", "daemon_pid.fl"):
+        path = os.path.join(prod_dir(), SERVER, name)
+        try:
+            pid = int(open(path).read().strip())
+            os.kill(pid, 0)
+            live.append(pid)
+        except (OSError, ValueError):
+            continue
+    return live
 
 
 def clean() -> None:
