@@ -64,7 +64,7 @@ def test_proximal_term_is_nvflares_fedprox_loss():
         for p in model.parameters():
             p.add_(0.1)
     expected = 0.25 * sum(float(((p.detach() - before[n]) ** 2).sum()) for n, p in model.named_parameters())
-    assert float(loss_fn(torch.zeros(1, 4), torch.zeros(1))) == pytest.approx(expected, rel=1e-5)
+    assert float(loss_fn(torch.zeros(1, 4), torch.zeros(1)).detach()) == pytest.approx(expected, rel=1e-5)
 
 
 def test_executor_trains_with_npr_and_evaluates_with_its_own_head(tmp_path, cache_dir):
