@@ -216,3 +216,30 @@ def test_executor_trains_with_salt_measures_and_evaluates_clean_and_corrupted(tm
                                str(tmp_path / "site-1")).metrics
     assert clean["corrupted_site"] == 0.0 and all(clean[n] == clean[f"clean_{n}"] for n in names)
     assert clean["clean_auc"] == scores["clean_auc"]  # one shared test set: the same model scores the same
+
+
+def test_checkpoint_restores_round_model_saga_state_and_results_and_refuses_other_settings(tmp_path):
+    from fairfl.results import ResultsLog
+
+    def controller(**changes):
+        c = FedISMController(run_name="trial", **{**TINY, **changes})
+        c.results = ResultsLog(str(tmp_path / f"results{len(changes)}.json"), method=c.method, task=c.task,
+                               metric=c.metric, seed=0, sites=["site-1", "site-2"], config=c.config())
+        return c
+
+    first = controller()
+    state0 = initial_state(first.model_spec(), seed=0)
+    updates = updates_with(state0, {"site-1": sharpness(0.2), "site-2": sharpness(0.4)}, protocol.SHARPNESS)
+    state1, extras = first.aggregate(0, state0, updates, {})
+    first.results.add_round(0, 1.0, weights=extras["weights"])
+    path = str(tmp_path / "trial" / "checkpoint.pt")
+    assert first._load_checkpoint(path) is None  # a new run
+    first._save_checkpoint(path, 0, state1)
+    # restarted with more rounds and a lower min_clients: allowed
+    resumed = controller(num_rounds=6, min_clients=1)
+    loaded = resumed._load_checkpoint(path)
+    assert loaded["round"] == 0 and all(np.array_equal(loaded["global_state"][k], state1[k]) for k in state1)
+    assert resumed.saga.to_dict() == first.saga.to_dict()
+    assert resumed.results.data["rounds"] == first.results.data["rounds"] and resumed.results.data["resumed"] == 1
+    with pytest.raises(ValueError, match="other settings .*q"):
+        controller(q=1.0)._load_checkpoint(path)

@@ -37,6 +37,7 @@ MAIN_METRIC = {"segmentation": "dice", "classification": "auc"}  # the results f
 DEFAULT_MODEL = {"segmentation": "unet", "classification": "cnn"}
 METHOD_STATE_FILE = "method_state.json"
 CHECKPOINT_FILE = "checkpoint.pt"
+RESUME_MAY_CHANGE = ("num_rounds", "eval_every", "min_clients", "task_timeout", "straggler_timeout")
 
 
 class SiteUpdate(NamedTuple):
@@ -122,7 +123,7 @@ class FairRoundController(ModelController):
                 checkpoint (round, global model, the method's state, the results so far) and the sites keep their
                 state (local models) under that name outside the job's folder; the same job submitted again after a
                 server restart continues from the last completed round. Its settings must be unchanged
-                (num_rounds may grow).
+                (num_rounds, eval_every, min_clients and the timeouts may change).
         """
         super().__init__(persistor_id="", task_check_period=task_check_period)
         if weighting not in ("samples", "uniform"):
@@ -169,7 +170,7 @@ class FairRoundController(ModelController):
         global_state = initial_state(self.model_spec(), self.seed)
         first_round = 0
         if self.run_name:
-            checkpoint = self._load_checkpoint()
+            checkpoint = self._load_checkpoint(self._checkpoint_path())
             if checkpoint:
                 global_state, first_round = checkpoint["global_state"], checkpoint["round"] + 1
         self.info(f"{self.method}: rounds {first_round}..{self.num_rounds - 1} on {len(sites)} sites; results -> "
@@ -207,11 +208,11 @@ class FairRoundController(ModelController):
                 torch.save(state_to_torch(global_state), os.path.join(run_dir, GLOBAL_MODEL_FILE))
             self._save_method_state(run_dir, round_num)
             if self.run_name:
-                self._save_checkpoint(round_num, global_state)
+                self._save_checkpoint(self._checkpoint_path(), round_num, global_state)
         if per_site:
             final = self.results.finish(per_site, **self.final_extras())
             if self.run_name:  # with the final record: submitting the finished run again changes nothing
-                self._save_checkpoint(self.num_rounds - 1, global_state)
+                self._save_checkpoint(self._checkpoint_path(), self.num_rounds - 1, global_state)
             self.info(f"final: mean {self.metric} {final.get('mean', float('nan')):.4f} std {final.get('std', float('nan')):.4f}"
                       f"; results: {self.results.path}")
         for writer in self.writers.values():
@@ -336,25 +337,26 @@ class FairRoundController(ModelController):
         root = self.engine.get_workspace().get_root_dir()
         return os.path.join(protocol.run_state_dir(root, "server", self.run_name), CHECKPOINT_FILE)
 
-    def _save_checkpoint(self, round_num, global_state) -> None:
+    def _save_checkpoint(self, path, round_num, global_state) -> None:
         """Everything the next round needs, in one file replaced atomically: a crash keeps the previous one."""
-        path = self._checkpoint_path()
         os.makedirs(os.path.dirname(path), exist_ok=True)
         checkpoint = {"round": round_num, "config": self.config(), "method_state": self.method_state(),
                       "global_state": state_to_torch(global_state), "results": self.results.data}
         torch.save(checkpoint, path + ".tmp")
         os.replace(path + ".tmp", path)
 
-    def _load_checkpoint(self) -> dict | None:
+    def _load_checkpoint(self, path) -> dict | None:
         """The named run's checkpoint, loaded into the controller (method state, results so far); None if the
-        run is new. A checkpoint of other settings is refused: resuming must not mix runs."""
-        path = self._checkpoint_path()
+        run is new. A checkpoint of other settings is refused: resuming must not mix runs. How long the run is
+        and how it waits for sites (RESUME_MAY_CHANGE) may change: a site that stays down may need a lower
+        min_clients to go on."""
         if not os.path.exists(path):
             self.info(f"run {self.run_name!r}: no checkpoint at {path}; starting at round 0")
             return None
         checkpoint = torch.load(path, weights_only=False)
         saved, current = checkpoint["config"], self.config()
-        differing = sorted(k for k in set(saved) | set(current) if k != "num_rounds" and saved.get(k) != current.get(k))
+        differing = sorted(k for k in set(saved) | set(current)
+                           if k not in RESUME_MAY_CHANGE and saved.get(k) != current.get(k))
         if differing or checkpoint["results"]["method"] != self.method:
             raise ValueError(f"run {self.run_name!r}: the checkpoint {path} was made with other settings "
                              f"({', '.join(differing) or 'method'}); choose another run_name or delete it")
