@@ -67,11 +67,12 @@ def test_initial_state_is_seeded_and_loads_back(tmp_path):
 
 def test_ast_parse_guard_keeps_literal_eval_working():
     import ast
+    import importlib
     import sys
 
     from fairfl.compat import serialize_ast_parse
 
-    import fairfl.flare  # noqa: F401  (installs the guard where the Python version needs it)
+    importlib.import_module("fairfl.flare")  # importing it installs the guard where the Python version needs it
 
     serialize_ast_parse()  # idempotent
     affected = (3, 11) <= sys.version_info[:3] < (3, 11, 8) or sys.version_info[:3] == (3, 12, 0)
