@@ -26,7 +26,8 @@ def test_zero_and_rounding_sharpness():
     assert saga_weights({"a": 0.0, "b": 1.0, "c": 3.0}, q=2) == pytest.approx({"a": 0.0, "b": 0.1, "c": 0.9})
     assert saga_weights({"a": -1e-9, "b": 1.0}, q=2) == pytest.approx({"a": 0.0, "b": 1.0})  # rounding: 0
     assert saga_weights({"a": 0.0, "b": 0.0}, q=2) == {"a": 0.5, "b": 0.5}  # nothing to tell apart: equal
-    for bad in ({"a": float("nan"), "b": 1.0}, {"a": -0.01, "b": 1.0}, {"a": float("inf"), "b": 1.0}, {}):
+    assert saga_weights({"a": -0.01, "b": 1.0}, q=2) == pytest.approx({"a": 0.0, "b": 1.0})  # clipped, as the authors
+    for bad in ({"a": float("nan"), "b": 1.0}, {"a": float("-inf"), "b": 1.0}, {"a": float("inf"), "b": 1.0}, {}):
         with pytest.raises(ValueError):
             saga_weights(bad)
     for q in (0.0, -1.0, float("nan")):
@@ -51,12 +52,14 @@ def test_moving_average_eq18():
         moving_average(raw, {}, beta=1.5)
 
 
-def test_check_report_rejects_missing_nan_and_negative_values():
+def test_check_report_rejects_missing_nan_and_absurd_values_but_accepts_negative_ones():
     assert check_report(report(0.1), "S") is None
     assert check_report(report(0.0), "S") is None
     assert check_report(report(-1e-8), "S") is None  # rounding
-    assert "negative" in check_report(report(-0.01), "S")
-    assert check_report(report(-0.01), "L") is None  # L weights by the perturbed loss, which is fine here
+    assert check_report(report(-0.01), "S") is None  # clipped to 0 by saga_weights, as the authors floor it
+    assert check_report(report(-0.01), "L") is None
+    assert "above" in check_report(report(-1e300), "S")
+    assert "above" in check_report(report(1e300), "S")
     assert check_report(report(float("nan")), "S") == "sharpness is nan"
     assert "inf" in check_report(report(float("inf")), "S")
     assert "missing" in check_report({"loss": 1.0}, "S")
@@ -85,6 +88,19 @@ def test_state_over_rounds_for_both_variants():
         SagaState(variant="sharpness")
     with pytest.raises(ValueError, match="b: sharpness is"):
         SagaState().update({"a": report(0.1), "b": report(float("nan"))})
+
+
+def test_a_slightly_negative_sharpness_is_clipped_and_keeps_its_moving_average_share():
+    """The authors floor sharpness at 1e-10: a site whose sharpness comes out a little below 0 in one round (float32
+    rounding, or an ascent step that overshoots) is not dropped; its raw weight is 0 and its share is (1 - beta)
+    times last round's."""
+    assert saga_weights({"a": -0.02, "b": 0.1, "c": 0.3}, q=2) == pytest.approx({"a": 0.0, "b": 0.1, "c": 0.9})
+    s = SagaState(variant="S", q=2, beta=0.5)
+    first = s.update({"a": report(0.1), "b": report(0.1)})
+    assert first["a"]["weight"] == pytest.approx(0.5)
+    second = s.update({"a": report(-0.003), "b": report(0.1)})
+    assert second["a"]["raw"] == 0.0 and second["a"]["value"] == -0.003
+    assert second["a"]["weight"] == pytest.approx(0.25) and second["b"]["weight"] == pytest.approx(0.75)
 
 
 def test_saved_state_gives_the_same_next_round_as_staying_up():

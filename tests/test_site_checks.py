@@ -244,8 +244,8 @@ def test_fedce_rejects_a_bad_leave_one_out_error(bad):
     check_only_rejected(rejected, "site-3", "leave-one-out", extras)
 
 
-@pytest.mark.parametrize("bad, word", [(1e300, "above"), ("0.1", "not a number"), ({"v": 1}, "not a number"),
-                                       (-0.5, "negative")])
+@pytest.mark.parametrize("bad, word", [(1e300, "above"), (-1e300, "above"), ("0.1", "not a number"),
+                                       ({"v": 1}, "not a number")])
 def test_fedism_rejects_absurd_sharpness_and_keeps_rounding(bad, word):
     controller = make(FedISMController)
     state0 = initial_state(controller.model_spec(), 0)
@@ -255,6 +255,16 @@ def test_fedism_rejects_absurd_sharpness_and_keeps_rounding(bad, word):
     _, extras = controller.aggregate(0, state0, updates, rejected)
     check_only_rejected(rejected, "site-3", word, extras)
     assert extras["weights"]["site-2"] == 0.0  # a sharpness of -1e-8 is rounding: 0, accepted
+
+
+def test_fedism_keeps_a_site_with_a_negative_sharpness_at_zero_raw_weight():
+    controller = make(FedISMController)
+    state0 = initial_state(controller.model_spec(), 0)
+    report = {"loss": 1.0, "perturbed_loss": 1.1, "sharpness": 0.1}
+    updates, rejected = reports_round(controller, state0, protocol.SHARPNESS,
+                                      [report, report, {**report, "sharpness": -0.5}, report])
+    _, extras = controller.aggregate(0, state0, updates, rejected)
+    assert not rejected and extras["raw_weights"]["site-3"] == 0.0
 
 
 def test_fedism_a_huge_sharpness_under_the_bound_cannot_take_more_than_max_share():

@@ -2,8 +2,12 @@
 
 Each site reports, for the global model it received, its sharpness S and perturbed loss L over its whole
 training set (`fairfl.sharpness.measure_sharpness`). The server:
-- checks each report (`check_report`): a site whose value is missing, not a number, NaN/Inf or negative
-  beyond rounding is rejected for the round, with the reason as the error to log;
+- checks each report (`check_report`): a site whose value is missing, not a number, NaN/Inf or absurd
+  (|value| above MAX_REPORTED) is rejected for the round, with the reason as the error to log;
+- clips a negative value to 0, as the authors' code does (it floors sharpness at 1e-10): a sharpness is the
+  difference of two float32 mean losses, and a flat site, or one whose ascent step overshoots, reports a value
+  a little below 0. Such a site gets raw weight 0 but keeps its moving-average share (Eq. 18), so one noisy
+  round does not drop it from the aggregate;
 - turns the values into raw weights proportional to S^q (variant "S", Eq. 16) or L^q (variant "L", Eq. 17)
   (`saga_weights`);
 - smooths them with the previous round's weights, w_t = beta w~_t + (1 - beta) w_{t-1}, w_1 = w~_1
@@ -25,9 +29,6 @@ from fairfl.site_checks import MAX_REPORTED
 VARIANTS = {"S": "sharpness", "L": "perturbed_loss"}  # the report key each variant weights by
 Q = 2.0  # the paper's defaults (DESIGN.md; the code's q is 1)
 BETA = 0.5
-# Rounding allowed below 0: a sharpness is the difference of two means of float32 losses, so a flat site can
-# report -1e-8 and the like (float32 rounds a loss of 5 to about 5e-7).
-TOLERANCE = 1e-6
 
 
 def check_variant(variant: str) -> str:
@@ -36,12 +37,12 @@ def check_variant(variant: str) -> str:
     return variant
 
 
-def check_report(report, variant: str, tolerance: float = TOLERANCE) -> str | None:
+def check_report(report, variant: str) -> str | None:
     """Why a site's sharpness report cannot be used for variant "S" or "L", or None if it can.
 
     report: what the site sent, {"loss": ..., "perturbed_loss": ..., "sharpness": ...}; the variant's value
-    must be present, a real number (not a bool), finite, >= -tolerance and at most MAX_REPORTED. A value a little below 0 is
-    rounding and counts as 0 (see `saga_weights`)."""
+    must be present, a real number (not a bool), finite and of magnitude at most MAX_REPORTED. A negative value
+    is accepted and counts as 0 (see `saga_weights`)."""
     key = VARIANTS[check_variant(variant)]
     if not isinstance(report, dict):
         return f"sharpness report is a {type(report).__name__}, not a mapping"
@@ -53,25 +54,23 @@ def check_report(report, variant: str, tolerance: float = TOLERANCE) -> str | No
     value = float(value)
     if not math.isfinite(value):
         return f"{key} is {value}"
-    if value < -tolerance:
-        return f"{key} is {value:.6g}, negative beyond rounding"
-    if value > MAX_REPORTED:
+    if abs(value) > MAX_REPORTED:
         return f"{key} is {value:.6g}, above {MAX_REPORTED:g}: not a measurement"
     return None
 
 
-def saga_weights(values: dict, q: float = Q, tolerance: float = TOLERANCE) -> dict:
-    """Eq. 16/17: w~_k = v_k^q / sum_i v_i^q over the sites of `values` ({site: S or L}).
+def saga_weights(values: dict, q: float = Q) -> dict:
+    """Eq. 16/17: w~_k = max(v_k, 0)^q / sum_i max(v_i, 0)^q over the sites of `values` ({site: S or L}).
 
-    Values down to -tolerance are rounding and taken as 0 (further below: ValueError, as for NaN/Inf); a site
-    with value 0 gets weight 0. When every value is 0 no site is distinguishable and the weights are equal."""
+    A negative value is clipped to 0, as the authors' code floors it (NaN/Inf: ValueError); a site with value 0
+    gets weight 0. When every value is 0 no site is distinguishable and the weights are equal."""
     if not values:
         raise ValueError("saga_weights: no sites")
     if not (math.isfinite(q) and q > 0):
         raise ValueError(f"q must be a finite number > 0 (Eq. 16), got {q}")
-    bad = {s: v for s, v in values.items() if not (math.isfinite(v) and v >= -tolerance)}
+    bad = {s: v for s, v in values.items() if not math.isfinite(v)}
     if bad:
-        raise ValueError(f"saga_weights: values must be finite and non-negative, got {bad}")
+        raise ValueError(f"saga_weights: values must be finite, got {bad}")
     # normalise first (as the FFL4MIA code does) so that v^q cannot overflow or underflow for large q
     shares = normalise({s: max(float(v), 0.0) for s, v in values.items()})
     return normalise({s: v ** q for s, v in shares.items()})

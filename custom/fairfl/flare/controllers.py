@@ -845,7 +845,8 @@ class FedISMController(FairRoundController):
     training set (eval mode, no augmentation; Eq. 9-11), then trains with GSAM over Adam at rho (SALT, Eq. 14).
     The server weights the local models by S^q (variant "S", Eq. 16) or L^q (variant "L", Eq. 17), smoothed by
     w_t = beta w~_t + (1 - beta) w_{t-1} (Eq. 18; round 1 raw). A site whose report is missing, NaN/Inf or
-    negative beyond rounding is left out of that round (logged, under `rejected`). The moving average lives in
+    absurd is left out of that round (logged, under `rejected`); a negative value is clipped to 0 and the site
+    keeps its moving-average share. The moving average lives in
     `method_state.json` after every round; `load_method_state` resumes it."""
 
     def __init__(self, rho_max: float = RHO_MAX, tau: float = TAU, variant: str = "S", q: float = Q,
