@@ -108,7 +108,7 @@ def test_fedism_aggregates_by_saga_weights_and_rejects_bad_reports(variant):
     controller = FedISMController(variant=variant, **TINY)
     state0 = initial_state(controller.model_spec(), seed=0)
     reports = {"site-1": sharpness(0.1, 1.0), "site-2": sharpness(0.3, 2.0), "site-3": sharpness(float("nan")),
-               "site-4": sharpness(-0.5, -1.0), "site-5": None}
+               "site-4": sharpness(-2e6, 1.0), "site-5": None}  # site-4: absurd (a negative one is clipped to 0)
     updates = updates_with(state0, reports, protocol.SHARPNESS)
     rejected = {}
     new, extras = controller.aggregate(0, state0, updates, rejected)

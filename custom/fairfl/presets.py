@@ -28,11 +28,13 @@ TASK_PRESETS = {
 # segmentation and classification data alike, and the two tasks train at different settings.
 TASK_DEFAULTS = {
     # the segmentation papers' Adam settings at CPU size
+    # augmentation: mirroring and quarter turns are label-preserving for axial prostate slices, fundus photographs
+    # (the disc/cup masks turn with the image) and dermoscopy/CT lesion classes; intensity jitter mimics scanners
     "segmentation": {"batch_size": 8, "lr": 1e-3, "weight_decay": 1e-4, "synthetic_size_scale": 2.0,
-                     "model_channels": [16, 32, 64, 128]},
+                     "model_channels": [16, 32, 64, 128], "augmentation": ["flip", "rotate90", "intensity"]},
     # FedISM+ Sec. IV-A: batch 32, Adam lr 3e-4, weight decay 5e-4; a three-block CNN at CPU size
     "classification": {"batch_size": 32, "lr": 3e-4, "weight_decay": 5e-4, "synthetic_size_scale": 1.0,
-                       "model_channels": [16, 32, 64]},
+                       "model_channels": [16, 32, 64], "augmentation": ["flip", "rotate90", "intensity"]},
 }
 
 

@@ -27,8 +27,9 @@ from fairfl.results import RESULTS_FILE, SCHEMA_VERSION, SIMULATOR_RESULTS
 
 METHOD_ORDER = ("solo", "fedavg")  # then the others alphabetically
 DISPLAY = {"solo": "Solo", "fedavg": "FedAvg", "fedlwr": "Fed-LWR", "fedce": "FedCE", "fedce_sum": "FedCE (Sum.)",
-           "fedce_product": "FedCE (Multi.)", "qfedavg": "q-FedAvg",
-           "qfedavg_lossweighted": "q-FedAvg (loss-weighted)", "ditto": "Ditto", "fedism": "FedISM",
+           "fedce_product": "FedCE (Multi.)", "qfedavg": "q-FedAvg (L = 1/lr)",
+           "qfedavg_lossweighted": "q-FedAvg (loss-weighted)", "fedavg_sgd": "FedAvg (SGD)",
+           "qfedavg_sgd": "q-FedAvg (L = 1/lr) (SGD)", "ditto": "Ditto", "fedism": "FedISM",
            "fedismplus": "FedISM+", "fedism_l": "FedISM (L)", "fedismplus_s": "FedISM+ (S)",
            "fedismplus_l": "FedISM+ (L)", "fednpr": "FedNPR", "fednpr_per": "FedNPR-Per",
            "fedprox_npr": "FedProx + NPR", "fedprox_npr_per": "FedProx + NPR-Per", "fedprox": "FedProx", "cffl": "CFFL", "cgsv": "CGSV"}
@@ -126,9 +127,15 @@ def _sites(runs) -> list[str]:
 
 
 def _variant(run) -> str:
-    """What besides the method makes runs of it incomparable: its free riders and left-out sites ("" if none)."""
-    parts = [prefix + ", ".join(sites) for sites, prefix in ((free_riders(run), "free riders: "),
-                                                             (_left_out(run), "without ")) if sites]
+    """What besides the method makes runs of it incomparable: a local optimiser other than Adam, a kept optimiser
+    state, its free riders and left-out sites ("" if none)."""
+    config = run.get("config") or {}
+    parts = [label for label, applies in ((str(config.get("local_optimizer", "")).upper(),
+                                           config.get("local_optimizer", "adam") != "adam"),
+                                          ("optimiser state kept", bool(config.get("keep_optimizer_state"))))
+             if applies]
+    parts += [prefix + ", ".join(sites) for sites, prefix in ((free_riders(run), "free riders: "),
+                                                              (_left_out(run), "without ")) if sites]
     return f" ({'; '.join(parts)})" if parts else ""
 
 

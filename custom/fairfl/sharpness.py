@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from fairfl.training import TrainSettings
+from fairfl.training import TrainSettings, make_optimizer
 
 GSAM_ALPHA = 0.1  # FedISM+ and the FFL4MIA code
 RHO_MAX = 0.1  # the paper's rho_max (the code's default is 0.05: DESIGN.md)
@@ -122,13 +122,14 @@ def _steps(loader, max_steps: int) -> Iterator[dict]:
 
 
 def train_salt(model, loader, settings: TrainSettings, device, loss_fn, rho: float, alpha: float = GSAM_ALPHA,
-               betas: tuple[float, float] = (0.9, 0.999)) -> dict:
+               betas: tuple[float, float] = (0.9, 0.999), optimizer=None) -> dict:
     """SALT: one round of local training in place with GSAM over Adam (FedISM+ Algorithm 1, line 8).
 
     The counterpart of `fairfl.training.train_local`: same settings (lr, weight decay, one epoch or a fixed
-    number of steps), same returned keys, plus the mean perturbed loss and the rho used."""
+    number of steps), same returned keys, plus the mean perturbed loss and the rho used. The base optimiser is
+    `optimizer`, or a fresh one of `settings` (Adam with `betas`, or SGD)."""
     model.to(device).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr, betas=betas, weight_decay=settings.weight_decay)
+    optimizer = optimizer or make_optimizer(model, settings, betas)
     max_steps = settings.local_steps if settings.local_steps > 0 else settings.local_epochs * len(loader)
     steps, total, total_perturbed = 0, 0.0, 0.0
     for batch in _steps(loader, max_steps):

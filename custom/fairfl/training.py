@@ -16,18 +16,77 @@ from monai.networks.utils import one_hot
 from fairfl.files import save_atomic  # noqa: F401  (the executor imports it from here)
 
 
+OPTIMIZERS = ("adam", "sgd")
+
+
 @dataclass
 class TrainSettings:
     """One round of local training. The paper's: Adam lr 1e-3, weight decay 1e-4, batch 8, one local epoch.
 
     local_steps > 0 trains a fixed number of optimiser steps instead of one epoch, so every site does the
-    same amount of work per round whatever its dataset size (DESIGN.md, Fed-LWR)."""
+    same amount of work per round whatever its dataset size (the Fed-LWR benchmark's "steps" setting).
+    optimizer "sgd" (with `momentum`) is plain local SGD, as q-FedAvg's authors trained (its L = 1 / lr
+    reads the local update as a sum of gradients only under SGD)."""
 
     lr: float = 1e-3
     weight_decay: float = 1e-4
     batch_size: int = 8
     local_epochs: int = 1
     local_steps: int = 0
+    optimizer: str = "adam"
+    momentum: float = 0.0
+
+
+def check_optimizer_settings(settings) -> str | None:
+    """Why the server's optimiser settings ({"name", "momentum", "keep_state"}) must not be used, or None."""
+    if not isinstance(settings, dict):
+        return f"must be an object, got {type(settings).__name__}"
+    if settings.get("name") not in OPTIMIZERS:
+        return f"name {settings.get('name')!r} is not one of {', '.join(OPTIMIZERS)}"
+    momentum = settings.get("momentum")
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
+        return f"momentum {momentum!r} is not a number in [0, 1)"
+    if not isinstance(settings.get("keep_state"), bool):
+        return f"keep_state {settings.get('keep_state')!r} is not true or false"
+    return None
+
+
+def make_optimizer(model: torch.nn.Module, settings: TrainSettings, betas: tuple[float, float] = (0.9, 0.999)):
+    """The local optimiser of `settings`: Adam (betas) or SGD (momentum), with its lr and weight decay."""
+    if settings.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
+                               weight_decay=settings.weight_decay)
+    if settings.optimizer != "adam":
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {settings.optimizer!r}")
+    return torch.optim.Adam(model.parameters(), lr=settings.lr, betas=betas, weight_decay=settings.weight_decay)
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, name: str, saved) -> str | None:
+    """Load what `optimizer_state` saved in an earlier round into `optimizer` (of kind `name`); why it cannot be
+    loaded (another optimiser or network, a wrong shape, NaN/Inf), or None once it is loaded."""
+    if not isinstance(saved, dict) or saved.get("optimizer") != name or not isinstance(saved.get("state"), dict):
+        return f"not a saved {name} state"
+    state = saved["state"]
+    try:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        ids = [i for group in state["param_groups"] for i in group["params"]]
+        if len(ids) != len(params) or set(state["state"]) - set(ids):
+            return f"{len(ids)} parameters saved, {len(params)} in this network"
+        by_id = dict(zip(ids, params))
+        for i, entry in state["state"].items():
+            for key, value in entry.items():
+                if key != "step" and (not isinstance(value, torch.Tensor) or value.shape != by_id[i].shape
+                                      or not bool(torch.isfinite(value).all())):
+                    return f"state {key!r} of parameter {i} does not fit this network or is not finite"
+        optimizer.load_state_dict(state)
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        return f"not an optimiser state ({type(e).__name__}: {e})"
+    return None
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer, name: str) -> dict:
+    """What a site keeps of its optimiser between rounds (`load_optimizer_state` reads it back)."""
+    return {"optimizer": name, "state": optimizer.state_dict()}
 
 
 def site_seed(seed: int, site: str) -> int:
@@ -57,11 +116,14 @@ def segmentation_loss() -> torch.nn.Module:
     return DiceLoss(to_onehot_y=True, softmax=True)
 
 
-def train_local(model, loader, settings: TrainSettings, device, loss_fn=None) -> dict:
-    """Train in place for one round; returns the mean loss and the number of optimiser steps."""
+def train_local(model, loader, settings: TrainSettings, device, loss_fn=None, optimizer=None) -> dict:
+    """Train in place for one round; returns the mean loss and the number of optimiser steps.
+
+    optimizer: one built on `model` (`make_optimizer`), e.g. with the state of the site's previous round;
+    None = a fresh one of `settings` (the optimiser state is reset every round, as the papers' code does)."""
     loss_fn = loss_fn or segmentation_loss()
     model.to(device).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    optimizer = optimizer or make_optimizer(model, settings)
     max_steps = settings.local_steps if settings.local_steps > 0 else settings.local_epochs * len(loader)
     steps, total = 0, 0.0
     while steps < max_steps:

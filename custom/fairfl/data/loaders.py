@@ -125,21 +125,37 @@ class MatchChannelsd(MapTransform):
         return d
 
 
-def _augmentation(spatial_keys) -> list:
-    """Light and label-preserving: mirroring, quarter turns (cheap, no interpolation of a mask; lesions
-    and slices keep their class) and a small intensity scale/shift that mimics residual differences
-    between scanners and cameras."""
-    return [
-        RandFlipd(spatial_keys, prob=0.5, spatial_axis=0),
-        RandFlipd(spatial_keys, prob=0.5, spatial_axis=1),
-        RandRotate90d(spatial_keys, prob=0.5, max_k=3),
-        RandScaleIntensityd("image", factors=0.1, prob=0.5),
-        RandShiftIntensityd("image", offsets=0.1, prob=0.5),
-    ]
+AUGMENTATIONS = ("flip", "rotate90", "intensity")
+
+
+def check_augmentation(names) -> list:
+    """The augmentation names of a job argument as a list (None: all of them); ValueError for anything else."""
+    if names is None:
+        return list(AUGMENTATIONS)
+    if not isinstance(names, (list, tuple)) or any(n not in AUGMENTATIONS for n in names) \
+            or len(set(names)) != len(names):
+        raise ValueError(f"augmentation must be a list of distinct names from {list(AUGMENTATIONS)}, got {names!r}")
+    return list(names)
+
+
+def _augmentation(spatial_keys, names=AUGMENTATIONS) -> list:
+    """Light and label-preserving, each switchable (`names`): mirroring along both axes and quarter turns
+    ("flip", "rotate90": cheap, no interpolation of a mask; lesions and slices keep their class; switch them off
+    where orientation carries meaning, e.g. laterality markers or a fixed anatomical up) and a small intensity
+    scale/shift that mimics residual differences between scanners and cameras ("intensity")."""
+    names = check_augmentation(names)
+    chosen = []
+    if "flip" in names:
+        chosen += [RandFlipd(spatial_keys, prob=0.5, spatial_axis=0), RandFlipd(spatial_keys, prob=0.5, spatial_axis=1)]
+    if "rotate90" in names:
+        chosen += [RandRotate90d(spatial_keys, prob=0.5, max_k=3)]
+    if "intensity" in names:
+        chosen += [RandScaleIntensityd("image", factors=0.1, prob=0.5), RandShiftIntensityd("image", offsets=0.1, prob=0.5)]
+    return chosen
 
 
 def segmentation_transforms(image_size: int, num_classes: int, train: bool, in_channels: int = 1,
-                            site: str = "?") -> Compose:
+                            site: str = "?", augmentation=AUGMENTATIONS) -> Compose:
     """Load, normalise and resize an image/mask pair to `image_size` squared; augment if `train`.
 
     Output: image float32 [in_channels, S, S], label int64 [1, S, S]. `num_classes` needs no
@@ -160,12 +176,13 @@ def segmentation_transforms(image_size: int, num_classes: int, train: bool, in_c
         Resized(KEYS, spatial_size=(image_size, image_size), mode=("bilinear", "nearest"), anti_aliasing=(True, False)),
         CastToTyped("label", dtype=torch.long),
     ]
-    augmentation = _augmentation(KEYS) if train else []
+    augmentation = _augmentation(KEYS, augmentation) if train else []
     # Plain tensors out: batches stay simple to hook, hash and send across FLARE.
     return Compose([LoadCheckedd(KEYS, site, deterministic), *augmentation, EnsureTyped(KEYS, track_meta=False)])
 
 
-def classification_transforms(image_size: int, train: bool, in_channels: int = 1, site: str = "?") -> Compose:
+def classification_transforms(image_size: int, train: bool, in_channels: int = 1, site: str = "?",
+                              augmentation=AUGMENTATIONS) -> Compose:
     """Load, normalise and resize an image to `image_size` squared; augment if `train`. The label is a
     class index (already checked by `load_datalist`).
 
@@ -181,7 +198,7 @@ def classification_transforms(image_size: int, train: bool, in_channels: int = 1
         NormalizeIntensityd("image", nonzero=False, channel_wise=False),
         Resized("image", spatial_size=(image_size, image_size), mode="bilinear", anti_aliasing=True),
     ]
-    augmentation = _augmentation("image") if train else []
+    augmentation = _augmentation("image", augmentation) if train else []
     return Compose([LoadCheckedd("image", site, deterministic), *augmentation, EnsureTyped("image", track_meta=False),
                     EnsureTyped("label", dtype=torch.long, track_meta=False)])
 
@@ -197,11 +214,13 @@ def make_loader(
     in_channels: int = 1,
     task: str = "segmentation",
     site: str = "?",
+    augmentation=AUGMENTATIONS,
 ) -> torch.utils.data.DataLoader:
     """A loader over datalist entries, cached in memory after the first read.
 
-    Shuffles (with a generator seeded from `seed`) and augments only when `train`; the random
-    augmentation is seeded from the same generator, so a run is reproducible.
+    Shuffles (with a generator seeded from `seed`) and augments only when `train`, with the transforms
+    `augmentation` names (see `_augmentation`); the random augmentation is seeded from the same generator, so a
+    run is reproducible.
     `max_samples`: every pass is a fresh random sample of at most that many entries, in random order,
     drawn from the loader's generator (re-seed `loader.generator` for another sample), whatever the number
     of entries; never the datalist's order, where neighbouring entries are slices of one patient. The
@@ -214,8 +233,8 @@ def make_loader(
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     entries, generator, sampler = list(entries), torch.Generator().manual_seed(seed), None
-    transform = (segmentation_transforms(image_size, num_classes, train, in_channels, site) if task == "segmentation"
-                 else classification_transforms(image_size, train, in_channels, site))
+    transform = (segmentation_transforms(image_size, num_classes, train, in_channels, site, augmentation)
+                 if task == "segmentation" else classification_transforms(image_size, train, in_channels, site, augmentation))
     if max_samples is not None:
         if max_samples < 1:
             raise ValueError(f"max_samples must be >= 1, got {max_samples}")

@@ -34,7 +34,7 @@ from fairfl.presets import apply_preset, fill_task_defaults
 from fairfl.qffl import lipschitz_from_lr, qffl_aggregate
 from fairfl.saga import BETA, Q, SagaState, check_report, check_variant
 from fairfl.sharpness import GSAM_ALPHA, RHO_MAX, TAU, search_distance
-from fairfl.training import load_tensors
+from fairfl.training import check_optimizer_settings, load_tensors
 from fairfl.results import RESULTS_FILE, ResultsLog, site_key
 from fairfl.site_checks import (MAX_REPORTED, MAX_SAMPLES, check_cka, check_site_state, distance, majority,
                                 metrics_problem, norm_outliers, number_problem, samples_problem, tensor_state)
@@ -69,7 +69,8 @@ class FairRoundController(ModelController):
                  model_strides=(2, 2, 2), model_norm=None, weighting: str = "samples",
                  exclude_sites=None, preset: str = "", task_check_period: float = 0.5, straggler_timeout: int = 600,
                  run_name: str = "", max_samples: int = MAX_SAMPLES, max_update_ratio: float = 10.0,
-                 max_share=None, robust_aggregation: str = "none", trim_fraction: float = 0.2):
+                 max_share=None, robust_aggregation: str = "none", trim_fraction: float = 0.2,
+                 local_optimizer: str = "adam", momentum: float = 0.0, keep_optimizer_state: bool = False):
         """
         Args:
             num_rounds: communication rounds (the paper: 200; CPU default 20).
@@ -117,8 +118,18 @@ class FairRoundController(ModelController):
                 averaging step becomes an unweighted coordinate-wise median or trimmed mean of the accepted
                 sites' models (CFFL, CGSV: of their updates). q-FedAvg's step is not an average: refused there.
             trim_fraction: trimmed_mean drops floor(trim_fraction * K) of the K values at each end, per coordinate.
+            local_optimizer: the sites' local optimiser, "adam" (the papers' segmentation and FedISM+ settings) or
+                "sgd" (with `momentum`; q-FedAvg's authors' local solver). The learning rate is the sites' (`lr`).
+            keep_optimizer_state: false (the papers' code): every round starts a fresh optimiser; true: each site
+                keeps its optimiser's state (Adam's moment estimates) from its previous round.
         """
         super().__init__(persistor_id="", task_check_period=task_check_period)
+        problem = check_optimizer_settings({"name": local_optimizer, "momentum": momentum,
+                                            "keep_state": keep_optimizer_state})
+        if problem:
+            raise ValueError(f"local_optimizer / momentum / keep_optimizer_state: {problem}")
+        self.local_optimizer, self.momentum = local_optimizer, float(momentum)
+        self.keep_optimizer_state = keep_optimizer_state
         if weighting not in ("samples", "uniform"):
             raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
         self.num_rounds, self.eval_every, self.min_clients = num_rounds, eval_every, min_clients
@@ -183,7 +194,9 @@ class FairRoundController(ModelController):
         self.task_meta = {protocol.MODEL_SPEC: self.model_spec(), protocol.DATASET: self.dataset,
                           protocol.TASK: self.task,
                           protocol.NUM_SITES: max(builtin_dataset(self.dataset).min_sites, len(sites)),
-                          protocol.DATA_SEED: self.data_seed}
+                          protocol.DATA_SEED: self.data_seed,
+                          protocol.OPTIMIZER: {"name": self.local_optimizer, "momentum": self.momentum,
+                                               "keep_state": self.keep_optimizer_state}}
         if self.run_name:
             self.task_meta[protocol.RUN_NAME] = self.run_name
         self.task_meta.update(self.site_meta())
@@ -532,7 +545,7 @@ class FairRoundController(ModelController):
         keys = ["num_rounds", "eval_every", "min_clients", "task_timeout", "straggler_timeout", "run_name", "seed", "data_seed", "dataset", "task",
                 "num_classes", "in_channels", "model", "model_channels", "model_strides", "model_norm", "weighting",
                 "exclude_sites", "preset", "max_samples", "max_update_ratio", "max_share", "robust_aggregation",
-                "trim_fraction"]
+                "trim_fraction", "local_optimizer", "momentum", "keep_optimizer_state"]
         return {"controller": type(self).__name__, **{k: getattr(self, k) for k in keys},
                 "preset_env": os.environ.get("FAIRFL_PRESET", "")}
 

@@ -34,7 +34,7 @@ from fairfl.contribution import leave_one_out_error
 from fairfl.data.builtin import builtin_dataset, ensure_builtin
 from fairfl.data.datalist import load_dataset_info, load_datalist
 from fairfl.data.free_rider import free_rider_datalist
-from fairfl.data.loaders import make_loader
+from fairfl.data.loaders import check_augmentation, make_loader
 from fairfl.data.synthetic_classification import CORRUPTED_SPLIT
 from fairfl.errors import DataError
 from fairfl.flare import protocol
@@ -43,8 +43,9 @@ from fairfl.npr import check_npr_settings, class_prototypes, extract_features, f
 from fairfl.presets import apply_preset
 from fairfl.sharpness import GSAM_ALPHA, dataset_loss, measure_sharpness, train_salt
 from fairfl.site_settings import site_settings
-from fairfl.training import (TrainSettings, configure_threads, evaluate_dice, load_tensors, save_atomic, save_model,
-                             seed_everything, segmentation_loss, select_device, site_seed, train_local)
+from fairfl.training import (TrainSettings, check_optimizer_settings, configure_threads, evaluate_dice,
+                             load_optimizer_state, load_tensors, make_optimizer, optimizer_state, save_atomic,
+                             save_model, seed_everything, segmentation_loss, select_device, site_seed, train_local)
 
 SEGMENTATION, CLASSIFICATION = "segmentation", "classification"
 LOO_SCORE = {SEGMENTATION: "dice", CLASSIFICATION: "balanced_accuracy"}  # the validation score (FedCE: 1 - this, CFFL)
@@ -71,7 +72,8 @@ class FairflExecutor(Executor):
                  lr: float | None = None, weight_decay: float | None = None, local_epochs: int = 1, local_steps: int = 0,
                  cka_max_samples: int = 64, cka_batch_size: int = CKA_BATCH_SIZE, cka_split: str = "training",
                  synthetic_size_scale: float | None = None, seed: int = 0,
-                 num_threads: int = 1, device: str = "auto", logit_adjustment: float = 1.0, preset: str = ""):
+                 num_threads: int = 1, device: str = "auto", logit_adjustment: float = 1.0, preset: str = "",
+                 augmentation=None):
         """Local training, evaluation and CKA probing for one site.
 
         Args:
@@ -95,8 +97,12 @@ class FairflExecutor(Executor):
             logit_adjustment: classification only: tau of the logit-adjusted cross-entropy (Menon et al.; FedISM+
                 uses 1) against the site's label skew; 0 = plain cross-entropy.
             preset: named settings bundle (fairfl.presets); FAIRFL_PRESET overrides it.
+            augmentation: the training augmentation, a list of "flip" (mirroring along both axes), "rotate90"
+                (quarter turns) and "intensity" (scale/shift); [] = none; null = the task's (all three). Leave out
+                flip and rotate90 where orientation carries meaning.
         """
         super().__init__()
+        self.augmentation = None if augmentation is None else check_augmentation(augmentation)  # null: the task's
         self.data_root, self.image_size, self.batch_size = data_root, image_size, batch_size
         self.lr, self.weight_decay = lr, weight_decay
         self.local_epochs, self.local_steps = local_epochs, local_steps
@@ -162,12 +168,17 @@ class FairflExecutor(Executor):
             if meta.get(protocol.PROX_MU):
                 loss_fn = with_proximal_term(loss_fn, model, float(meta[protocol.PROX_MU]))
             started = time.time()
+            settings = self._train_settings(meta)
+            optimizer = self._optimizer(site, meta, model.to(device), settings, state_dir)
             if protocol.SALT_RHO in meta:  # FedISM(+): GSAM over Adam at the server's search distance
-                stats = train_salt(model, loader, self._train_settings(), device, loss_fn,
-                                   rho=float(meta[protocol.SALT_RHO]), alpha=float(meta.get(protocol.SALT_ALPHA, GSAM_ALPHA)))
+                stats = train_salt(model, loader, settings, device, loss_fn, rho=float(meta[protocol.SALT_RHO]),
+                                   alpha=float(meta.get(protocol.SALT_ALPHA, GSAM_ALPHA)), optimizer=optimizer)
             else:
-                stats = train_local(model, loader, self._train_settings(), device, loss_fn=loss_fn)
+                stats = train_local(model, loader, settings, device, loss_fn=loss_fn, optimizer=optimizer)
             metrics["train_seconds"] = time.time() - started  # local training alone (cost benchmarks)
+            if meta.get(protocol.OPTIMIZER, {}).get("keep_state"):
+                save_atomic(optimizer_state(optimizer, settings.optimizer),
+                            os.path.join(state_dir, protocol.OPTIMIZER_STATE_FILE))
         save_model(model, os.path.join(state_dir, protocol.LOCAL_MODEL_FILE))
         if meta.get(protocol.VALIDATE_TRAINED):  # CFFL: the trained model's score on the site's validation split
             reply_meta[protocol.VAL_METRIC] = self._validation_score(site, model, meta, device)
@@ -276,6 +287,9 @@ class FairflExecutor(Executor):
         problem = check_npr_settings(meta[protocol.NPR]) if protocol.NPR in meta else None
         if problem:
             raise DataError(site, "the server's task", f"{protocol.NPR} settings: {problem}")
+        problem = check_optimizer_settings(meta[protocol.OPTIMIZER]) if protocol.OPTIMIZER in meta else None
+        if problem:
+            raise DataError(site, "the server's task", f"{protocol.OPTIMIZER} settings: {problem}")
 
     @staticmethod
     def _task(meta: dict) -> str:
@@ -324,7 +338,7 @@ class FairflExecutor(Executor):
         personal = copy.deepcopy(sent) if personal is None else personal
         loader = self._loader(site, meta, "training", train=True, seed=seed)
         started = time.time()
-        stats = train_personal(personal, sent, loader, self._train_settings(), device, self._loss(meta),
+        stats = train_personal(personal, sent, loader, self._train_settings(meta), device, self._loss(meta),
                                float(meta[protocol.DITTO_LAMBDA]))
         seconds = time.time() - started
         path = os.path.join(state_dir, protocol.PERSONAL_MODEL_FILE)
@@ -389,9 +403,26 @@ class FairflExecutor(Executor):
         model.load_state_dict(load_tensors(path))
         return model
 
-    def _train_settings(self) -> TrainSettings:
+    def _train_settings(self, meta: dict) -> TrainSettings:
+        chosen = meta.get(protocol.OPTIMIZER) or {}
         return TrainSettings(lr=self.lr, weight_decay=self.weight_decay, batch_size=self.batch_size,
-                             local_epochs=self.local_epochs, local_steps=self.local_steps)
+                             local_epochs=self.local_epochs, local_steps=self.local_steps,
+                             optimizer=chosen.get("name", "adam"), momentum=float(chosen.get("momentum", 0.0)))
+
+    def _optimizer(self, site, meta: dict, model, settings: TrainSettings, state_dir: str):
+        """A fresh local optimiser for this round, or (keep_state) the one of the site's previous round: a saved
+        state that does not fit (another optimiser or network, NaN/Inf) is an error naming the site and the file."""
+        optimizer = make_optimizer(model, settings)
+        path = os.path.join(state_dir, protocol.OPTIMIZER_STATE_FILE)
+        if (meta.get(protocol.OPTIMIZER) or {}).get("keep_state") and os.path.exists(path):
+            try:
+                problem = load_optimizer_state(optimizer, settings.optimizer, load_tensors(path))
+            except ValueError as e:
+                problem = str(e)
+            if problem:
+                raise DataError(site, path, f"the kept optimiser state cannot be used ({problem}); delete it to "
+                                            f"start this site's optimiser afresh")
+        return optimizer
 
     def _loader(self, site, meta, split, train, seed, max_samples=None, batch_size=None):
         spec = meta[protocol.MODEL_SPEC]
@@ -402,7 +433,8 @@ class FairflExecutor(Executor):
             self._loaders[key] = make_loader(self._datalist[split], image_size=self.image_size,
                                              num_classes=spec["num_classes"], batch_size=batch_size or self.batch_size,
                                              train=train, seed=self.seed, max_samples=max_samples,
-                                             in_channels=spec["in_channels"], task=self._task(meta), site=site)
+                                             in_channels=spec["in_channels"], task=self._task(meta), site=site,
+                                             augmentation=self.augmentation)
         loader = self._loaders[key]
         # Re-seed shuffling and augmentation per round, so a round's batches do not depend on whether this
         # process is the one that ran the previous rounds (simulator -t < -n, restarts).

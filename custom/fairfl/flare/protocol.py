@@ -32,6 +32,8 @@ DITTO_LAMBDA = "ditto_lambda"    # Ditto: after training the model sent, also tr
                                  # loss(v) + (lambda / 2) ||v - w_sent||^2 (kept in PERSONAL_MODEL_FILE)
 PERSONAL_HEAD = "personal_head"  # FedNPR-Per: the site trains and is evaluated with its own classifier head
 RUN_NAME = "run_name"            # a named (resumable) run: sites keep their state in run_state_dir(...) of it
+OPTIMIZER = "optimizer"          # {"name": "adam" or "sgd", "momentum", "keep_state"}: the local optimiser; keep_state
+                                 # carries its state (Adam's moments) from round to round (OPTIMIZER_STATE_FILE)
 VALIDATE_TRAINED = "validate_trained"  # CFFL: after training, score the trained model on the validation split (True)
 
 # site -> server
@@ -51,6 +53,8 @@ FREE_RIDER = "free_rider"        # training metric 1.0: this site is a free ride
 LOCAL_MODEL_FILE = "local_model.pt"        # the site's model after its last local training (Solo, FedCE, Fed-LWR)
 PERSONAL_MODEL_FILE = "ditto_personal_model.pt"  # Ditto: the site's personal model v_k, {"round", "model"} ...
 PREVIOUS_PERSONAL_MODEL_FILE = "ditto_personal_model_previous.pt"  # ... and the one of the round before
+
+OPTIMIZER_STATE_FILE = "optimizer_state.pt"  # the site's optimiser state after its last round (keep_state)
 
 STATE_ROOT_ENV = "FAIRFL_STATE_ROOT"
 

@@ -1,0 +1,183 @@
+"""The local training options a job chooses: the optimiser (Adam or plain SGD, q-FedAvg's authors' local solver),
+keeping its state across rounds, and which training augmentation runs. Each is checked against a hand computation
+or against the data it must leave alone, and for the hostile or broken input a site can meet."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from monai.transforms import RandFlipd, RandRotate90d, RandScaleIntensityd, RandShiftIntensityd
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+from fairfl.data.loaders import AUGMENTATIONS, _augmentation, check_augmentation, make_loader
+from fairfl.errors import DataError
+from fairfl.files import save_atomic
+from fairfl.flare import protocol
+from fairfl.flare.controllers import FairRoundController
+from fairfl.flare.executor import FairflExecutor
+from fairfl.models import initial_state
+from fairfl.report import _group
+from fairfl.training import (TrainSettings, check_optimizer_settings, load_optimizer_state, make_optimizer,
+                             optimizer_state, train_local)
+
+TINY = {"model_channels": [8, 16, 32], "model_strides": [2, 2], "num_rounds": 2}
+
+
+# ----------------------------------------------------------------------------------------------------- the optimiser
+def test_sgd_is_a_plain_gradient_step_and_adam_the_default():
+    model = torch.nn.Linear(3, 1, bias=False)
+    before = model.weight.detach().clone()
+    x, y = torch.randn(5, 3, generator=torch.Generator().manual_seed(0)), torch.zeros(5, 1)
+    settings = TrainSettings(lr=0.1, weight_decay=0.0, optimizer="sgd")
+    optimizer = make_optimizer(model, settings)
+    loss = ((model(x) - y) ** 2).mean()
+    loss.backward()
+    gradient = model.weight.grad.clone()
+    optimizer.step()
+    torch.testing.assert_close(model.weight.detach(), before - 0.1 * gradient)
+    assert isinstance(make_optimizer(model, TrainSettings()), torch.optim.Adam)
+    with pytest.raises(ValueError, match="optimizer"):
+        make_optimizer(model, TrainSettings(optimizer="lbfgs"))
+
+
+@pytest.mark.parametrize("bad, word", [(None, "object"), ({"name": "rmsprop", "momentum": 0.0, "keep_state": False}, "name"),
+                                       ({"name": "sgd", "momentum": 1.0, "keep_state": False}, "momentum"),
+                                       ({"name": "sgd", "momentum": float("nan"), "keep_state": False}, "momentum"),
+                                       ({"name": "sgd", "momentum": True, "keep_state": False}, "momentum"),
+                                       ({"name": "adam", "momentum": 0.0, "keep_state": "yes"}, "keep_state")])
+def test_bad_optimiser_settings_are_named(bad, word):
+    assert word in check_optimizer_settings(bad)
+    if bad is not None:  # the same refusal as a job argument
+        with pytest.raises(ValueError, match="local_optimizer"):
+            FairRoundController(local_optimizer=bad["name"], momentum=bad["momentum"],
+                                keep_optimizer_state=bad["keep_state"], **TINY)
+
+
+def test_the_controller_sends_and_records_the_optimiser():
+    controller = FairRoundController(local_optimizer="sgd", momentum=0.9, keep_optimizer_state=True, **TINY)
+    config = controller.config()
+    assert (config["local_optimizer"], config["momentum"], config["keep_optimizer_state"]) == ("sgd", 0.9, True)
+    assert _group({"method": "fedavg", "config": config}) == "fedavg (SGD; optimiser state kept)"
+    assert _group({"method": "fedavg", "config": FairRoundController(**TINY).config()}) == "fedavg"
+
+
+def test_a_saved_state_that_does_not_fit_is_refused_and_a_fitting_one_is_loaded():
+    model, other = torch.nn.Linear(3, 2), torch.nn.Linear(4, 2)
+    adam = make_optimizer(model, TrainSettings())
+    model(torch.ones(1, 3)).sum().backward()
+    adam.step()
+    saved = optimizer_state(adam, "adam")
+    fresh = make_optimizer(model, TrainSettings())
+    assert load_optimizer_state(fresh, "adam", saved) is None
+    torch.testing.assert_close(fresh.state_dict()["state"][0]["exp_avg"], adam.state_dict()["state"][0]["exp_avg"])
+    assert "sgd" in load_optimizer_state(make_optimizer(model, TrainSettings(optimizer="sgd")), "sgd", saved)
+    assert "fit" in load_optimizer_state(make_optimizer(other, TrainSettings()), "adam", saved)
+    broken = optimizer_state(adam, "adam")
+    broken["state"]["state"][0]["exp_avg"] = torch.full_like(broken["state"]["state"][0]["exp_avg"], float("nan"))
+    assert "finite" in load_optimizer_state(make_optimizer(model, TrainSettings()), "adam", broken)
+    assert "not a saved" in load_optimizer_state(fresh, "adam", {"optimizer": "adam", "state": [1, 2]})
+    assert "not an optimiser state" in load_optimizer_state(fresh, "adam", {"optimizer": "adam", "state": {}})
+
+
+@pytest.fixture
+def site(cache_dir):
+    controller = FairRoundController(**TINY)
+    meta = {protocol.MODEL_SPEC: controller.model_spec(), protocol.DATASET: "prostate", protocol.TASK: "segmentation",
+            protocol.NUM_SITES: 3, protocol.DATA_SEED: 0, protocol.START_FROM: protocol.FROM_GLOBAL}
+    executor = FairflExecutor(image_size=32, batch_size=8, lr=1e-3, weight_decay=1e-4, synthetic_size_scale=0.5)
+    return controller, meta, executor
+
+
+def train(executor, meta, params, state_dir, round_num, **optimizer):
+    chosen = {"name": "adam", "momentum": 0.0, "keep_state": False, **optimizer}
+    return executor._train("site-2", FLModel(params_type=ParamsType.FULL, params=params, current_round=round_num,
+                                             meta={**meta, protocol.OPTIMIZER: chosen}), str(state_dir))
+
+
+def test_a_kept_optimiser_state_carries_adams_moments_into_the_next_round(site, tmp_path):
+    controller, meta, executor = site
+    w0 = initial_state(controller.model_spec(), 0)
+    fresh = train(executor, meta, w0, tmp_path / "fresh", 0)
+    assert not os.path.exists(tmp_path / "fresh" / protocol.OPTIMIZER_STATE_FILE)  # the default keeps nothing
+    kept = train(executor, meta, w0, tmp_path / "kept", 0, keep_state=True)
+    assert all(np.array_equal(kept.params[k], fresh.params[k]) for k in fresh.params)  # round 0: nothing to keep
+    assert os.path.exists(tmp_path / "kept" / protocol.OPTIMIZER_STATE_FILE)
+    again_fresh = train(executor, meta, fresh.params, tmp_path / "fresh", 1)
+    again_kept = train(executor, meta, fresh.params, tmp_path / "kept", 1, keep_state=True)
+    assert not all(np.allclose(again_kept.params[k], again_fresh.params[k]) for k in again_fresh.params)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "other_optimizer", "nan"])
+def test_a_broken_kept_state_is_an_error_naming_site_and_file(site, tmp_path, damage):
+    controller, meta, executor = site
+    w0 = initial_state(controller.model_spec(), 0)
+    train(executor, meta, w0, tmp_path, 0, keep_state=True)
+    path = tmp_path / protocol.OPTIMIZER_STATE_FILE
+    saved = torch.load(path)
+    if damage == "garbage":
+        path.write_bytes(b"not a torch file")
+    elif damage == "other_optimizer":
+        save_atomic({**saved, "optimizer": "sgd"}, str(path))
+    else:
+        first = next(iter(saved["state"]["state"]))
+        saved["state"]["state"][first]["exp_avg"].fill_(float("nan"))
+        save_atomic(saved, str(path))
+    with pytest.raises(DataError, match="site-2") as error:
+        train(executor, meta, w0, tmp_path, 1, keep_state=True)
+    assert str(path) in str(error.value) and "delete it" in str(error.value)
+
+
+def test_a_hostile_servers_optimiser_settings_are_bad_task_data(site):
+    _, meta, _ = site
+    for bad in ({"name": "adam; rm -rf /", "momentum": 0.0, "keep_state": False},
+                {"name": "sgd", "momentum": 1e300, "keep_state": False}):
+        with pytest.raises(DataError, match="the server's task.*optimizer"):
+            FairflExecutor._check_task("site-1", {**meta, protocol.OPTIMIZER: bad})
+
+
+def test_local_sgd_trains_the_unet(site):
+    """Plain SGD at the lr q-FedAvg (SGD) runs with lowers the Dice loss of a site within a round's steps."""
+    controller, meta, executor = site
+    from fairfl.models import build_model
+
+    model = build_model(controller.model_spec())
+    loader = executor._loader("site-2", meta, "training", train=True, seed=0)
+    first = train_local(model, loader, TrainSettings(lr=0.5, weight_decay=0.0, optimizer="sgd", local_epochs=1),
+                        torch.device("cpu"))
+    later = train_local(model, loader, TrainSettings(lr=0.5, weight_decay=0.0, optimizer="sgd", local_epochs=3),
+                        torch.device("cpu"))
+    assert later["train_loss"] < first["train_loss"]
+
+
+# ------------------------------------------------------------------------------------------------------ augmentation
+def test_the_default_augmentation_is_the_one_every_benchmark_ran():
+    """Bit-identical to the hard-coded list before it became a job argument: the same transforms in the same order
+    (each draws from the seeded generator in turn)."""
+    assert [type(t) for t in _augmentation(["image", "label"])] == [RandFlipd, RandFlipd, RandRotate90d,
+                                                                     RandScaleIntensityd, RandShiftIntensityd]
+    assert check_augmentation(None) == list(AUGMENTATIONS)
+    assert _augmentation("image", []) == []
+    for bad in (["flip", "flip"], ["mirror"], "flip", [None], 3):
+        with pytest.raises(ValueError, match="augmentation"):
+            check_augmentation(bad)
+    with pytest.raises(ValueError, match="augmentation"):
+        FairflExecutor(augmentation=["rotate45"])
+
+
+def masks(loader):
+    return [m for batch in loader for m in batch["label"]]
+
+
+@pytest.mark.parametrize("names, moves_masks", [([], False), (["intensity"], False), (["flip", "rotate90"], True)])
+def test_switching_orientation_augmentation_off_leaves_every_mask_as_it_is(site, names, moves_masks):
+    """With flips and quarter turns off, every training mask is one of the site's unaugmented masks exactly (the
+    intensity jitter never touches a mask); with them on, some are mirrored or turned."""
+    _, meta, executor = site
+    entries = executor._loader("site-2", meta, "training", train=False, seed=0).dataset.data
+    kwargs = dict(image_size=32, num_classes=2, batch_size=4, seed=3, site="site-2")
+    plain = masks(make_loader(entries, train=False, **kwargs))
+    augmented = masks(make_loader(entries, train=True, augmentation=names, **kwargs))
+    unchanged = [any(torch.equal(m, p) for p in plain) for m in augmented]
+    assert len(augmented) == len(plain)
+    assert (not all(unchanged)) == moves_masks
