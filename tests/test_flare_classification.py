@@ -128,6 +128,26 @@ def test_fedism_aggregates_by_saga_weights_and_rejects_bad_reports(variant):
     assert extras1["weights"] == pytest.approx({s: 0.5 * raw1[s] + 0.5 * expected[s] for s in raw1})
 
 
+def test_salt_only_ablation_aggregates_like_fedavg_and_asks_for_no_sharpness():
+    """saga: false is FedISM+'s Table I ablation: the same SALT training (rho schedule in the task), FedAvg's
+    sample-size weights whatever the sites report, and no sharpness probe to pay for."""
+    controller = FedISMController(saga=False, **TINY)
+    assert controller.method == "salt" and controller.config()["saga"] is False
+    meta = controller.train_meta(0)
+    assert protocol.SALT_RHO in meta and protocol.SHARPNESS_RHO not in meta
+    state0 = initial_state(controller.model_spec(), seed=0)
+    reports = {"site-1": sharpness(0.9), "site-2": None, "site-3": sharpness(float("nan"))}  # ignored, never rejected
+    updates = updates_with(state0, reports, protocol.SHARPNESS)
+    rejected = {}
+    new, extras = controller.aggregate(0, state0, updates, rejected)
+    expected = {s: u.num_samples / sum(v.num_samples for v in updates.values()) for s, u in updates.items()}
+    assert not rejected and extras["weights"] == pytest.approx(expected) and "raw_weights" not in extras
+    for name, value in mixture(updates, expected).items():
+        np.testing.assert_allclose(new[name], value.numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="saga"):
+        FedISMController(saga="no", **TINY)
+
+
 def test_fedism_keeps_the_global_model_when_no_report_is_valid():
     controller = FedISMController(**TINY)
     state0 = initial_state(controller.model_spec(), seed=0)

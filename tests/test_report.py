@@ -365,3 +365,32 @@ def test_contribution_tables_include_cffl_and_cgsv_reputations(tmp_path):
     assert "| CFFL | contribution | 0.500" in table and "| CGSV | contribution |" in table
     _, values = report.contribution_agreement_table(runs, LOO)  # compared with leave-one-out like FedCE's
     assert {"final contributions"} == set(values["cffl"]) == set(values["cgsv"])
+
+
+def test_the_mean_of_the_last_rounds_is_each_sites_own_mean_and_the_report_can_use_it(tmp_path):
+    """ResultsLog.mean_of_last averages each site over the evaluated rounds it was scored in (a site absent from one
+    round is not dragged down by it), and `--final mean_of_last` reports that instead of the
+    last round; runs without it are refused, never silently reported as the last round."""
+    from fairfl.report import with_final
+    from fairfl.results import ResultsLog
+
+    log = ResultsLog(str(tmp_path / "results.json"), method="fedavg", task="segmentation", metric="dice", seed=0,
+                     sites=["site-1", "site-2"], config={})
+    log.add_round(0, 1.0, {"site-1": {"dice": 0.1}, "site-2": {"dice": 0.1}})
+    log.add_round(1, 1.0, None)
+    log.add_round(2, 1.0, {"site-1": {"dice": 0.5}, "site-2": {"dice": 0.3}})
+    log.add_round(3, 1.0, {"site-1": {"dice": 0.7}})  # site-2 absent
+    mean = log.mean_of_last(1)
+    assert mean["rounds"] == [2, 3]
+    assert mean["per_site"]["site-1"]["dice"] == pytest.approx(0.6)
+    assert mean["per_site"]["site-2"]["dice"] == pytest.approx(0.3)  # its one scored round, not (0.3 + 0) / 2
+    assert log.mean_of_last(4) is None
+    log.finish({"site-1": {"dice": 0.7}}, mean_of_last=mean)
+    run = {**json.loads((tmp_path / "results.json").read_text()), "file": "r.json"}
+    assert with_final([run], "mean_of_last")[0]["final"]["mean"] == pytest.approx(0.45)
+    assert with_final([run], "last")[0]["final"]["mean"] == pytest.approx(0.7)
+    plain = {**run, "final": {k: v for k, v in run["final"].items() if k != "mean_of_last"}}
+    with pytest.raises(ValueError, match="average_last"):
+        with_final([plain], "mean_of_last")
+    with pytest.raises(ValueError, match="final"):
+        with_final([run], "best")

@@ -325,7 +325,8 @@ def crashing_site(site="site-3", round_num=1):
 
 def test_a_site_that_dies_mid_round_is_recorded_absent_and_the_run_goes_on(tmp_path, cache_dir):
     job = make_job("fedavg", str(tmp_path / "job"), {"num_rounds": 3, "eval_every": 3, "min_clients": 2,
-                                                     "straggler_timeout": 10}, client_extra=crashing_site())
+                                                     "straggler_timeout": 10, "average_last": 2},
+                   client_extra=crashing_site())
     sim = run(job, str(tmp_path / "ws"))
     assert "no train answer from site-3" in sim.errors.pop("server", "")
     results = load_results(sim)
@@ -335,6 +336,13 @@ def test_a_site_that_dies_mid_round_is_recorded_absent_and_the_run_goes_on(tmp_p
         assert record["absent"] == ["site-3"]
         assert set(record["weights"]) == {"site-1", "site-2"} and sum(record["weights"].values()) == pytest.approx(1)
     assert set(results["final"]["per_site"]) == {"site-1", "site-2"} and "stopped" not in results
+    # average_last 2: round 1 is evaluated too, and the final record holds each site's mean over rounds 1 and 2
+    assert [bool(r.get("per_site")) for r in results["rounds"]] == [False, True, True]
+    mean_of_last = results["final"]["mean_of_last"]
+    assert mean_of_last["rounds"] == [1, 2] and set(mean_of_last["per_site"]) == {"site-1", "site-2"}
+    for site in ("site-1", "site-2"):
+        assert mean_of_last["per_site"][site]["dice"] == pytest.approx(
+            (results["rounds"][1]["per_site"][site]["dice"] + results["rounds"][2]["per_site"][site]["dice"]) / 2)
 
 
 def test_too_few_sites_left_ends_the_job_with_a_clear_message(tmp_path, cache_dir):

@@ -181,3 +181,9 @@ def test_switching_orientation_augmentation_off_leaves_every_mask_as_it_is(site,
     unchanged = [any(torch.equal(m, p) for p in plain) for m in augmented]
     assert len(augmented) == len(plain)
     assert (not all(unchanged)) == moves_masks
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "5"])
+def test_average_last_must_be_a_positive_integer(bad):
+    with pytest.raises(ValueError, match="average_last"):
+        FairRoundController(average_last=bad, **TINY)

@@ -31,7 +31,7 @@ DISPLAY = {"solo": "Solo", "fedavg": "FedAvg", "fedlwr": "Fed-LWR", "fedce": "Fe
            "qfedavg_lossweighted": "q-FedAvg (loss-weighted)", "fedavg_sgd": "FedAvg (SGD)",
            "qfedavg_sgd": "q-FedAvg (L = 1/lr) (SGD)", "ditto": "Ditto", "fedism": "FedISM",
            "fedismplus": "FedISM+", "fedism_l": "FedISM (L)", "fedismplus_s": "FedISM+ (S)",
-           "fedismplus_l": "FedISM+ (L)", "fednpr": "FedNPR", "fednpr_per": "FedNPR-Per",
+           "fedismplus_l": "FedISM+ (L)", "salt": "SALT (FedAvg weights)", "fednpr": "FedNPR", "fednpr_per": "FedNPR-Per",
            "fedprox_npr": "FedProx + NPR", "fedprox_npr_per": "FedProx + NPR-Per", "fedprox": "FedProx", "cffl": "CFFL", "cgsv": "CGSV"}
 METRIC_LABEL = {"dice": "Dice", "auc": "AUC", "acc": "Accuracy", "accuracy": "Accuracy",
                 "balanced_accuracy": "Balanced accuracy", "corrupted_auc": "AUC (corrupted)",
@@ -676,13 +676,30 @@ AGREEMENT_TEXT = (
     "(the estimates already sum to 1). Best values in bold.")
 
 
-def make_report(paths, out_dir, metric=None, loo=None) -> dict:
-    """Write report.md, results.csv and the figures into out_dir; `loo`: a leave-one-out file (or its folder).
+FINALS = ("last", "mean_of_last")
+
+
+def with_final(runs: list, final: str) -> list:
+    """The runs with "final" as `final` says: "last" (the last round's evaluation) or "mean_of_last" (each site's
+    metrics averaged over the last rounds, a run's `average_last` > 1); a run without it is a ValueError."""
+    if final not in FINALS:
+        raise ValueError(f"final must be one of {FINALS}, got {final!r}")
+    if final == "last":
+        return runs
+    missing = [r["file"] for r in runs if not (r["final"] or {}).get("mean_of_last")]
+    if missing:
+        raise ValueError(f"no mean over the last rounds in {', '.join(missing)} (run them with average_last > 1)")
+    return [{**r, "final": r["final"]["mean_of_last"]} for r in runs]
+
+
+def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> dict:
+    """Write report.md, results.csv and the figures into out_dir; `loo`: a leave-one-out file (or its folder);
+    `final`: which evaluation the tables report (`with_final`).
 
     Returns {"report", "figures", "table", "region_tables": {metric: table}, "performance_fairness": {group:
     stats}, "contributions": {group: stats}, "contribution_agreement": {group: {estimate: stats}}, "quality_shift":
     {group: {column: stats}} (classification runs with a corrupted test set), "loo"}."""
-    runs = load_runs(paths)
+    runs = with_final(load_runs(paths), final)
     metric = _metric(runs, metric)
     dataset = _dataset(runs)
     loo = load_loo(loo) if loo else None
@@ -752,6 +769,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loo", metavar="PATH",
                         help="leave-one-out file (loo.json of `fairfl leave-one-out`) to compare the methods' "
                              "contribution estimates with (the FedCE paper's Table 3)")
+    parser.add_argument("--final", choices=FINALS, default="last",
+                        help="the tables' final result: the last round's evaluation (default) or, for runs with "
+                             "average_last > 1, each site's mean over the last rounds (FedISM+'s reporting)")
 
 
 def run(args) -> int:
@@ -764,7 +784,7 @@ def run(args) -> int:
     first = Path(args.inputs[0])
     out = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / "report"
     try:
-        result = make_report(args.inputs, out, args.metric, args.loo)
+        result = make_report(args.inputs, out, args.metric, args.loo, args.final)
     except (OSError, ValueError) as e:
         print(f"fairfl report: {e}", file=sys.stderr)
         return 1

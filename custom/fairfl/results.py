@@ -50,6 +50,21 @@ class ResultsLog:
         self.write()
         return self.data["final"]
 
+    def mean_of_last(self, first_round: int) -> dict | None:
+        """Each site's metrics averaged over the evaluated rounds from `first_round` on (a site counts the rounds
+        it was scored in), scored like a round, with the rounds used; None when no such round was evaluated."""
+        records = [r for r in self.data["rounds"] if r["round"] >= first_round and r.get("per_site")]
+        if not records:
+            return None
+        values = {}
+        for record in records:
+            for site, metrics in record["per_site"].items():
+                for name, value in metrics.items():
+                    if isinstance(value, (int, float)) and value == value:  # NaN: nothing scored that round
+                        values.setdefault(site, {}).setdefault(name, []).append(float(value))
+        per_site = {site: {name: sum(v) / len(v) for name, v in metrics.items()} for site, metrics in values.items()}
+        return {"rounds": [r["round"] for r in records], **self._scored(per_site)}
+
     def _scored(self, per_site: dict) -> dict:
         metric = self.data["metric"]
         scores = {site: values[metric] for site, values in per_site.items() if metric in values}

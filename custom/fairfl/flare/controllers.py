@@ -70,7 +70,8 @@ class FairRoundController(ModelController):
                  exclude_sites=None, preset: str = "", task_check_period: float = 0.5, straggler_timeout: int = 600,
                  run_name: str = "", max_samples: int = MAX_SAMPLES, max_update_ratio: float = 10.0,
                  max_share=None, robust_aggregation: str = "none", trim_fraction: float = 0.2,
-                 local_optimizer: str = "adam", momentum: float = 0.0, keep_optimizer_state: bool = False):
+                 local_optimizer: str = "adam", momentum: float = 0.0, keep_optimizer_state: bool = False,
+                 average_last: int = 1):
         """
         Args:
             num_rounds: communication rounds (the paper: 200; CPU default 20).
@@ -122,6 +123,9 @@ class FairRoundController(ModelController):
                 "sgd" (with `momentum`; q-FedAvg's authors' local solver). The learning rate is the sites' (`lr`).
             keep_optimizer_state: false (the papers' code): every round starts a fresh optimiser; true: each site
                 keeps its optimiser's state (Adam's moment estimates) from its previous round.
+            average_last: evaluate each of the last N rounds too, and add to the final record `mean_of_last`: each
+                site's metrics averaged over those N evaluations (FedISM+ reports the mean of the last 5 rounds);
+                1 = only the last round (`final` itself is always the last round's).
         """
         super().__init__(persistor_id="", task_check_period=task_check_period)
         problem = check_optimizer_settings({"name": local_optimizer, "momentum": momentum,
@@ -130,6 +134,9 @@ class FairRoundController(ModelController):
             raise ValueError(f"local_optimizer / momentum / keep_optimizer_state: {problem}")
         self.local_optimizer, self.momentum = local_optimizer, float(momentum)
         self.keep_optimizer_state = keep_optimizer_state
+        if isinstance(average_last, bool) or not isinstance(average_last, int) or average_last < 1:
+            raise ValueError(f"average_last must be a positive integer, got {average_last!r}")
+        self.average_last = average_last
         if weighting not in ("samples", "uniform"):
             raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
         self.num_rounds, self.eval_every, self.min_clients = num_rounds, eval_every, min_clients
@@ -238,7 +245,8 @@ class FairRoundController(ModelController):
                 self.error(f"round {round_num}: no acceptable site result; the global model is kept unchanged")
             last = round_num == self.num_rounds - 1
             per_site = None
-            if last or (self.eval_every > 0 and (round_num + 1) % self.eval_every == 0):
+            if last or round_num >= self.num_rounds - self.average_last \
+                    or (self.eval_every > 0 and (round_num + 1) % self.eval_every == 0):
                 per_site = self._evaluate(round_num, global_state, rejected)
             self._log_tensorboard(round_num, per_site, train_metrics)
             record = self.results.add_round(round_num, time.time() - started, per_site, train=train_metrics,
@@ -253,7 +261,9 @@ class FairRoundController(ModelController):
             if self.run_name:
                 self._save_checkpoint(self._checkpoint_path(), round_num, global_state)
         if per_site:
-            final = self.results.finish(per_site, **self.final_extras())
+            mean_of_last = self.results.mean_of_last(self.num_rounds - self.average_last) \
+                if self.average_last > 1 else None
+            final = self.results.finish(per_site, mean_of_last=mean_of_last, **self.final_extras())
             if self.run_name:  # with the final record: submitting the finished run again changes nothing
                 self._save_checkpoint(self._checkpoint_path(), self.num_rounds - 1, global_state)
             self.info(f"final: mean {self.metric} {final.get('mean', float('nan')):.4f} std {final.get('std', float('nan')):.4f}"
@@ -545,7 +555,7 @@ class FairRoundController(ModelController):
         keys = ["num_rounds", "eval_every", "min_clients", "task_timeout", "straggler_timeout", "run_name", "seed", "data_seed", "dataset", "task",
                 "num_classes", "in_channels", "model", "model_channels", "model_strides", "model_norm", "weighting",
                 "exclude_sites", "preset", "max_samples", "max_update_ratio", "max_share", "robust_aggregation",
-                "trim_fraction", "local_optimizer", "momentum", "keep_optimizer_state"]
+                "trim_fraction", "local_optimizer", "momentum", "keep_optimizer_state", "average_last"]
         return {"controller": type(self).__name__, **{k: getattr(self, k) for k in keys},
                 "preset_env": os.environ.get("FAIRFL_PRESET", "")}
 
@@ -863,7 +873,7 @@ class FedISMController(FairRoundController):
     `method_state.json` after every round; `load_method_state` resumes it."""
 
     def __init__(self, rho_max: float = RHO_MAX, tau: float = TAU, variant: str = "S", q: float = Q,
-                 beta: float = BETA, gsam_alpha: float = GSAM_ALPHA, **kwargs):
+                 beta: float = BETA, gsam_alpha: float = GSAM_ALPHA, saga: bool = True, **kwargs):
         """
         Args:
             rho_max: the largest search distance (FedISM+: 0.1; FedISM's fixed rho: 0.05).
@@ -872,9 +882,14 @@ class FedISMController(FairRoundController):
             q: exponent of the weights (the paper: 2).
             beta: moving-average weight of this round's raw weights (the paper: 0.5; 1 = no averaging).
             gsam_alpha: GSAM's surrogate-gap weight (0.1); 0 is SAM.
+            saga: false = the SALT-only ablation (the paper's Table I): SALT training, FedAvg's weights
+                (`weighting`), no sharpness probe.
             **kwargs: see FairRoundController.
         """
         super().__init__(**kwargs)
+        if not isinstance(saga, bool):
+            raise ValueError(f"saga must be true or false, got {saga!r}")
+        self.saga_enabled = saga
         search_distance(1, 1, rho_max, tau)  # checks rho_max and tau
         self.rho_max, self.tau, self.variant = float(rho_max), float(tau), check_variant(variant)
         self.q, self.beta, self.gsam_alpha = float(q), float(beta), float(gsam_alpha)
@@ -882,23 +897,31 @@ class FedISMController(FairRoundController):
 
     @property
     def method(self) -> str:
-        """fedism (fixed rho, sharpness weights: the published FedISM), fedism_l, fedismplus_s, fedismplus_l."""
+        """fedism (fixed rho, sharpness weights: the published FedISM), fedism_l, fedismplus_s, fedismplus_l; salt
+        (SALT with FedAvg weights, either rho schedule)."""
+        if not self.saga_enabled:
+            return "salt"
         if self.tau == 0:
             return "fedism" if self.variant == "S" else "fedism_l"
         return f"fedismplus_{self.variant.lower()}"
 
     def config(self) -> dict:
         return {**super().config(), "rho_max": self.rho_max, "tau": self.tau, "variant": self.variant, "q": self.q,
-                "beta": self.beta, "gsam_alpha": self.gsam_alpha}
+                "beta": self.beta, "gsam_alpha": self.gsam_alpha, "saga": self.saga_enabled}
 
     def rho(self, round_num: int) -> float:
         return search_distance(round_num + 1, self.num_rounds, self.rho_max, self.tau)
 
     def train_meta(self, round_num) -> dict:
         rho = self.rho(round_num)
-        return {protocol.SALT_RHO: rho, protocol.SALT_ALPHA: self.gsam_alpha, protocol.SHARPNESS_RHO: rho}
+        probe = {protocol.SHARPNESS_RHO: rho} if self.saga_enabled else {}
+        return {protocol.SALT_RHO: rho, protocol.SALT_ALPHA: self.gsam_alpha, **probe}
 
     def aggregate(self, round_num, global_state, updates, rejected):
+        if not self.saga_enabled:  # the SALT-only ablation: FedAvg's aggregation
+            new_state, extras = super().aggregate(round_num, global_state, updates, rejected)
+            return new_state, {**extras, "rho": self.rho(round_num)}
+
         def problem_of(report):
             problem = check_report(report, self.variant)
             return f"sharpness: {problem}" if problem else None
