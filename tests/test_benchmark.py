@@ -330,3 +330,17 @@ def test_a_run_that_lost_a_port_to_another_simulator_is_run_again(tmp_path, monk
     with pytest.raises(RuntimeError, match="bad data"):
         simulate.run_unless_finished(os.path.join(REPO, "jobs", "fedavg"), tmp_path / "runs" / "x", 2, {"seed": 0})
     assert len(calls) == 1  # any other failure is reported at once, not retried
+
+
+def test_test_split_errors_average_each_sites_error_over_runs_and_skip_runs_without_one():
+    from fairfl.benchmark import test_split_errors
+
+    def run(se2, se10):
+        per_site = {"site-2": {"dice": 0.7, **({"dice_se": se2} if se2 is not None else {})},
+                    "site-10": {"dice": 0.6, "dice_se": se10}}
+        return {"final": {"per_site": per_site}}
+
+    errors = test_split_errors({"fedavg": [run(0.02, 0.10), run(None, 0.20)], "ditto": [run(0.04, 0.30)]}, "dice")
+    assert list(errors) == ["site-2", "site-10"]  # natural site order
+    assert errors["site-2"] == pytest.approx(3.0) and errors["site-10"] == pytest.approx(20.0)
+    assert test_split_errors({"fedavg": [{"final": None}]}, "dice") == {}

@@ -233,7 +233,7 @@ def test_executor_trains_with_salt_measures_and_evaluates_clean_and_corrupted(tm
     scores = executor._validate("site-4", FLModel(params_type=ParamsType.FULL, params=result.params,
                                                   meta={**meta, protocol.EVALUATE: protocol.FROM_GLOBAL}),
                                 str(tmp_path)).metrics
-    names = ("accuracy", "balanced_accuracy", "auc")
+    names = ("accuracy", "balanced_accuracy", "auc", "balanced_accuracy_se", "auc_se")  # with their standard errors
     assert set(scores) == {*names, "corrupted_site", *(f"{q}_{n}" for n in names for q in ("clean", "corrupted"))}
     assert all(0.0 <= v <= 1.0 and math.isfinite(v) for v in scores.values())
     # site-4 of 4 is the corrupted one (the last 20%): its own-quality scores are the corrupted test set's

@@ -217,6 +217,19 @@ def check_claims(claims: list, runs_by_method: dict) -> list[dict]:
     return checked
 
 
+def test_split_errors(runs_by_method: dict, metric: str) -> dict:
+    """{site: mean over every run of the standard error of the site's final `metric` on its own test split}, in
+    points (`fairfl.uncertainty`; runs that recorded none are left out): how precisely the test split measures
+    the site, whatever the method."""
+    errors = {}
+    for runs in runs_by_method.values():
+        for run in runs:
+            for site, values in ((run.get("final") or {}).get("per_site") or {}).items():
+                if isinstance(values.get(f"{metric}_se"), (int, float)):
+                    errors.setdefault(site, []).append(100 * values[f"{metric}_se"])
+    return {site: statistics.mean(v) for site, v in sorted(errors.items(), key=lambda item: _site_key(item[0]))}
+
+
 def round_seconds_median(runs: list) -> float | None:
     """Median seconds of the rounds that were not evaluated (of all rounds if every one was), round 0 (process
     start-up) left out."""
@@ -277,6 +290,13 @@ def summary_markdown(summary: dict, reports: dict) -> str:
     for metric, report in reports.items():
         lines += [f"## {_label(metric)} per site", "", report["table"], "",
                   f"Convergence, per-site figures and the CSV: [{metric}/report.md]({metric}/report.md)", ""]
+    for metric, errors in (summary.get("test_split_errors") or {}).items():
+        if errors:
+            lines += [f"Standard error of each site's final {_label(metric)} on its own test split (points, "
+                      f"`fairfl.uncertainty`: patients as clusters for Dice; mean over all runs): a per-site "
+                      f"difference within about twice this is not evidence.", "",
+                      "| " + " | ".join(errors) + " |", "|" + "---:|" * len(errors),
+                      "| " + " | ".join(f"{v:.2f}" for v in errors.values()) + " |", ""]
     first = reports[summary["metrics"][0]]
     for key, title in (("quality_shift", "Clean and corrupted test sets"),
                        ("performance_fairness", "Performance fairness against Solo"),
@@ -409,6 +429,7 @@ def run_benchmark(dataset: str, methods: list, seeds: list, rounds: int, eval_ev
                                         for stat in ("avg", "std")} for metric in metrics}
                            for m, runs in runs_by_method.items()},
                "round_seconds": {m: round_seconds_median(runs) for m, runs in runs_by_method.items()},
+               "test_split_errors": {metric: test_split_errors(runs_by_method, metric) for metric in metrics},
                "claims": check_claims(CLAIMS[kind], runs_by_method)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "SUMMARY.md").write_text(summary_markdown(summary, reports))

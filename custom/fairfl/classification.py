@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from sklearn.metrics import accuracy_score, balanced_accuracy_score, roc_auc_score
 
+from fairfl.uncertainty import balanced_accuracy_se, macro_auc_se
+
 ABSENT_CLASS_COUNT = 0.5  # a class a site has no example of counts as half an example (see below)
 
 
@@ -66,10 +68,17 @@ def macro_ovr_auc(labels: np.ndarray, probs: np.ndarray) -> float:
     this is scikit-learn's roc_auc_score(multi_class="ovr", average="macro"), which instead returns NaN when a
     class is missing from the labels; a class with no test example has no AUC, so it is left out. NaN when
     fewer than two classes are present (no negatives or no positives)."""
+    per_class = per_class_auc(labels, probs)
+    return float(np.mean(per_class)) if per_class else float("nan")
+
+
+def per_class_auc(labels: np.ndarray, probs: np.ndarray) -> list[float]:
+    """The binary AUC of probs[:, c] for "label == c", for each class c present in `labels` (np.unique order);
+    [] when fewer than two classes are present."""
     present = np.unique(labels)
     if present.size < 2:
-        return float("nan")
-    return float(np.mean([roc_auc_score(labels == c, probs[:, c]) for c in present]))
+        return []
+    return [float(roc_auc_score(labels == c, probs[:, c])) for c in present]
 
 
 def classification_metrics(labels, probs) -> dict:
@@ -81,7 +90,8 @@ def classification_metrics(labels, probs) -> dict:
 
     These are FedNPR's per-site metrics as they stand: bACC (mean per-class accuracy, i.e. recall) is
     "balanced_accuracy" and bAUC (mean per-class AUC) is "auc"; on a site's own test set both average over
-    the classes that test set has, so a class the site lacks neither counts nor yields NaN."""
+    the classes that test set has, so a class the site lacks neither counts nor yields NaN. Their standard
+    errors (`fairfl.uncertainty`) come as "balanced_accuracy_se" and "auc_se" where the test set gives one."""
     labels = np.asarray(labels).reshape(-1).astype(np.int64)
     probs = np.asarray(probs, dtype=np.float64)
     if labels.size == 0:
@@ -94,8 +104,12 @@ def classification_metrics(labels, probs) -> dict:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="y_pred contains classes not in y_true")
         balanced = balanced_accuracy_score(labels, predictions)
+    per_class = per_class_auc(labels, probs)
+    errors = {"balanced_accuracy_se": balanced_accuracy_se(labels, predictions),
+              "auc_se": macro_auc_se(labels, per_class)}
     return {"accuracy": float(accuracy_score(labels, predictions)), "balanced_accuracy": float(balanced),
-            "auc": macro_ovr_auc(labels, probs)}
+            "auc": float(np.mean(per_class)) if per_class else float("nan"),
+            **{k: v for k, v in errors.items() if v is not None}}
 
 
 @torch.no_grad()

@@ -328,7 +328,7 @@ def free_riders(run) -> list:
 def region_metrics(runs, metric) -> list[str]:
     """The per-region variants of `metric` in the runs' final evaluations, e.g. dice_disc and dice_cup."""
     found = (key for r in runs for values in ((r["final"] or {}).get("per_site") or {}).values() for key in values)
-    return [key for key in dict.fromkeys(found) if key.startswith(metric + "_")]
+    return [key for key in dict.fromkeys(found) if key.startswith(metric + "_") and not key.endswith("_se")]
 
 
 def performance_fairness_table(runs, metric=None) -> tuple[str, dict]:

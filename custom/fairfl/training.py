@@ -14,6 +14,7 @@ from monai.metrics import DiceMetric
 from monai.networks.utils import one_hot
 
 from fairfl.files import save_atomic  # noqa: F401  (the executor imports it from here)
+from fairfl.uncertainty import clustered_mean_se
 
 
 OPTIMIZERS = ("adam", "sgd")
@@ -156,15 +157,24 @@ def evaluate_dice(model, loader, num_classes: int, device, regions: dict | None 
     regions = regions or {f"class_{c}": [c] for c in range(1, num_classes)}
     model.to(device).eval()
     metric = DiceMetric(include_background=True, reduction="mean_batch", ignore_empty=True)
+    cases = []
     for batch in loader:
         image, label = batch["image"].to(device), batch["label"].to(device)
         pred = one_hot(model(image).argmax(dim=1, keepdim=True), num_classes)
         metric(y_pred=region_masks(pred, regions), y=region_masks(one_hot(label.long(), num_classes), regions))
+        cases += list(batch["case"]) if "case" in batch else [None] * image.shape[0]
     per_region = [float(v) for v in metric.aggregate().cpu()]
+    per_image = metric.get_buffer().cpu().numpy()  # [images, regions], NaN where a region has nothing to score
     metric.reset()
     finite = [v for v in per_region if math.isfinite(v)]
     # NaN when no test image has any foreground: there is nothing to score, and 0 would read as a failure
     result = {"dice": float(np.mean(finite)) if finite else float("nan")}
+    # its standard error, patients as clusters (slices of one case are not independent); regions combined as
+    # independent; left out when the split has fewer than two cases to tell it
+    clusters = [c if c is not None else f"image{i}" for i, c in enumerate(cases)]
+    errors = [clustered_mean_se(per_image[:, r], clusters) for r, v in enumerate(per_region) if math.isfinite(v)]
+    if errors and all(e is not None for e in errors):
+        result["dice_se"] = math.sqrt(sum(e * e for e in errors)) / len(errors)
     if len(regions) > 1:
         result.update({f"dice_{name}": v for name, v in zip(regions, per_region)})
     return result
