@@ -20,7 +20,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from fairfl.benchmark import versions
+from fairfl.benchmark import final_stat, versions
+from fairfl.paired import paired_interval
 from fairfl.report import make_report
 from fairfl.results import SIMULATOR_RESULTS
 from fairfl.simulate import run_unless_finished
@@ -117,8 +118,9 @@ def variant_summary(results_paths) -> dict:
     runs = [json.load(open(p)) for p in results_paths]
     sites = runs[0]["sites"]
     summary = {key: statistics.mean(r["final"][key] for r in runs) for key in ("mean", "std", "worst")}
-    summary["round_seconds_median"] = statistics.median(sum((round_seconds(p) for p in results_paths), []))
     metric = runs[0].get("metric", "dice")
+    summary["per_seed"] = {f"{metric}_{key}": per_seed_final(results_paths, metric, key) for key in ("avg", "std")}
+    summary["round_seconds_median"] = statistics.median(sum((round_seconds(p) for p in results_paths), []))
     summary[f"final_{metric}"] = {s: statistics.mean(r["final"]["per_site"][s][metric] for r in runs) for s in sites}
     records = [rec for r in runs for rec in r["rounds"] if rec.get("cka")]
     if records:
@@ -130,6 +132,25 @@ def variant_summary(results_paths) -> dict:
                                                            for w in rec["layer_weights"].values() if s in w)
                                         for s in sites}
     return summary
+
+
+def per_seed_final(results_paths, metric: str, statistic: str) -> dict:
+    """{seed: the run's final Avg. ("avg": mean over sites) or Std. ("std": population std across sites) of
+    `metric`, in points}: what `target_cell` pairs by seed."""
+    values = {}
+    for path in results_paths:
+        run = json.load(open(path))
+        value = final_stat(run, metric, statistic)
+        if value is not None:
+            values[str(run["seed"])] = value
+    return values
+
+
+def target_cell(method: dict, baseline: dict, key: str) -> str:
+    """A target table's cell: method - baseline of `key` (e.g. "dice_std"), paired by seed, with its 95% interval
+    (fairfl.paired), e.g. "+0.30 [+0.10, +0.49] (3 seeds)"; "–" when the summaries hold no per-seed values."""
+    interval = paired_interval((method.get("per_seed") or {}).get(key, {}), (baseline.get("per_seed") or {}).get(key, {}))
+    return "–" if interval.n == 0 else f"{interval.text()} ({interval.n} seed{'s' * (interval.n > 1)})"
 
 
 def summary_markdown(summary, tables) -> str:
@@ -144,13 +165,16 @@ def summary_markdown(summary, tables) -> str:
         lines += [f"## {titles[setting]}", "", table, "", f"Figures and per-run details: [{setting}/report.md]"
                   f"({setting}/report.md)", ""]
     lines += ["## Against the targets", "",
-              "| setting | Fed-LWR std / FedAvg std (target <= 0.5) | Fed-LWR mean - FedAvg mean (target >= 0) "
-              "| Fed-LWR round time / FedAvg round time (target <= 1.3) |", "|---|---:|---:|---:|"]
+              "Differences are paired by seed (Fed-LWR − FedAvg, same seed), in points, with the 95% interval of "
+              "their mean.", "",
+              "| setting | Fed-LWR std / FedAvg std (target <= 0.5) | Fed-LWR − FedAvg Std. | Fed-LWR − FedAvg Avg. "
+              "(target >= 0) | Fed-LWR round time / FedAvg round time (target <= 1.3) |", "|---|---:|---:|---:|---:|"]
     for setting, avg, lwr in (("epoch", "fedavg", "fedlwr"), ("clip", "fedavg", "fedlwr_clip"),
                               ("steps", "fedavg_steps", "fedlwr_steps")):
         if setting in settings:
             a, b = settings[setting][avg], settings[setting][lwr]
-            lines.append(f"| {setting} | {b['std'] / a['std']:.2f} | {100 * (b['mean'] - a['mean']):+.2f} points "
+            lines.append(f"| {setting} | {b['std'] / a['std']:.2f} | {target_cell(b, a, 'dice_std')} | "
+                         f"{target_cell(b, a, 'dice_avg')} "
                          f"| {b['round_seconds_median'] / a['round_seconds_median']:.2f} "
                          f"({b['round_seconds_median']:.2f} s / {a['round_seconds_median']:.2f} s, medians) |")
     for setting, variants in settings.items():

@@ -20,7 +20,8 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fairness import REPO, run_job, step_shares, variant_summary, versions, write_summary  # noqa: E402
+from fairness import (REPO, per_seed_final, run_job, step_shares, target_cell, variant_summary,  # noqa: E402
+                      versions, write_summary)
 
 from fairfl.fairness import summarize  # noqa: E402
 from fairfl.report import DISPLAY, make_report  # noqa: E402
@@ -86,7 +87,8 @@ def method_summary(results_paths) -> dict:
     """Per metric (bACC, bAUC): mean and sd over seeds of the mean and of the std across sites; the median round
     time and, for FedNPR, the median share of the prototype step in the train task and the median NPR/BSM gradient
     ratio (per site and round: does the regulariser act?)."""
-    summary = {"round_seconds_median": variant_summary(results_paths)["round_seconds_median"]}
+    summary = {"round_seconds_median": variant_summary(results_paths)["round_seconds_median"],
+               "per_seed": {f"{metric}_avg": per_seed_final(results_paths, metric, "avg") for metric in METRICS}}
     for metric in METRICS:
         stats = [final_stats(p, metric) for p in results_paths]
         for key in ("mean", "std"):
@@ -124,9 +126,10 @@ def summary_markdown(summary, tables) -> str:
                          f"{100 * v['auc_mean_sd']:.2f} | {100 * v['balanced_accuracy_std']:.2f} | "
                          f"{v['round_seconds_median']:.2f} | {share} | {ratio} |")
         if {"fedavg", "fednpr", "fednpr_per"} <= set(methods):
-            bacc = {m: 100 * methods[m]["balanced_accuracy_mean"] for m in ("fedavg", "fednpr", "fednpr_per")}
-            lines += ["", f"Targets: FedNPR − FedAvg bACC {bacc['fednpr'] - bacc['fedavg']:+.2f} points (target ≥ +2); "
-                          f"FedNPR-Per − FedNPR {bacc['fednpr_per'] - bacc['fednpr']:+.2f} points (target > 0)."]
+            cell = lambda a, b: target_cell(methods[a], methods[b], "balanced_accuracy_avg")  # noqa: E731
+            lines += ["", f"Targets (paired by seed, points, 95% interval): FedNPR − FedAvg bACC "
+                          f"{cell('fednpr', 'fedavg')} (target ≥ +2); FedNPR-Per − FedNPR "
+                          f"{cell('fednpr_per', 'fednpr')} (target > 0)."]
         lines.append("")
     lines += ["Round time: median over the rounds without evaluation (round 0 excluded), all seeds. Prototype share: "
               "per site and round, the prototype step's seconds over those of the step plus local training, median "

@@ -344,3 +344,30 @@ def test_test_split_errors_average_each_sites_error_over_runs_and_skip_runs_with
     assert list(errors) == ["site-2", "site-10"]  # natural site order
     assert errors["site-2"] == pytest.approx(3.0) and errors["site-10"] == pytest.approx(20.0)
     assert test_split_errors({"fedavg": [{"final": None}]}, "dice") == {}
+
+
+def test_the_benchmark_scripts_judge_targets_on_seed_paired_intervals(tmp_path):
+    """benchmarks/fairness.py (and fedce, fedism, fednpr through it): a target cell is the paired per-seed difference
+    with its 95% interval, not a difference of means; pairing cancels what the seed shifts in both methods."""
+    import sys
+
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    try:
+        from fairness import per_seed_final, target_cell
+    finally:
+        sys.path.pop(0)
+
+    def write(name, seed, dice):
+        path = tmp_path / f"{name}{seed}.json"
+        path.write_text(json.dumps({"seed": seed, "final": {"per_site": {f"site-{i + 1}": {"dice": d}
+                                                                          for i, d in enumerate(dice)}}}))
+        return str(path)
+
+    # the seed moves both methods by a lot; the method is always 2 points better on average
+    base = [write("a", s, [0.5 + 0.1 * s, 0.6 + 0.1 * s]) for s in range(3)]
+    better = [write("b", s, [0.52 + 0.1 * s, 0.62 + 0.1 * s]) for s in range(3)]
+    a = {"per_seed": {"dice_avg": per_seed_final(base, "dice", "avg")}}
+    b = {"per_seed": {"dice_avg": per_seed_final(better, "dice", "avg")}}
+    assert a["per_seed"]["dice_avg"] == pytest.approx({"0": 55.0, "1": 65.0, "2": 75.0})
+    assert target_cell(b, a, "dice_avg") == "+2.00 [+2.00, +2.00] (3 seeds)"
+    assert target_cell(b, {"per_seed": {}}, "dice_avg") == "–"
