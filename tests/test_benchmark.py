@@ -371,3 +371,16 @@ def test_the_benchmark_scripts_judge_targets_on_seed_paired_intervals(tmp_path):
     assert a["per_seed"]["dice_avg"] == pytest.approx({"0": 55.0, "1": 65.0, "2": 75.0})
     assert target_cell(b, a, "dice_avg") == "+2.00 [+2.00, +2.00] (3 seeds)"
     assert target_cell(b, {"per_seed": {}}, "dice_avg") == "–"
+
+
+def test_mean_weights_average_layers_then_rounds_then_runs():
+    from fairfl.benchmark import mean_weights
+
+    lwr = {"rounds": [{"layer_weights": {"a": {"site-1": 0.2, "site-2": 0.8}, "b": {"site-1": 0.4, "site-2": 0.6}}},
+                      {"layer_weights": {"a": {"site-1": 0.5, "site-2": 0.5}}}, {}]}
+    assert mean_weights([lwr]) == pytest.approx({"site-1": 0.4, "site-2": 0.6})  # (0.3 + 0.5) / 2
+    avg = [{"rounds": [{"weights": {"site-1": 0.25, "site-10": 0.75}}]},
+           {"rounds": [{"weights": {"site-1": 0.35, "site-10": 0.65}}, {"rejected": {"site-1": "NaN"}}]}]
+    assert list(mean_weights(avg)) == ["site-1", "site-10"]
+    assert mean_weights(avg) == pytest.approx({"site-1": 0.3, "site-10": 0.7})
+    assert mean_weights([{"rounds": [{"weights": None}]}]) == {}

@@ -230,6 +230,26 @@ def test_split_errors(runs_by_method: dict, metric: str) -> dict:
     return {site: statistics.mean(v) for site, v in sorted(errors.items(), key=lambda item: _site_key(item[0]))}
 
 
+def mean_weights(runs: list) -> dict:
+    """{site: its aggregation weight averaged over the rounds of each run, then over the runs} for a method whose
+    rounds record one: Fed-LWR's layer weights (first averaged over the layers), else `weights` (FedAvg's sample
+    shares, FedCE's contributions, SAGA's weights, ...); {} when none is recorded."""
+    per_run = []
+    for run in runs:
+        sums = {}
+        for record in run.get("rounds") or []:
+            layers = record.get("layer_weights")
+            shares = ({s: statistics.mean(w[s] for w in layers.values() if s in w)
+                       for s in {s for w in layers.values() for s in w}} if layers else record.get("weights") or {})
+            for site, share in shares.items():
+                if isinstance(share, (int, float)):
+                    sums.setdefault(site, []).append(share)
+        if sums:
+            per_run.append({site: statistics.mean(v) for site, v in sums.items()})
+    sites = sorted({s for r in per_run for s in r}, key=_site_key)
+    return {site: statistics.mean(r[site] for r in per_run if site in r) for site in sites}
+
+
 def round_seconds_median(runs: list) -> float | None:
     """Median seconds of the rounds that were not evaluated (of all rounds if every one was), round 0 (process
     start-up) left out."""
@@ -304,6 +324,16 @@ def summary_markdown(summary: dict, reports: dict) -> str:
                        ("contribution_agreement", "Contribution estimates against leave-one-out")):
         if first["tables"][key]:
             lines += [f"## {title}", "", first["tables"][key], ""]
+    weights = {m: w for m, w in (summary.get("mean_weights") or {}).items() if w}
+    if weights:
+        sites = sorted({s for w in weights.values() for s in w}, key=_site_key)
+        lines += ["## Aggregation weight per site", "", "Each site's weight in the aggregation, averaged over the "
+                  "rounds and then the seeds (Fed-LWR: its layer weights, first averaged over the layers; FedAvg: "
+                  "its share of the training samples).", "", "| method | " + " | ".join(sites) + " |",
+                  "|---|" + "---:|" * len(sites)]
+        lines += [f"| {_name(m)} | " + " | ".join(f"{w[s]:.3f}" if s in w else "–" for s in sites) + " |"
+                  for m, w in weights.items()]
+        lines.append("")
     lines += ["## Round time", "", "Median seconds of the rounds without evaluation (round 0 left out), all seeds, as "
               "each run recorded them; ratio to FedAvg's. The runs go one after another, so the ratios hold when "
               "nothing else shared the machine meanwhile (kept runs keep the times of when they ran).", "",
@@ -430,6 +460,7 @@ def run_benchmark(dataset: str, methods: list, seeds: list, rounds: int, eval_ev
                            for m, runs in runs_by_method.items()},
                "round_seconds": {m: round_seconds_median(runs) for m, runs in runs_by_method.items()},
                "test_split_errors": {metric: test_split_errors(runs_by_method, metric) for metric in metrics},
+               "mean_weights": {m: mean_weights(runs) for m, runs in runs_by_method.items()},
                "claims": check_claims(CLAIMS[kind], runs_by_method)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "SUMMARY.md").write_text(summary_markdown(summary, reports))
