@@ -20,7 +20,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from fairfl.benchmark import final_stat, versions
+from fairfl.benchmark import stat_by_seed, versions
 from fairfl.paired import paired_interval
 from fairfl.report import make_report
 from fairfl.results import SIMULATOR_RESULTS
@@ -135,15 +135,9 @@ def variant_summary(results_paths) -> dict:
 
 
 def per_seed_final(results_paths, metric: str, statistic: str) -> dict:
-    """{seed: the run's final Avg. ("avg": mean over sites) or Std. ("std": population std across sites) of
-    `metric`, in points}: what `target_cell` pairs by seed."""
-    values = {}
-    for path in results_paths:
-        run = json.load(open(path))
-        value = final_stat(run, metric, statistic)
-        if value is not None:
-            values[str(run["seed"])] = value
-    return values
+    """{seed: the run's final Avg. or Std. of `metric`, in points} (`fairfl.benchmark.stat_by_seed`): what
+    `target_cell` pairs by seed."""
+    return stat_by_seed([json.load(open(p)) for p in results_paths], metric, statistic)
 
 
 def target_cell(method: dict, baseline: dict, key: str) -> str:

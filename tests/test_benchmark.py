@@ -368,7 +368,7 @@ def test_the_benchmark_scripts_judge_targets_on_seed_paired_intervals(tmp_path):
     better = [write("b", s, [0.52 + 0.1 * s, 0.62 + 0.1 * s]) for s in range(3)]
     a = {"per_seed": {"dice_avg": per_seed_final(base, "dice", "avg")}}
     b = {"per_seed": {"dice_avg": per_seed_final(better, "dice", "avg")}}
-    assert a["per_seed"]["dice_avg"] == pytest.approx({"0": 55.0, "1": 65.0, "2": 75.0})
+    assert a["per_seed"]["dice_avg"] == pytest.approx({0: 55.0, 1: 65.0, 2: 75.0})
     assert target_cell(b, a, "dice_avg") == "+2.00 [+2.00, +2.00] (3 seeds)"
     assert target_cell(b, {"per_seed": {}}, "dice_avg") == "–"
 

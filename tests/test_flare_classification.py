@@ -144,6 +144,7 @@ def test_salt_only_ablation_aggregates_like_fedavg_and_asks_for_no_sharpness():
     assert not rejected and extras["weights"] == pytest.approx(expected) and "raw_weights" not in extras
     for name, value in mixture(updates, expected).items():
         np.testing.assert_allclose(new[name], value.numpy(), rtol=1e-5, atol=1e-6)
+    assert FedISMController(saga=False, tau=0.0, **TINY).method == "salt_fixed_rho"  # FedISM's rho: its own row
     with pytest.raises(ValueError, match="saga"):
         FedISMController(saga="no", **TINY)
 
@@ -271,3 +272,14 @@ def test_checkpoint_restores_round_model_saga_state_and_results_and_refuses_othe
     assert resumed.results.data["rounds"] == first.results.data["rounds"] and resumed.results.data["resumed"] == 1
     with pytest.raises(ValueError, match="other settings .*q"):
         controller(q=1.0)._load_checkpoint(path)
+    # a checkpoint written before an argument existed (here: this release's optimiser, average_last and saga
+    # arguments) ran at that argument's default: it resumes; a non-default value for it is another run
+    import torch
+
+    old = torch.load(path, weights_only=True)
+    for key in ("local_optimizer", "momentum", "keep_optimizer_state", "average_last", "saga"):
+        del old["config"][key]
+    torch.save(old, path)
+    assert controller(num_rounds=6)._load_checkpoint(path)["round"] == 0
+    with pytest.raises(ValueError, match="other settings .*average_last"):
+        controller(average_last=3)._load_checkpoint(path)

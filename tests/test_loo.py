@@ -126,6 +126,9 @@ def test_run_leave_one_out_resumes(tmp_path, fake_simulator):
     assert len(fake_simulator) == 4
     with pytest.raises(ValueError, match="other settings \\(num_rounds\\)"):
         loo.run_leave_one_out(job, tmp_path / "loo", 3, {"num_rounds": 5})
+    # a site's argument (the learning rate) counts too: the job copy beside each run holds it
+    with pytest.raises(ValueError, match="other settings \\(lr\\)"):
+        loo.run_leave_one_out(job, tmp_path / "loo", 3, {"num_rounds": 2, "lr": 0.5})
     with pytest.raises(ValueError, match="site-9"):
         loo.run_leave_one_out(job, tmp_path / "loo", 3, sites=["site-9"])
 

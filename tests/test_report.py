@@ -380,14 +380,19 @@ def test_the_mean_of_the_last_rounds_is_each_sites_own_mean_and_the_report_can_u
     log.add_round(1, 1.0, None)
     log.add_round(2, 1.0, {"site-1": {"dice": 0.5}, "site-2": {"dice": 0.3}})
     log.add_round(3, 1.0, {"site-1": {"dice": 0.7}})  # site-2 absent
-    mean = log.mean_of_last(1)
-    assert mean["rounds"] == [2, 3]
+    mean = log.mean_of_last(3, 2)  # rounds 2 and 3
+    assert mean["rounds"] == [2, 3] and mean["asked"] == 2
+    assert log.mean_of_last(3, 3)["rounds"] == [2, 3]  # round 1 was not evaluated: fewer than asked
     assert mean["per_site"]["site-1"]["dice"] == pytest.approx(0.6)
     assert mean["per_site"]["site-2"]["dice"] == pytest.approx(0.3)  # its one scored round, not (0.3 + 0) / 2
-    assert log.mean_of_last(4) is None
-    log.finish({"site-1": {"dice": 0.7}}, mean_of_last=mean)
+    assert log.mean_of_last(1, 1) is None
+    log.finish({"site-1": {"dice": 0.7}}, mean_of_last=mean, contributions={"site-1": 1.0})
     run = {**json.loads((tmp_path / "results.json").read_text()), "file": "r.json"}
     assert with_final([run], "mean_of_last")[0]["final"]["mean"] == pytest.approx(0.45)
+    assert with_final([run], "mean_of_last")[0]["final"]["contributions"] == {"site-1": 1.0}  # kept
+    short = {**run, "final": {**run["final"], "mean_of_last": log.mean_of_last(3, 3)}}
+    with pytest.raises(ValueError, match="fewer rounds"):
+        with_final([short], "mean_of_last")
     assert with_final([run], "last")[0]["final"]["mean"] == pytest.approx(0.7)
     plain = {**run, "final": {k: v for k, v in run["final"].items() if k != "mean_of_last"}}
     with pytest.raises(ValueError, match="average_last"):

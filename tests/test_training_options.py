@@ -62,22 +62,58 @@ def test_the_controller_sends_and_records_the_optimiser():
     assert _group({"method": "fedavg", "config": FairRoundController(**TINY).config()}) == "fedavg"
 
 
-def test_a_saved_state_that_does_not_fit_is_refused_and_a_fitting_one_is_loaded():
-    model, other = torch.nn.Linear(3, 2), torch.nn.Linear(4, 2)
+def adam_after_one_step(model):
     adam = make_optimizer(model, TrainSettings())
     model(torch.ones(1, 3)).sum().backward()
     adam.step()
-    saved = optimizer_state(adam, "adam")
-    fresh = make_optimizer(model, TrainSettings())
+    return adam
+
+
+def test_a_fitting_state_is_loaded_with_the_jobs_settings_never_the_files():
+    model = torch.nn.Linear(3, 2)
+    saved = optimizer_state(adam_after_one_step(model), "adam", 0)
+    saved["moments"][0]["exp_avg"] = saved["moments"][0]["exp_avg"] + 1.0
+    fresh = make_optimizer(model, TrainSettings(lr=5e-4, weight_decay=0.0))
     assert load_optimizer_state(fresh, "adam", saved) is None
-    torch.testing.assert_close(fresh.state_dict()["state"][0]["exp_avg"], adam.state_dict()["state"][0]["exp_avg"])
-    assert "sgd" in load_optimizer_state(make_optimizer(model, TrainSettings(optimizer="sgd")), "sgd", saved)
-    assert "fit" in load_optimizer_state(make_optimizer(other, TrainSettings()), "adam", saved)
-    broken = optimizer_state(adam, "adam")
-    broken["state"]["state"][0]["exp_avg"] = torch.full_like(broken["state"]["state"][0]["exp_avg"], float("nan"))
-    assert "finite" in load_optimizer_state(make_optimizer(model, TrainSettings()), "adam", broken)
-    assert "not a saved" in load_optimizer_state(fresh, "adam", {"optimizer": "adam", "state": [1, 2]})
-    assert "not an optimiser state" in load_optimizer_state(fresh, "adam", {"optimizer": "adam", "state": {}})
+    torch.testing.assert_close(fresh.state_dict()["state"][0]["exp_avg"], saved["moments"][0]["exp_avg"])
+    group = fresh.param_groups[0]
+    assert group["lr"] == 5e-4 and group["weight_decay"] == 0.0  # the file held 1e-3 and 1e-4
+
+
+def damaged(kind):
+    model = torch.nn.Linear(3, 2)
+    saved = optimizer_state(adam_after_one_step(model), "adam", 0)
+    entry = saved["moments"][0]
+    if kind == "step_negative":
+        entry["step"] = torch.tensor(-1.0)
+    elif kind == "step_nan":
+        entry["step"] = torch.tensor(float("nan"))
+    elif kind == "step_text":
+        entry["step"] = "1"
+    elif kind == "missing_moment":
+        del entry["exp_avg_sq"]
+    elif kind == "negative_second_moment":
+        entry["exp_avg_sq"] = -torch.ones_like(entry["exp_avg_sq"])
+    elif kind == "nan_moment":
+        entry["exp_avg"] = torch.full_like(entry["exp_avg"], float("nan"))
+    elif kind == "not_a_dict":
+        saved["moments"][0] = "x"
+    elif kind == "bad_index":
+        saved["moments"][7] = saved["moments"].pop(0)
+    elif kind == "other_network":
+        return saved, torch.nn.Linear(4, 2)
+    elif kind == "other_optimizer":
+        saved["optimizer"] = "sgd"
+    return saved, model
+
+
+@pytest.mark.parametrize("kind", ["step_negative", "step_nan", "step_text", "missing_moment", "negative_second_moment",
+                                  "nan_moment", "not_a_dict", "bad_index", "other_network", "other_optimizer"])
+def test_a_state_that_does_not_fit_is_refused_and_nothing_is_loaded(kind):
+    saved, model = damaged(kind)
+    optimizer = make_optimizer(model, TrainSettings())
+    assert load_optimizer_state(optimizer, "adam", saved)
+    assert optimizer.state_dict()["state"] == {}  # untouched: a fresh optimiser
 
 
 @pytest.fixture
@@ -102,13 +138,23 @@ def test_a_kept_optimiser_state_carries_adams_moments_into_the_next_round(site, 
     assert not os.path.exists(tmp_path / "fresh" / protocol.OPTIMIZER_STATE_FILE)  # the default keeps nothing
     kept = train(executor, meta, w0, tmp_path / "kept", 0, keep_state=True)
     assert all(np.array_equal(kept.params[k], fresh.params[k]) for k in fresh.params)  # round 0: nothing to keep
-    assert os.path.exists(tmp_path / "kept" / protocol.OPTIMIZER_STATE_FILE)
+    assert torch.load(tmp_path / "kept" / protocol.OPTIMIZER_STATE_FILE)["round"] == 0
     again_fresh = train(executor, meta, fresh.params, tmp_path / "fresh", 1)
     again_kept = train(executor, meta, fresh.params, tmp_path / "kept", 1, keep_state=True)
     assert not all(np.allclose(again_kept.params[k], again_fresh.params[k]) for k in again_fresh.params)
 
+    # a round repeated after a restart starts from the state the round before left, not from its first try's
+    assert torch.load(tmp_path / "kept" / protocol.PREVIOUS_OPTIMIZER_STATE_FILE)["round"] == 0
+    repeat = train(executor, meta, fresh.params, tmp_path / "kept", 1, keep_state=True)
+    assert all(np.array_equal(repeat.params[k], again_kept.params[k]) for k in again_kept.params)
 
-@pytest.mark.parametrize("damage", ["garbage", "other_optimizer", "nan"])
+    # a state from another round (an old run under the same run_name) is never used: the optimiser starts afresh
+    stale = train(executor, meta, fresh.params, tmp_path / "kept", 5, keep_state=True)
+    from_nothing = train(executor, meta, fresh.params, tmp_path / "nothing", 5, keep_state=True)
+    assert all(np.array_equal(stale.params[k], from_nothing.params[k]) for k in stale.params)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "other_optimizer", "nan", "not_a_state"])
 def test_a_broken_kept_state_is_an_error_naming_site_and_file(site, tmp_path, damage):
     controller, meta, executor = site
     w0 = initial_state(controller.model_spec(), 0)
@@ -119,9 +165,11 @@ def test_a_broken_kept_state_is_an_error_naming_site_and_file(site, tmp_path, da
         path.write_bytes(b"not a torch file")
     elif damage == "other_optimizer":
         save_atomic({**saved, "optimizer": "sgd"}, str(path))
+    elif damage == "not_a_state":
+        save_atomic({"round": "0"}, str(path))
     else:
-        first = next(iter(saved["state"]["state"]))
-        saved["state"]["state"][first]["exp_avg"].fill_(float("nan"))
+        first = next(iter(saved["moments"]))
+        saved["moments"][first]["exp_avg"].fill_(float("nan"))
         save_atomic(saved, str(path))
     with pytest.raises(DataError, match="site-2") as error:
         train(executor, meta, w0, tmp_path, 1, keep_state=True)
@@ -156,6 +204,22 @@ def test_the_default_augmentation_is_the_one_every_benchmark_ran():
     (each draws from the seeded generator in turn)."""
     assert [type(t) for t in _augmentation(["image", "label"])] == [RandFlipd, RandFlipd, RandRotate90d,
                                                                      RandScaleIntensityd, RandShiftIntensityd]
+    # the very transforms (probabilities, axes, factors) the benchmarks ran with, frozen here: same seed, same output
+    from monai.transforms import Compose
+
+    keys = ["image", "label"]
+    before = Compose([RandFlipd(keys, prob=0.5, spatial_axis=0), RandFlipd(keys, prob=0.5, spatial_axis=1),
+                      RandRotate90d(keys, prob=0.5, max_k=3), RandScaleIntensityd("image", factors=0.1, prob=0.5),
+                      RandShiftIntensityd("image", offsets=0.1, prob=0.5)])
+    now = Compose(_augmentation(keys))
+    sample = {"image": torch.randn(1, 8, 8, generator=torch.Generator().manual_seed(0)),
+              "label": (torch.arange(64).reshape(1, 8, 8) % 3 == 0).long()}
+    before.set_random_state(seed=7)
+    now.set_random_state(seed=7)
+    for _ in range(20):
+        a, b = before(dict(sample)), now(dict(sample))
+        assert torch.equal(torch.as_tensor(a["image"]), torch.as_tensor(b["image"]))
+        assert torch.equal(torch.as_tensor(a["label"]), torch.as_tensor(b["label"]))
     assert check_augmentation(None) == list(AUGMENTATIONS)
     assert _augmentation("image", []) == []
     for bad in (["flip", "flip"], ["mirror"], "flip", [None], 3):

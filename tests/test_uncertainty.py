@@ -28,6 +28,21 @@ def test_slices_of_one_patient_do_not_shrink_it():
     assert slices.std(ddof=1) / math.sqrt(slices.size) < 0.5 * clustered_mean_se(slices, cases)
 
 
+def test_two_regions_that_always_agree_are_no_more_precise_than_one():
+    """Fundus scores disc and cup; when they move together per patient, averaging them is no new evidence: the
+    joint error stays the single region's, where combining the two as independent would divide it by sqrt(2)."""
+    rng = np.random.default_rng(6)
+    disc, cases = rng.uniform(0.5, 0.9, 12), np.repeat(np.arange(4), 3)
+    one = clustered_mean_se(disc, cases)
+    assert clustered_mean_se(np.c_[disc, disc], cases) == pytest.approx(one)
+    assert clustered_mean_se(np.c_[disc, disc - 0.1], cases) == pytest.approx(one)  # a shift changes nothing
+    cup = rng.uniform(0.2, 0.6, 12)
+    cup[0] = np.nan  # an image with no cup to score
+    joint = clustered_mean_se(np.c_[disc, cup], cases)
+    assert joint is not None and joint != pytest.approx(math.hypot(one, clustered_mean_se(cup, cases)) / 2)
+    assert clustered_mean_se(np.c_[disc, np.full(12, np.nan)], cases) is None  # a region with nothing scored
+
+
 def test_it_does_not_depend_on_the_order_of_the_images_and_skips_nan():
     rng = np.random.default_rng(2)
     values, cases = rng.uniform(size=20), rng.integers(0, 6, 20)
@@ -42,14 +57,25 @@ def test_it_does_not_depend_on_the_order_of_the_images_and_skips_nan():
 
 def test_balanced_accuracy_se_by_hand_and_against_simulated_test_sets():
     labels = np.array([0] * 10 + [1] * 4)
-    predictions = np.array([0] * 8 + [1] * 2 + [1] * 3 + [0])  # recalls 0.8 and 0.75
+    predictions = np.array([0] * 8 + [1] * 2 + [1] * 3 + [0])  # 8 of 10 and 3 of 4: Agresti-Coull 10/14, 5/8
     assert balanced_accuracy_se(labels, predictions) == pytest.approx(
-        math.sqrt(0.8 * 0.2 / 10 + 0.75 * 0.25 / 4) / 2)
-    # the spread of bACC over many test sets drawn with these recalls is what the formula says
+        math.sqrt((10 / 14) * (4 / 14) / 14 + (5 / 8) * (3 / 8) / 8) / 2)
+    # with enough images the spread of bACC over many test sets drawn with these recalls is what it says
+    labels = np.array([0] * 200 + [1] * 120)
+    predictions = np.r_[np.zeros(160), np.ones(40), np.ones(90), np.zeros(30)]  # recalls 0.8 and 0.75
     rng = np.random.default_rng(3)
-    draws = [(rng.binomial(10, 0.8) / 10 + rng.binomial(4, 0.75) / 4) / 2 for _ in range(20000)]
+    draws = [(rng.binomial(200, 0.8) / 200 + rng.binomial(120, 0.75) / 120) / 2 for _ in range(20000)]
     assert np.std(draws) == pytest.approx(balanced_accuracy_se(labels, predictions), rel=0.05)
     assert balanced_accuracy_se([], []) is None
+
+
+def test_a_perfect_or_hopeless_small_site_does_not_claim_an_error_of_zero():
+    """3 and 1 test images all right (or all wrong) is not a certain bACC of 1 (or 0); nor is an AUC of 1 from 4
+    images a certain AUC."""
+    labels = np.array([0, 0, 0, 1])
+    assert balanced_accuracy_se(labels, labels) > 0.1
+    assert balanced_accuracy_se(labels, 1 - labels) > 0.1
+    assert hanley_mcneil_se(1.0, 1, 3) > 0.1 and hanley_mcneil_se(0.0, 1, 3) > 0.1
 
 
 def test_hanley_mcneil_by_hand_and_against_simulated_test_sets():
@@ -106,6 +132,9 @@ def test_evaluate_dice_reports_the_patient_clustered_error_and_leaves_it_out_for
     no_cases = evaluate_dice(_Constant(mask), [{k: v for k, v in batch.items() if k != "case"}], 2,
                              torch.device("cpu"))
     assert no_cases["dice_se"] == pytest.approx(clustered_mean_se(per_image))
+    # integer patient ids (a datalist may use them) arrive collated into a tensor: still grouped by patient
+    numbered = evaluate_dice(_Constant(mask), [{**batch, "case": torch.tensor([1, 1, 2, 2])}], 2, torch.device("cpu"))
+    assert numbered["dice_se"] == pytest.approx(result["dice_se"])
 
 
 def test_the_report_does_not_mistake_an_error_for_a_region():

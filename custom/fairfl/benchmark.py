@@ -42,8 +42,8 @@ METHODS = {
     "qfedavg": ("qfedavg", {}),
     "qfedavg_lossweighted": ("qfedavg", {"lipschitz": 0.0}),
     # q-FedAvg as Li et al. ran it: local SGD, L = 1 / lr; judged against FedAvg with the same local SGD. lr 0.5:
-    # the smallest tried at which one site's plain SGD trains the U-Net as far as Adam at 1e-3 does, at both sites
-    # measured (benchmarks/sgd_lr.py)
+    # the smallest tried at which one site's plain SGD trains the U-Net at both sites measured, close to Adam at
+    # 1e-3 (benchmarks/sgd_lr.py)
     "fedavg_sgd": ("fedavg", {"local_optimizer": "sgd", "lr": 0.5}),
     "qfedavg_sgd": ("qfedavg", {"local_optimizer": "sgd", "lr": 0.5}),
     "ditto": ("ditto", {}),
@@ -313,8 +313,10 @@ def summary_markdown(summary: dict, reports: dict) -> str:
     for metric, errors in (summary.get("test_split_errors") or {}).items():
         if errors:
             lines += [f"Standard error of each site's final {_label(metric)} on its own test split (points, "
-                      f"`fairfl.uncertainty`: patients as clusters for Dice; mean over all runs): a per-site "
-                      f"difference within about twice this is not evidence.", "",
+                      f"`fairfl.uncertainty`: patients as clusters for Dice; mean over all runs). A per-site "
+                      f"difference of a few times this is still not evidence, and with few patients the error is "
+                      f"itself rough (a 95% interval from G patients takes t(G − 1) errors: 12.7 with 2, 4.3 "
+                      f"with 3).", "",
                       "| " + " | ".join(errors) + " |", "|" + "---:|" * len(errors),
                       "| " + " | ".join(f"{v:.2f}" for v in errors.values()) + " |", ""]
     first = reports[summary["metrics"][0]]

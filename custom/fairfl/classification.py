@@ -68,7 +68,11 @@ def macro_ovr_auc(labels: np.ndarray, probs: np.ndarray) -> float:
     this is scikit-learn's roc_auc_score(multi_class="ovr", average="macro"), which instead returns NaN when a
     class is missing from the labels; a class with no test example has no AUC, so it is left out. NaN when
     fewer than two classes are present (no negatives or no positives)."""
-    per_class = per_class_auc(labels, probs)
+    return mean_auc(per_class_auc(labels, probs))
+
+
+def mean_auc(per_class: list[float]) -> float:
+    """The macro AUC of `per_class_auc`'s values; NaN when there are none."""
     return float(np.mean(per_class)) if per_class else float("nan")
 
 
@@ -108,7 +112,7 @@ def classification_metrics(labels, probs) -> dict:
     errors = {"balanced_accuracy_se": balanced_accuracy_se(labels, predictions),
               "auc_se": macro_auc_se(labels, per_class)}
     return {"accuracy": float(accuracy_score(labels, predictions)), "balanced_accuracy": float(balanced),
-            "auc": float(np.mean(per_class)) if per_class else float("nan"),
+            "auc": mean_auc(per_class),
             **{k: v for k, v in errors.items() if v is not None}}
 
 

@@ -27,6 +27,17 @@ def _fairfl_components(config: dict):
             yield executor["executor"]
 
 
+def job_arguments(job: str) -> dict:
+    """{argument: value} of every fairfl component of `job` (server and client configs; the client's win on a
+    name both have)."""
+    arguments = {}
+    for name in (SERVER_CONFIG, CLIENT_CONFIG):
+        with open(os.path.join(job, name)) as f:
+            for component in _fairfl_components(json.load(f)):
+                arguments.update(component.get("args", {}))
+    return arguments
+
+
 def _kind(value) -> str | None:
     return next((name for types, name in JSON_KINDS if isinstance(value, types)), None)
 

@@ -31,7 +31,7 @@ DISPLAY = {"solo": "Solo", "fedavg": "FedAvg", "fedlwr": "Fed-LWR", "fedce": "Fe
            "qfedavg_lossweighted": "q-FedAvg (loss-weighted)", "fedavg_sgd": "FedAvg (SGD)",
            "qfedavg_sgd": "q-FedAvg (L = 1/lr) (SGD)", "ditto": "Ditto", "fedism": "FedISM",
            "fedismplus": "FedISM+", "fedism_l": "FedISM (L)", "fedismplus_s": "FedISM+ (S)",
-           "fedismplus_l": "FedISM+ (L)", "salt": "SALT (FedAvg weights)", "fednpr": "FedNPR", "fednpr_per": "FedNPR-Per",
+           "fedismplus_l": "FedISM+ (L)", "salt": "SALT (FedAvg weights)", "salt_fixed_rho": "SALT, fixed rho (FedAvg weights)", "fednpr": "FedNPR", "fednpr_per": "FedNPR-Per",
            "fedprox_npr": "FedProx + NPR", "fedprox_npr_per": "FedProx + NPR-Per", "fedprox": "FedProx", "cffl": "CFFL", "cgsv": "CGSV"}
 METRIC_LABEL = {"dice": "Dice", "auc": "AUC", "acc": "Accuracy", "accuracy": "Accuracy",
                 "balanced_accuracy": "Balanced accuracy", "corrupted_auc": "AUC (corrupted)",
@@ -689,7 +689,13 @@ def with_final(runs: list, final: str) -> list:
     missing = [r["file"] for r in runs if not (r["final"] or {}).get("mean_of_last")]
     if missing:
         raise ValueError(f"no mean over the last rounds in {', '.join(missing)} (run them with average_last > 1)")
-    return [{**r, "final": r["final"]["mean_of_last"]} for r in runs]
+    short = [r["file"] for r in runs if len(r["final"]["mean_of_last"]["rounds"]) < r["final"]["mean_of_last"]["asked"]]
+    if short:
+        raise ValueError(f"fewer rounds evaluated than average_last asks in {', '.join(short)} (a resumed run changed "
+                         f"its length)")
+    # the final record's other fields (FedCE's contributions) stay; its scores become the mean's
+    return [{**r, "final": {**r["final"], **{k: v for k, v in r["final"]["mean_of_last"].items()
+                                              if k not in ("rounds", "asked")}}} for r in runs]
 
 
 def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> dict:

@@ -50,10 +50,11 @@ class ResultsLog:
         self.write()
         return self.data["final"]
 
-    def mean_of_last(self, first_round: int) -> dict | None:
-        """Each site's metrics averaged over the evaluated rounds from `first_round` on (a site counts the rounds
-        it was scored in), scored like a round, with the rounds used; None when no such round was evaluated."""
-        records = [r for r in self.data["rounds"] if r["round"] >= first_round and r.get("per_site")]
+    def mean_of_last(self, last_round: int, count: int) -> dict | None:
+        """Each site's metrics averaged over the evaluated rounds among the `count` rounds up to `last_round` (a site
+        counts the rounds it was scored in), scored like a round, with the rounds used and `count` ("asked": fewer
+        rounds than asked were evaluated when a resumed run changed its length); None when none was evaluated."""
+        records = [r for r in self.data["rounds"] if last_round - count < r["round"] <= last_round and r.get("per_site")]
         if not records:
             return None
         values = {}
@@ -63,7 +64,7 @@ class ResultsLog:
                     if isinstance(value, (int, float)) and value == value:  # NaN: nothing scored that round
                         values.setdefault(site, {}).setdefault(name, []).append(float(value))
         per_site = {site: {name: sum(v) / len(v) for name, v in metrics.items()} for site, metrics in values.items()}
-        return {"rounds": [r["round"] for r in records], **self._scored(per_site)}
+        return {"rounds": [r["round"] for r in records], "asked": count, **self._scored(per_site)}
 
     def _scored(self, per_site: dict) -> dict:
         metric = self.data["metric"]

@@ -10,8 +10,9 @@ Equations (FedISM+, Wu et al. 2025, unless said otherwise):
 - Eq. 10 and 11, a site's sharpness S = L(w + eps*) - L(w) and perturbed loss L(w + eps*), on its whole
   training set                                                                            -> `measure_sharpness`
 
-`fairfl.training.train_local` builds its own Adam and takes no optimiser factory, so SALT has its own loop
-here (`train_salt`); it takes the same `TrainSettings` and returns the same keys.
+SALT's step is not a plain optimiser step, so it has its own loop here (`train_salt`); like
+`fairfl.training.train_local` it takes `TrainSettings` (and optionally an optimiser, `make_optimizer`'s) and
+returns the same keys.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fairfl.jobconfig import customize_job
+from fairfl.jobconfig import customize_job, is_job_copy, job_arguments
 from fairfl.results import SIMULATOR_RESULTS
 
 SIMULATOR_OUTPUT = "simulator_output.txt"
@@ -126,19 +126,21 @@ def run_unless_finished(job: str, workspace: Path, n_clients: int, job_args: dic
     settings, fairfl.site_settings, e.g. free riders).
 
     A workspace that already holds a finished run (results.json with a `final`) is kept, after checking that
-    the server arguments it recorded are the ones asked for: resuming must not mix settings."""
+    the arguments it ran with are the ones asked for: the server's as its results recorded them, and the sites'
+    (lr, ...) as the job copy beside it holds them. Resuming must not mix settings."""
     results_path = Path(workspace) / SIMULATOR_RESULTS
+    job_copy = f"{workspace}_job"
     if results_path.is_file():
         results = json.loads(results_path.read_text())
         if results.get("final"):
-            config = results.get("config") or {}
+            config = {**(job_arguments(job_copy) if is_job_copy(job_copy) else {}), **(results.get("config") or {})}
             changed = sorted(k for k, v in job_args.items() if k in config and config[k] != v)
             if changed:
                 raise ValueError(f"{workspace} holds a finished run with other settings ({', '.join(changed)}): "
                                  f"delete it or choose another output folder")
             print(f"  {workspace.name}: finished before, kept", flush=True)
             return results
-    job_copy = customize_job(str(job), f"{workspace}_job", job_args)
+    job_copy = customize_job(str(job), job_copy, job_args)
     run = run_simulator(job_copy, str(workspace), n_clients, threads, env=env)
     for _ in range(PORT_CLASH_RETRIES):  # simulators side by side pick free ports independently: run it again
         if run.ok or not run.port_clash:

@@ -62,32 +62,54 @@ def make_optimizer(model: torch.nn.Module, settings: TrainSettings, betas: tuple
     return torch.optim.Adam(model.parameters(), lr=settings.lr, betas=betas, weight_decay=settings.weight_decay)
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, name: str, saved) -> str | None:
-    """Load what `optimizer_state` saved in an earlier round into `optimizer` (of kind `name`); why it cannot be
-    loaded (another optimiser or network, a wrong shape, NaN/Inf), or None once it is loaded."""
-    if not isinstance(saved, dict) or saved.get("optimizer") != name or not isinstance(saved.get("state"), dict):
-        return f"not a saved {name} state"
-    state = saved["state"]
-    try:
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        ids = [i for group in state["param_groups"] for i in group["params"]]
-        if len(ids) != len(params) or set(state["state"]) - set(ids):
-            return f"{len(ids)} parameters saved, {len(params)} in this network"
-        by_id = dict(zip(ids, params))
-        for i, entry in state["state"].items():
-            for key, value in entry.items():
-                if key != "step" and (not isinstance(value, torch.Tensor) or value.shape != by_id[i].shape
-                                      or not bool(torch.isfinite(value).all())):
-                    return f"state {key!r} of parameter {i} does not fit this network or is not finite"
-        optimizer.load_state_dict(state)
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:
-        return f"not an optimiser state ({type(e).__name__}: {e})"
+# what each optimiser keeps per parameter (SGD without momentum keeps None)
+OPTIMIZER_STATE_KEYS = {"adam": {"step", "exp_avg", "exp_avg_sq"}, "sgd": {"momentum_buffer"}}
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer, name: str, round_num: int) -> dict:
+    """What a site keeps of its optimiser after round `round_num`: the per-parameter state only (Adam's step and
+    moments, SGD's momentum buffers), never the settings, which are the job's (`load_optimizer_state`)."""
+    return {"round": round_num, "optimizer": name, "moments": optimizer.state_dict()["state"]}
+
+
+def _moment_problem(name: str, key: str, value, parameter: torch.Tensor) -> str | None:
+    if key == "step":
+        step = float(value) if isinstance(value, (int, float, torch.Tensor)) and not isinstance(value, bool) \
+            and (not isinstance(value, torch.Tensor) or value.numel() == 1) else math.nan
+        return None if math.isfinite(step) and step >= 1 and step == int(step) else f"step {value!r}"
+    if name == "sgd" and value is None:
+        return None
+    if not isinstance(value, torch.Tensor) or value.shape != parameter.shape or not value.is_floating_point():
+        return f"{key} does not fit the parameter's shape {tuple(parameter.shape)}"
+    if not bool(torch.isfinite(value).all()) or (key == "exp_avg_sq" and bool((value < 0).any())):
+        return f"{key} holds NaN/Inf or a negative second moment"
     return None
 
 
-def optimizer_state(optimizer: torch.optim.Optimizer, name: str) -> dict:
-    """What a site keeps of its optimiser between rounds (`load_optimizer_state` reads it back)."""
-    return {"optimizer": name, "state": optimizer.state_dict()}
+def load_optimizer_state(optimizer: torch.optim.Optimizer, name: str, saved) -> str | None:
+    """Put the per-parameter state `optimizer_state` saved into `optimizer` (of kind `name`), keeping the
+    optimiser's own settings (lr, weight decay, betas: the job's, never the file's); why it cannot be used
+    (another optimiser or network, a missing or extra entry, a step that is not a count, NaN/Inf, a negative
+    second moment), or None once it is loaded. Nothing is loaded unless everything checks."""
+    if not isinstance(saved, dict) or saved.get("optimizer") != name or not isinstance(saved.get("moments"), dict):
+        return f"not a saved {name} state"
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    moments = saved["moments"]
+    if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(params) for i in moments):
+        return f"parameter indices {sorted(map(str, moments))[:5]} do not fit this network's {len(params)}"
+    for i, entry in moments.items():
+        if not isinstance(entry, dict) or set(entry) != OPTIMIZER_STATE_KEYS[name]:
+            keys = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
+            return f"parameter {i}: {keys} instead of {sorted(OPTIMIZER_STATE_KEYS[name])}"
+        for key, value in entry.items():
+            problem = _moment_problem(name, key, value, params[i])
+            if problem:
+                return f"parameter {i}: {problem}"
+    state = optimizer.state_dict()
+    state["state"] = {i: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in entry.items()}
+                      for i, entry in moments.items()}
+    optimizer.load_state_dict(state)
+    return None
 
 
 def site_seed(seed: int, site: str) -> int:
@@ -162,19 +184,22 @@ def evaluate_dice(model, loader, num_classes: int, device, regions: dict | None 
         image, label = batch["image"].to(device), batch["label"].to(device)
         pred = one_hot(model(image).argmax(dim=1, keepdim=True), num_classes)
         metric(y_pred=region_masks(pred, regions), y=region_masks(one_hot(label.long(), num_classes), regions))
-        cases += list(batch["case"]) if "case" in batch else [None] * image.shape[0]
+        # patient ids as text: integer ids arrive collated into a tensor, whose elements would all differ
+        cases += [str(c.item() if isinstance(c, torch.Tensor) else c) for c in batch["case"]] if "case" in batch \
+            else [None] * image.shape[0]
     per_region = [float(v) for v in metric.aggregate().cpu()]
     per_image = metric.get_buffer().cpu().numpy()  # [images, regions], NaN where a region has nothing to score
     metric.reset()
     finite = [v for v in per_region if math.isfinite(v)]
     # NaN when no test image has any foreground: there is nothing to score, and 0 would read as a failure
     result = {"dice": float(np.mean(finite)) if finite else float("nan")}
-    # its standard error, patients as clusters (slices of one case are not independent); regions combined as
-    # independent; left out when the split has fewer than two cases to tell it
+    # its standard error, patients as clusters (slices of one case are not independent), over the regions scored;
+    # left out when the split has fewer than two cases to tell it
     clusters = [c if c is not None else f"image{i}" for i, c in enumerate(cases)]
-    errors = [clustered_mean_se(per_image[:, r], clusters) for r, v in enumerate(per_region) if math.isfinite(v)]
-    if errors and all(e is not None for e in errors):
-        result["dice_se"] = math.sqrt(sum(e * e for e in errors)) / len(errors)
+    scored = [r for r, v in enumerate(per_region) if math.isfinite(v)]
+    error = clustered_mean_se(per_image[:, scored], clusters) if scored else None
+    if error is not None:
+        result["dice_se"] = error
     if len(regions) > 1:
         result.update({f"dice_{name}": v for name, v in zip(regions, per_region)})
     return result

@@ -3,16 +3,21 @@
 A site's Dice, balanced accuracy or AUC comes from a few dozen test images, often a handful of patients; a
 difference between two methods at one site means little unless it is large against this error. Each function
 returns the standard error of the metric as the site reports it, or None when the test split cannot give one
-(fewer than two patients, or a class with a single example), so a result file never holds a NaN for it.
+(fewer than two patients; fewer than two classes for AUC), so a result file never holds a NaN for it. With few
+patients the error is itself rough: a 95% interval from G patients takes t(G - 1) errors (12.7 with 2, 4.3 with 3).
 
-- `clustered_mean_se`: the mean of per-image values (Dice) when images of one patient are correlated: the
-  cluster-robust (sandwich) standard error with patients as clusters, G / (G - 1) * sum_g (sum_{i in g} (x_i -
-  mean))^2 / N^2, which is the plain sd / sqrt(N) when every image is its own patient and grows as slices of
-  one patient agree with each other.
-- `balanced_accuracy_se`: the mean recall over the classes present; each recall is a binomial proportion,
-  sqrt(sum_c r_c (1 - r_c) / n_c) / C.
-- `macro_auc_se`: the mean one-vs-rest AUC; each class's AUC by Hanley and McNeil (Radiology 1982),
-  combined as sqrt(sum_c se_c^2) / C (classes taken as independent: a slight underestimate).
+- `clustered_mean_se`: the mean of per-image values (Dice), or the mean over regions of such means (fundus: disc
+  and cup), when images of one patient are correlated: the cluster-robust (sandwich) standard error with patients
+  as clusters. Each image contributes u_i = sum_r (x_ir - m_r) / (N_r R) (the linearised mean of region means;
+  regions of one image are summed, so their correlation counts), and the variance is G / (G - 1) sum_g
+  (sum_{i in g} u_i)^2. With one region and one image per patient it is the plain sd / sqrt(N); it grows as
+  slices of one patient agree with each other.
+- `balanced_accuracy_se`: the mean recall over the classes present; each recall a binomial proportion with the
+  Agresti-Coull adjustment ((x + 2) / (n + 4) over n + 4), so a recall of 0 or 1 from a few images does not
+  claim an error of 0; combined as sqrt(sum_c var_c) / C.
+- `macro_auc_se`: the mean one-vs-rest AUC; each class's AUC by Hanley and McNeil (Radiology 1982), with the AUC
+  kept half a pair away from 0 and 1 (an empirical AUC of 1 from a few images is not certainty); combined as
+  sqrt(sum_c se_c^2) / C (classes taken as independent: a slight underestimate).
 """
 
 from __future__ import annotations
@@ -23,23 +28,30 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def clustered_mean_se(values: Sequence[float], clusters: Sequence | None = None) -> float | None:
-    """Standard error of mean(values), observations in the same cluster (patient) correlated; NaN values (an image
-    with nothing to score) are left out, as the mean leaves them out. clusters: one label per value; None = each
-    value its own cluster. None when fewer than two clusters remain."""
-    values = np.asarray(values, dtype=np.float64).reshape(-1)
-    clusters = np.arange(values.size) if clusters is None else np.asarray(list(clusters), dtype=object)
-    if clusters.size != values.size:
-        raise ValueError(f"{values.size} values but {clusters.size} cluster labels")
-    keep = np.isfinite(values)
-    values, clusters = values[keep], clusters[keep]
+def clustered_mean_se(values, clusters: Sequence | None = None) -> float | None:
+    """Standard error of the mean of `values` [N] or of the mean over regions of the per-region means of `values`
+    [N, R], observations in the same cluster (patient) correlated; NaN values (nothing to score) are left out, as
+    the means leave them out. clusters: one label per row; None = each row its own cluster. None when fewer than two
+    clusters remain, or a region has nothing to score."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values.reshape(-1, 1) if values.ndim == 1 else values
+    clusters = np.arange(len(values)) if clusters is None else np.asarray(list(clusters), dtype=object)
+    if clusters.size != len(values):
+        raise ValueError(f"{len(values)} values but {clusters.size} cluster labels")
+    finite = np.isfinite(values)
+    counts = finite.sum(axis=0)
+    if not len(values) or (counts == 0).any():
+        return None
+    means = np.nanmean(np.where(finite, values, np.nan), axis=0)
+    influence = (np.where(finite, values - means, 0.0) / (counts * values.shape[1])).sum(axis=1)
     groups = {}
-    for value, cluster in zip(values - values.mean() if values.size else values, clusters):
-        groups[cluster] = groups.get(cluster, 0.0) + value
+    for u, cluster, used in zip(influence, clusters, finite.any(axis=1)):
+        if used:
+            groups[cluster] = groups.get(cluster, 0.0) + u
     g = len(groups)
     if g < 2:
         return None
-    return math.sqrt(g / (g - 1) * sum(s * s for s in groups.values())) / values.size
+    return math.sqrt(g / (g - 1) * sum(e * e for e in groups.values()))
 
 
 def balanced_accuracy_se(labels, predictions) -> float | None:
@@ -51,15 +63,18 @@ def balanced_accuracy_se(labels, predictions) -> float | None:
     variance = 0.0
     for c in classes:
         hits = predictions[labels == c] == c
-        recall = hits.mean()
-        variance += recall * (1.0 - recall) / hits.size
+        adjusted = (hits.sum() + 2.0) / (hits.size + 4.0)  # Agresti-Coull
+        variance += adjusted * (1.0 - adjusted) / (hits.size + 4.0)
     return math.sqrt(variance) / classes.size
 
 
 def hanley_mcneil_se(auc: float, positives: int, negatives: int) -> float | None:
-    """Hanley and McNeil's standard error of a binary AUC; None with fewer than one positive and one negative."""
+    """Hanley and McNeil's standard error of a binary AUC (kept half a pair inside (0, 1)); None with fewer than one
+    positive and one negative."""
     if positives < 1 or negatives < 1 or not math.isfinite(auc):
         return None
+    half_pair = 0.5 / (positives * negatives)
+    auc = min(max(auc, half_pair), 1.0 - half_pair)
     q1, q2 = auc / (2.0 - auc), 2.0 * auc * auc / (1.0 + auc)
     variance = (auc * (1.0 - auc) + (positives - 1) * (q1 - auc * auc) + (negatives - 1) * (q2 - auc * auc)) \
         / (positives * negatives)

@@ -12,6 +12,7 @@ classification: `auc`, the clean test set's macro one-vs-rest AUC) and the defau
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from typing import NamedTuple
@@ -45,6 +46,17 @@ DEFAULT_MODEL = {"segmentation": "unet", "classification": "cnn"}
 METHOD_STATE_FILE = "method_state.json"
 CHECKPOINT_FILE = "checkpoint.pt"
 RESUME_MAY_CHANGE = ("num_rounds", "eval_every", "min_clients", "task_timeout", "straggler_timeout")
+
+
+def constructor_defaults(cls) -> dict:
+    """{argument: default} of `cls`'s constructor and those of its bases (the subclass's default first)."""
+    defaults = {}
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass):
+            for name, parameter in inspect.signature(vars(klass)["__init__"]).parameters.items():
+                if parameter.default is not inspect.Parameter.empty:
+                    defaults.setdefault(name, parameter.default)
+    return defaults
 
 
 class SiteUpdate(NamedTuple):
@@ -261,7 +273,7 @@ class FairRoundController(ModelController):
             if self.run_name:
                 self._save_checkpoint(self._checkpoint_path(), round_num, global_state)
         if per_site:
-            mean_of_last = self.results.mean_of_last(self.num_rounds - self.average_last) \
+            mean_of_last = self.results.mean_of_last(self.num_rounds - 1, self.average_last) \
                 if self.average_last > 1 else None
             final = self.results.finish(per_site, mean_of_last=mean_of_last, **self.final_extras())
             if self.run_name:  # with the final record: submitting the finished run again changes nothing
@@ -515,8 +527,11 @@ class FairRoundController(ModelController):
             raise ValueError(f"run {self.run_name!r}: the checkpoint cannot be loaded safely: {e}; delete it or "
                              f"choose another run_name") from e
         saved, current = checkpoint["config"], json_safe(self.config())
-        differing = sorted(k for k in set(saved) | set(current)
-                           if k not in RESUME_MAY_CHANGE and saved.get(k) != current.get(k))
+        # an argument added since the checkpoint was written ran at its default then
+        defaults = json_safe(constructor_defaults(type(self)))
+        missing = object()
+        differing = sorted(k for k in set(saved) | set(current) if k not in RESUME_MAY_CHANGE
+                           and saved.get(k, defaults.get(k, missing)) != current.get(k, missing))
         if differing or checkpoint["results"]["method"] != self.method:
             raise ValueError(f"run {self.run_name!r}: the checkpoint {path} was made with other settings "
                              f"({', '.join(differing) or 'method'}); choose another run_name or delete it")
@@ -898,9 +913,9 @@ class FedISMController(FairRoundController):
     @property
     def method(self) -> str:
         """fedism (fixed rho, sharpness weights: the published FedISM), fedism_l, fedismplus_s, fedismplus_l; salt
-        (SALT with FedAvg weights, either rho schedule)."""
+        (SALT with FedAvg weights and FedISM+'s growing rho), salt_fixed_rho (the same at FedISM's fixed rho)."""
         if not self.saga_enabled:
-            return "salt"
+            return "salt" if self.tau else "salt_fixed_rho"
         if self.tau == 0:
             return "fedism" if self.variant == "S" else "fedism_l"
         return f"fedismplus_{self.variant.lower()}"

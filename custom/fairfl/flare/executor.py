@@ -169,16 +169,15 @@ class FairflExecutor(Executor):
                 loss_fn = with_proximal_term(loss_fn, model, float(meta[protocol.PROX_MU]))
             started = time.time()
             settings = self._train_settings(meta)
-            optimizer = self._optimizer(site, meta, model.to(device), settings, state_dir)
+            optimizer = self._optimizer(site, meta, model.to(device), settings, state_dir, int(task.current_round or 0))
             if protocol.SALT_RHO in meta:  # FedISM(+): GSAM over Adam at the server's search distance
                 stats = train_salt(model, loader, settings, device, loss_fn, rho=float(meta[protocol.SALT_RHO]),
                                    alpha=float(meta.get(protocol.SALT_ALPHA, GSAM_ALPHA)), optimizer=optimizer)
             else:
                 stats = train_local(model, loader, settings, device, loss_fn=loss_fn, optimizer=optimizer)
             metrics["train_seconds"] = time.time() - started  # local training alone (cost benchmarks)
-            if meta.get(protocol.OPTIMIZER, {}).get("keep_state"):
-                save_atomic(optimizer_state(optimizer, settings.optimizer),
-                            os.path.join(state_dir, protocol.OPTIMIZER_STATE_FILE))
+            if self._optimizer_settings(meta).get("keep_state"):
+                self._keep_optimizer_state(site, optimizer, settings, state_dir, int(task.current_round or 0))
         save_model(model, os.path.join(state_dir, protocol.LOCAL_MODEL_FILE))
         if meta.get(protocol.VALIDATE_TRAINED):  # CFFL: the trained model's score on the site's validation split
             reply_meta[protocol.VAL_METRIC] = self._validation_score(site, model, meta, device)
@@ -403,26 +402,59 @@ class FairflExecutor(Executor):
         model.load_state_dict(load_tensors(path))
         return model
 
+    @staticmethod
+    def _optimizer_settings(meta: dict) -> dict:
+        """The server's optimiser settings ({"name", "momentum", "keep_state"}; checked by `_check_task`)."""
+        return meta.get(protocol.OPTIMIZER) or {}
+
     def _train_settings(self, meta: dict) -> TrainSettings:
-        chosen = meta.get(protocol.OPTIMIZER) or {}
+        chosen = self._optimizer_settings(meta)
         return TrainSettings(lr=self.lr, weight_decay=self.weight_decay, batch_size=self.batch_size,
                              local_epochs=self.local_epochs, local_steps=self.local_steps,
                              optimizer=chosen.get("name", "adam"), momentum=float(chosen.get("momentum", 0.0)))
 
-    def _optimizer(self, site, meta: dict, model, settings: TrainSettings, state_dir: str):
-        """A fresh local optimiser for this round, or (keep_state) the one of the site's previous round: a saved
-        state that does not fit (another optimiser or network, NaN/Inf) is an error naming the site and the file."""
+    def _optimizer(self, site, meta: dict, model, settings: TrainSettings, state_dir: str, round_num: int):
+        """A fresh local optimiser for this round or, with keep_state, one carrying the state this site kept after
+        round round_num - 1 (the current file, or the previous one when this round is a repeat after a restart).
+        Settings are always the job's. No such state (the first round, a new run under an old run_name): fresh. A
+        kept file that cannot be read or does not fit is an error naming the site and the file."""
         optimizer = make_optimizer(model, settings)
-        path = os.path.join(state_dir, protocol.OPTIMIZER_STATE_FILE)
-        if (meta.get(protocol.OPTIMIZER) or {}).get("keep_state") and os.path.exists(path):
-            try:
-                problem = load_optimizer_state(optimizer, settings.optimizer, load_tensors(path))
-            except ValueError as e:
-                problem = str(e)
-            if problem:
-                raise DataError(site, path, f"the kept optimiser state cannot be used ({problem}); delete it to "
-                                            f"start this site's optimiser afresh")
+        if not self._optimizer_settings(meta).get("keep_state"):
+            return optimizer
+        for name in (protocol.OPTIMIZER_STATE_FILE, protocol.PREVIOUS_OPTIMIZER_STATE_FILE):
+            path = os.path.join(state_dir, name)
+            saved = self._kept_optimizer_state(site, path)
+            if saved is not None and saved.get("round") == round_num - 1:
+                problem = load_optimizer_state(optimizer, settings.optimizer, saved)
+                if problem:
+                    raise DataError(site, path, f"the kept optimiser state cannot be used ({problem}); delete it to "
+                                                f"start this site's optimiser afresh")
+                return optimizer
         return optimizer
+
+    @staticmethod
+    def _kept_optimizer_state(site, path: str):
+        """The kept optimiser state in `path` ({"round", "optimizer", "moments"}), None when there is none."""
+        if not os.path.exists(path):
+            return None
+        try:
+            saved = load_tensors(path)
+        except ValueError as e:
+            raise DataError(site, path, f"unreadable kept optimiser state ({e}); delete it to start this site's "
+                                        f"optimiser afresh") from e
+        if not isinstance(saved, dict) or isinstance(saved.get("round"), bool) or not isinstance(saved.get("round"), int):
+            raise DataError(site, path, "not a kept optimiser state ({'round': int, 'optimizer', 'moments'}); delete "
+                                        "it to start this site's optimiser afresh")
+        return saved
+
+    def _keep_optimizer_state(self, site, optimizer, settings: TrainSettings, state_dir: str, round_num: int):
+        """Save the optimiser's state after round `round_num`; the state of an earlier round becomes the previous
+        file, so a round repeated after a restart starts from the same state as its first try."""
+        path = os.path.join(state_dir, protocol.OPTIMIZER_STATE_FILE)
+        current = self._kept_optimizer_state(site, path)
+        if current is not None and current["round"] < round_num:
+            os.replace(path, os.path.join(state_dir, protocol.PREVIOUS_OPTIMIZER_STATE_FILE))
+        save_atomic(optimizer_state(optimizer, settings.optimizer, round_num), path)
 
     def _loader(self, site, meta, split, train, seed, max_samples=None, batch_size=None):
         spec = meta[protocol.MODEL_SPEC]

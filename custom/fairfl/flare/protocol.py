@@ -54,7 +54,8 @@ LOCAL_MODEL_FILE = "local_model.pt"        # the site's model after its last loc
 PERSONAL_MODEL_FILE = "ditto_personal_model.pt"  # Ditto: the site's personal model v_k, {"round", "model"} ...
 PREVIOUS_PERSONAL_MODEL_FILE = "ditto_personal_model_previous.pt"  # ... and the one of the round before
 
-OPTIMIZER_STATE_FILE = "optimizer_state.pt"  # the site's optimiser state after its last round (keep_state)
+OPTIMIZER_STATE_FILE = "optimizer_state.pt"  # the site's optimiser state after its last round (keep_state) ...
+PREVIOUS_OPTIMIZER_STATE_FILE = "optimizer_state_previous.pt"  # ... and after the round before
 
 STATE_ROOT_ENV = "FAIRFL_STATE_ROOT"
 
