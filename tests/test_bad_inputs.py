@@ -525,6 +525,8 @@ CLI_CASES = {
         lambda t: ["prepare-data", "--dataset", "ich_imbalanced", "--out", str(t / "o"), "--num-sites", "1"],
         "num_sites >= 2"),
     "prepare-data --num-sites two": (lambda t: ["prepare-data", "--num-sites", "two"], "--num-sites"),
+    "prepare-data --test-scale 0.5": (lambda t: ["prepare-data", "--test-scale", "0.5"], "--test-scale"),
+    "prepare-data --test-scale nan": (lambda t: ["prepare-data", "--test-scale", "nan"], "--test-scale"),
     "prepare-data --out a non-empty folder": (lambda t: ["prepare-data", "--out", str(non_empty(t / "out"))],
                                               "out is not empty"),
     "run a missing job": (lambda t: ["run", str(t / "nojob"), "-w", str(t / "w")], "nojob"),
