@@ -211,3 +211,23 @@ def test_test_scale_goes_from_the_servers_config_to_the_sites_built_in_data(tmp_
     assert os.path.basename(scaled) == "prostate-v1-n6-s32-seed0-x0.2-t2.0"
     assert os.path.basename(site._data_root("site-1", {k: v for k, v in meta.items() if k != protocol.TEST_SCALE})) \
         == os.path.basename(default)  # a server from before test_scale
+
+
+def test_a_named_run_from_before_test_scale_resumes_at_test_scale_1_only(tmp_path):
+    from fairfl.results import ResultsLog
+    from fairfl.training import load_tensors
+
+    def controller(**changes):
+        c = FairRoundController(run_name="trial", **TINY, **changes)
+        c.results = ResultsLog(str(tmp_path / "results.json"), method=c.method, task=c.task, metric=c.metric, seed=0,
+                               sites=["site-1"], config=c.config())
+        return c
+
+    path, state = str(tmp_path / "checkpoint.pt"), initial_state(controller().model_spec(), seed=0)
+    controller()._save_checkpoint(path, 0, state)
+    old = load_tensors(path)
+    del old["config"]["test_scale"]  # as a checkpoint made before test_scale existed
+    save_atomic(old, path)
+    assert controller()._load_checkpoint(path)["round"] == 0
+    with pytest.raises(ValueError, match=r"other settings \(test_scale\)"):
+        controller(test_scale=2)._load_checkpoint(path)

@@ -45,6 +45,8 @@ DEFAULT_MODEL = {"segmentation": "unet", "classification": "cnn"}
 METHOD_STATE_FILE = "method_state.json"
 CHECKPOINT_FILE = "checkpoint.pt"
 RESUME_MAY_CHANGE = ("num_rounds", "eval_every", "min_clients", "task_timeout", "straggler_timeout")
+# arguments added after named runs began, and the value those runs had: a checkpoint without one resumes as that
+CONFIG_ADDED = {"test_scale": 1.0}
 
 
 class SiteUpdate(NamedTuple):
@@ -510,7 +512,7 @@ class FairRoundController(ModelController):
         except ValueError as e:
             raise ValueError(f"run {self.run_name!r}: the checkpoint cannot be loaded safely: {e}; delete it or "
                              f"choose another run_name") from e
-        saved, current = checkpoint["config"], json_safe(self.config())
+        saved, current = {**CONFIG_ADDED, **checkpoint["config"]}, json_safe(self.config())
         differing = sorted(k for k in set(saved) | set(current)
                            if k not in RESUME_MAY_CHANGE and saved.get(k) != current.get(k))
         if differing or checkpoint["results"]["method"] != self.method:
