@@ -1,4 +1,6 @@
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -24,3 +26,41 @@ def cache_dir(tmp_path_factory):
     path = os.environ.get("FAIRFL_CACHE_DIR") or str(tmp_path_factory.mktemp("fairfl_cache"))
     os.environ["FAIRFL_CACHE_DIR"] = path
     return path
+
+
+def extra_test_entries(base: Path, scaled: Path) -> dict:
+    """What a test_scale > 1 added to each site's datalist (`scaled`, against `base`: the same data at test_scale 1),
+    after asserting that it added nothing else: the same splits, the training and validation entries unchanged, each
+    test split (testing, testing_corrupted) keeping its entries in front, and every file those name byte for byte the
+    same; the added entries name new files, absent from `base`. Returns {site: {split: the added entries}}."""
+    added = {}
+    for path in sorted(Path(base).glob("site-*.json")):
+        before, after = json.loads(path.read_text()), json.loads((Path(scaled) / path.name).read_text())
+        assert list(before) == list(after), path.name
+        for split, entries in before.items():
+            assert after[split][:len(entries)] == entries, (path.name, split)
+            grown = after[split][len(entries):]
+            assert not grown or split.startswith("testing"), (path.name, split)
+            for entry in entries:
+                for file in (entry["image"], entry["label"]):
+                    if isinstance(file, str):
+                        assert (base / file).read_bytes() == (scaled / file).read_bytes(), file
+            new_files = [e["image"] for e in grown] + [e["label"] for e in grown if isinstance(e["label"], str)]
+            assert len(set(new_files)) == len(new_files), (path.name, split)
+            assert all((scaled / f).is_file() and not (base / f).exists() for f in new_files), (path.name, split)
+            added.setdefault(path.stem, {})[split] = grown
+    return added
+
+
+def generated_at_test_scales(name: str, test_scale: float, cache: Path, **settings) -> tuple[Path, Path, dict]:
+    """The built-in dataset `name` at test_scale 1 and at `test_scale` (ensure_builtin, cached in `cache`), checked:
+    the second cache folder is the first's name plus `-t<test_scale>`, dataset.json records test_scale (nothing at 1),
+    and `extra_test_entries` holds. Returns the two roots and what the larger test_scale added."""
+    from fairfl.data.builtin import ensure_builtin
+
+    base = ensure_builtin(name, cache_dir=cache, **settings)
+    scaled = ensure_builtin(name, cache_dir=cache, test_scale=test_scale, **settings)
+    assert scaled.name == f"{base.name}-t{float(test_scale)!r}"
+    parameters = [json.loads((root / "dataset.json").read_text())["parameters"] for root in (base, scaled)]
+    assert "test_scale" not in parameters[0] and parameters[1]["test_scale"] == test_scale
+    return base, scaled, extra_test_entries(base, scaled)

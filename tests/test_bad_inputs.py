@@ -389,6 +389,9 @@ CONFIG_CASES = {
     "server task num_sites huge": (executor_task({protocol.NUM_SITES: 10**9}), "num_sites"),
     "server task num_sites 0": (executor_task({protocol.NUM_SITES: 0}), "num_sites"),
     "server task dataset a path": (executor_task({protocol.DATASET: "../../x"}), "../../x"),
+    **{f"server task test_scale {bad!r}": (executor_task({protocol.TEST_SCALE: bad}), "test_scale")
+       for bad in (1e9, -1, "3", float("nan"), True, None)},
+    "server test_scale 0.5": (controller_with(test_scale=0.5), "test_scale"),
     # the site's own settings (its environment), never the job's: a job setting one fails at load
     "job sets allow_absolute_paths": (executor_with(allow_absolute_paths=True), "allow_absolute_paths"),
     "job sets free_riders": (executor_with(free_riders=["site-1"]), "free_riders"),
@@ -522,6 +525,8 @@ CLI_CASES = {
         lambda t: ["prepare-data", "--dataset", "ich_imbalanced", "--out", str(t / "o"), "--num-sites", "1"],
         "num_sites >= 2"),
     "prepare-data --num-sites two": (lambda t: ["prepare-data", "--num-sites", "two"], "--num-sites"),
+    "prepare-data --test-scale 0.5": (lambda t: ["prepare-data", "--test-scale", "0.5"], "--test-scale"),
+    "prepare-data --test-scale nan": (lambda t: ["prepare-data", "--test-scale", "nan"], "--test-scale"),
     "prepare-data --out a non-empty folder": (lambda t: ["prepare-data", "--out", str(non_empty(t / "out"))],
                                               "out is not empty"),
     "run a missing job": (lambda t: ["run", str(t / "nojob"), "-w", str(t / "w")], "nojob"),

@@ -1,6 +1,7 @@
 """Synthetic classification under quality shift: splits, corruption, files, classes, loaders, the cache."""
 
 import json
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ from PIL import Image
 from scipy import ndimage
 from sklearn.metrics import balanced_accuracy_score
 
+from conftest import generated_at_test_scales
 from fairfl.data.corruption import (
     NOISE_SIGMA,
     Corruption,
@@ -320,3 +322,28 @@ def test_builtin_cache_and_argument_checks(tmp_path):
         generate_classification_sites(tmp_path / "x", "skin", image_size=16)
     with pytest.raises(ValueError, match="setting must be"):
         generate_classification_sites(tmp_path / "x", "retina")
+
+
+def test_test_scale_enlarges_the_shared_test_set_and_its_corrupted_copy_only(tmp_path):
+    """test_scale 2: the one test set every site shares holds twice its images, in the same class mix, and
+    testing_corrupted the same new images corrupted as the others are; every training and validation image (the
+    corrupted site's too) and every test_scale-1 test image is the same file, byte for byte."""
+    base, scaled, added = generated_at_test_scales("ich_blur", 2, tmp_path, image_size=32, num_sites=4,
+                                                   size_scale=0.05)
+    assert base.name == "ich-blur-v1-n4-s32-seed0-x0.05"
+    new, new_corrupted = added["site-1"]["testing"], added["site-1"][CORRUPTED_SPLIT]
+    assert all(added[site] == added["site-1"] for site in added) and set(added) == {f"site-{k}" for k in range(1, 5)}
+    old = datalist(base, "site-1")["testing"]
+    assert len(new) == len(old) == 16
+    old_mix, new_mix = (np.bincount([e["label"] for e in entries], minlength=5) for entries in (old, new))
+    assert np.abs(old_mix - new_mix).max() <= 1, (old_mix, new_mix)  # stratified like the test set it extends
+    old_pixels = {(base / e["image"]).read_bytes() for e in old}
+    assert not any((scaled / e["image"]).read_bytes() in old_pixels for e in new)  # new images, not copies
+    assert [e["label"] for e in new_corrupted] == [e["label"] for e in new]
+    for clean, corrupted in zip(new, new_corrupted):
+        name = Path(clean["image"]).name
+        assert clean["image"] == f"test/clean/{name}" and corrupted["image"] == f"test/blur/{name}"
+        expected = Corruption("blur", 3)(np.asarray(Image.open(scaled / clean["image"])),
+                                         np.random.default_rng([0, zlib.crc32(Path(name).stem.encode())]))
+        assert np.array_equal(np.asarray(Image.open(scaled / corrupted["image"])), expected)
+    assert sum(json.loads((scaled / "dataset.json").read_text())["sites"]["site-1"]["class_counts"]["testing"]) == 32

@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 from scipy import ndimage
 
+from conftest import generated_at_test_scales
 from fairfl.data.builtin import ensure_builtin
 from fairfl.data.datalist import SPLITS, load_datalist
 from fairfl.data.loaders import make_loader
@@ -160,3 +161,20 @@ def test_ensure_builtin_fundus_caches(tmp_path, monkeypatch):
     assert ensure_builtin("fundus", image_size=32, seed=3, num_sites=1, size_scale=0.2) == path
     assert (path / "complete").stat().st_mtime_ns == stamp
     assert builtin_fundus_name() == "fundus-v1-n6-s64-seed0"
+
+
+def test_test_scale_adds_test_images_of_each_sites_camera_and_changes_nothing_else(tmp_path):
+    """test_scale 2: every site's testing split holds twice its images, the new ones from the site's own profile;
+    training, validation and the test_scale-1 test images are the same files, byte for byte; the cache name is the
+    old one at 1 and another at 2."""
+    base, scaled, added = generated_at_test_scales("fundus", 2, tmp_path, image_size=32, num_sites=2, size_scale=0.2)
+    assert base.name == "fundus-v1-n2-s32-seed0-x0.2" == builtin_fundus_name(32, 0, 2, 0.2, test_scale=1)
+    before, after = (json.loads((root / "dataset.json").read_text()) for root in (base, scaled))
+    for site, profile in zip(("site-1", "site-2"), PROFILES):
+        images = before["sites"][site]["images"]["testing"]
+        assert len(added[site]["testing"]) == images and after["sites"][site]["images"]["testing"] == 2 * images
+        for entry in added[site]["testing"]:
+            image, mask = (np.asarray(Image.open(scaled / entry[key])) for key in ("image", "label"))
+            assert "/images/extra-img" in entry["image"]
+            assert image.shape == (round(32 * profile.size_factor),) * 2 + (3,)  # the site's native crop size
+            assert set(np.unique(mask)) <= {0, 1, 2} and (mask >= 1).any()  # a disc in it

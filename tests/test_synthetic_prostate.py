@@ -10,9 +10,11 @@ import pytest
 import torch
 from scipy import ndimage
 
+from conftest import generated_at_test_scales
 from fairfl.data.datalist import SPLITS, load_datalist
 from fairfl.data.loaders import make_loader
 from fairfl.data.synthetic_prostate import (
+    PROFILES,
     builtin_data_name,
     ensure_builtin_data,
     generate_prostate_sites,
@@ -160,6 +162,28 @@ def test_cache_dir_from_environment_and_size_scale_in_the_name(tmp_path, monkeyp
     assert json.loads((path / "dataset.json").read_text())["parameters"]["size_scale"] == 0.5
     assert load_datalist(path, "site-1")
     assert builtin_data_name(64, 0, 6) == "prostate-v1-n6-s64-seed0"
+
+
+def test_test_scale_adds_test_cases_of_each_sites_scanner_and_changes_nothing_else(tmp_path):
+    """test_scale 3: every site's testing split holds three times its cases, the new ones from the site's own profile;
+    training, validation and the test_scale-1 test cases are the same files, byte for byte; the cache name is the
+    old one at 1 and another at 3."""
+    base, scaled, added = generated_at_test_scales("prostate", 3, tmp_path, image_size=32, num_sites=2, size_scale=0.5)
+    assert base.name == "prostate-v1-n2-s32-seed0-x0.5" == builtin_data_name(32, 0, 2, 0.5, test_scale=1)
+    before, after = (json.loads((root / "dataset.json").read_text()) for root in (base, scaled))
+    for site, profile in zip(("site-1", "site-2"), PROFILES):
+        test_cases = before["sites"][site]["cases"]["testing"]
+        new_cases = {entry["case"] for entry in added[site]["testing"]}
+        assert len(new_cases) == 2 * test_cases and after["sites"][site]["cases"]["testing"] == 3 * test_cases
+        assert after["sites"][site]["cases"]["training"] == before["sites"][site]["cases"]["training"]
+        for case in new_cases:
+            entries = [e for e in added[site]["testing"] if e["case"] == case]
+            low, high = profile.slices_per_case
+            assert case.startswith("extra-") and low <= len(entries) <= high
+            # the site's scanner: its field of view (site-1 180 mm, site-2 160 mm, +-5%) sets the pixel spacing
+            spacing = nib.load(scaled / entries[0]["image"]).header.get_zooms()[0]
+            assert 0.95 * profile.fov_mm / 32 <= spacing <= 1.05 * profile.fov_mm / 32
+            assert np.asanyarray(nib.load(scaled / entries[0]["label"]).dataobj).any()  # a prostate in it
 
 
 def test_a_lost_rename_race_uses_the_winners_copy(tmp_path, monkeypatch):

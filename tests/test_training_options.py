@@ -251,3 +251,47 @@ def test_switching_orientation_augmentation_off_leaves_every_mask_as_it_is(site,
 def test_average_last_must_be_a_positive_integer(bad):
     with pytest.raises(ValueError, match="average_last"):
         FairRoundController(average_last=bad, **TINY)
+
+
+# ------------------------------------------------------------------------------------- larger test splits
+@pytest.mark.parametrize("bad", [0.5, 0, -1, 21, 1e9, True, "3", float("nan"), float("inf"), None, [2]])
+def test_test_scale_must_be_a_number_from_1_to_20(bad):
+    with pytest.raises(ValueError, match="test_scale"):
+        FairRoundController(test_scale=bad, **TINY)
+
+
+def test_test_scale_goes_from_the_servers_config_to_the_sites_built_in_data(tmp_path, monkeypatch):
+    """The controller records test_scale and sends it in every task; the site generates the larger test split into a
+    cache folder of its own; the default is test_scale 1 in the folder the data always had."""
+    monkeypatch.setenv("FAIRFL_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("FAIRFL_DATA_ROOT", raising=False)
+    assert FairRoundController(**TINY).config()["test_scale"] == 1.0
+    controller = FairRoundController(test_scale=2, **TINY)
+    meta = controller.common_task_meta(["site-1", "site-2"])
+    assert controller.config()["test_scale"] == meta[protocol.TEST_SCALE] == 2.0
+    site = FairflExecutor(image_size=32, synthetic_size_scale=0.2)
+    scaled, default = site._data_root("site-1", meta), site._data_root("site-1", {**meta, protocol.TEST_SCALE: 1.0})
+    assert os.path.basename(default) == "prostate-v1-n6-s32-seed0-x0.2"
+    assert os.path.basename(scaled) == "prostate-v1-n6-s32-seed0-x0.2-t2.0"
+    assert os.path.basename(site._data_root("site-1", {k: v for k, v in meta.items() if k != protocol.TEST_SCALE})) \
+        == os.path.basename(default)  # a server from before test_scale
+
+
+def test_a_named_run_from_before_test_scale_resumes_at_test_scale_1_only(tmp_path):
+    from fairfl.results import ResultsLog
+    from fairfl.training import load_tensors
+
+    def controller(**changes):
+        c = FairRoundController(run_name="trial", **TINY, **changes)
+        c.results = ResultsLog(str(tmp_path / "results.json"), method=c.method, task=c.task, metric=c.metric, seed=0,
+                               sites=["site-1"], config=c.config())
+        return c
+
+    path, state = str(tmp_path / "checkpoint.pt"), initial_state(controller().model_spec(), seed=0)
+    controller()._save_checkpoint(path, 0, state)
+    old = load_tensors(path)
+    del old["config"]["test_scale"]  # as a checkpoint made before test_scale existed
+    save_atomic(old, path)
+    assert controller()._load_checkpoint(path)["round"] == 0
+    with pytest.raises(ValueError, match=r"other settings \(test_scale\)"):
+        controller(test_scale=2)._load_checkpoint(path)

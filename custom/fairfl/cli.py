@@ -157,10 +157,11 @@ def _prepare_data(args) -> int:
     try:  # the generators refuse settings they cannot make data for (too small images, too few images a site)
         if args.out:
             root = _import(GENERATORS[args.dataset])(args.out, num_sites=args.num_sites, image_size=args.image_size,
-                                                     seed=args.seed, size_scale=args.size_scale)
+                                                     seed=args.seed, size_scale=args.size_scale,
+                                                     test_scale=args.test_scale)
         else:
             root = ensure_builtin(args.dataset, image_size=args.image_size, seed=args.seed, num_sites=args.num_sites,
-                                  size_scale=args.size_scale)
+                                  size_scale=args.size_scale, test_scale=args.test_scale)
     except ValueError as e:
         print(f"fairfl prepare-data: {e}", file=sys.stderr)
         return 1
@@ -231,6 +232,7 @@ def _add_simulator_arguments(parser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from fairfl import report
+    from fairfl.data.builtin import MAX_TEST_SCALE
 
     parser = argparse.ArgumentParser(prog="fairfl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -256,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size-scale", type=number_in(0, 100, low_open=True), default=None,
                    help="scales the number of cases per site (default: the jobs' synthetic_size_scale for the "
                         "dataset's task, segmentation 2.0, classification 1.0)")
+    p.add_argument("--test-scale", type=number_in(1, MAX_TEST_SCALE), default=1.0,
+                   help="test splits hold this many times their items, training and validation unchanged (the "
+                        "server's test_scale; default 1)")
     p.set_defaults(func=_prepare_data)
 
     for name, target, what, src_help in (

@@ -6,6 +6,7 @@ first use into a cache folder, then read from there by every site."""
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import shutil
 import tempfile
@@ -14,6 +15,8 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -58,16 +61,19 @@ def builtin_dataset(name: str) -> BuiltinDataset:
 
 
 def ensure_builtin(name: str, image_size: int = 64, seed: int = 0, num_sites: int = 6, size_scale: float = 1.0,
-                   cache_dir: str | Path | None = None) -> Path:
+                   cache_dir: str | Path | None = None, test_scale: float = 1.0) -> Path:
     """Path of the cached built-in dataset `name`, generating it on first use."""
     return builtin_dataset(name).ensure_function()(image_size=image_size, seed=seed, num_sites=num_sites,
-                                                   cache_dir=cache_dir, size_scale=size_scale)
+                                                   cache_dir=cache_dir, size_scale=size_scale, test_scale=test_scale)
 
 
-def cache_name(kind: str, version: int, image_size: int, seed: int, num_sites: int, size_scale: float) -> str:
-    """Cache folder name of a generated dataset: changes whenever the generator or its parameters do."""
+def cache_name(kind: str, version: int, image_size: int, seed: int, num_sites: int, size_scale: float,
+               test_scale: float = 1.0) -> str:
+    """Cache folder name of a generated dataset: changes whenever the generator or its parameters do (test_scale
+    exactly, by its repr; at 1 it is left out, so the names of data made before it existed still hold)."""
     scale = "" if size_scale == 1.0 else f"-x{size_scale:g}"
-    return f"{kind}-v{version}-n{num_sites}-s{image_size}-seed{seed}{scale}"
+    test = "" if check_test_scale(test_scale) == 1.0 else f"-t{float(test_scale)!r}"
+    return f"{kind}-v{version}-n{num_sites}-s{image_size}-seed{seed}{scale}{test}"
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
@@ -121,3 +127,35 @@ def _exclusive_lock(path: Path):
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# --- larger test splits (test_scale): more precise test metrics, the same training and validation data ---------
+
+MAX_TEST_SCALE = 20
+TEST_STREAM = 0x7E57  # last in the key of every extra test item's random stream (see extra_test_rng)
+
+
+def check_test_scale(test_scale) -> float:
+    """`test_scale` as a float: a number in [1, MAX_TEST_SCALE] (not a bool, a string or NaN), else ValueError."""
+    if isinstance(test_scale, bool) or not isinstance(test_scale, (int, float)) or math.isnan(test_scale) \
+            or not 1 <= test_scale <= MAX_TEST_SCALE:
+        raise ValueError(f"test_scale must be a number in [1, {MAX_TEST_SCALE}], got {test_scale!r}")
+    return float(test_scale)
+
+
+def extra_test_count(num_test: int, test_scale: float) -> int:
+    """How many items a test split of `num_test` gains at `test_scale`: round(num_test * (test_scale - 1))."""
+    return round(num_test * (check_test_scale(test_scale) - 1))
+
+
+def extra_test_rng(*key: int) -> np.random.Generator:
+    """The random stream of extra test items at `key` (the seed, a site or item index): `key`, zeros to three
+    entries, then TEST_STREAM. Every stream the generators already draw from has a key of at most three entries,
+    which numpy pads with zeros to four, so it can never be this one: the training and validation data, and the
+    test items of test_scale 1, stay exactly as they were."""
+    return np.random.default_rng([*key, *[0] * (3 - len(key)), TEST_STREAM])
+
+
+def recorded_test_scale(test_scale: float) -> dict:
+    """dataset.json's record of test_scale: {"test_scale": s}, or nothing at 1 (data made before it existed)."""
+    return {} if test_scale == 1.0 else {"test_scale": test_scale}

@@ -85,7 +85,8 @@ from scipy import ndimage
 from scipy.special import expit, ndtri
 
 from fairfl.classification import class_counts
-from fairfl.data.builtin import cache_name, ensure_cached
+from fairfl.data.builtin import (cache_name, check_test_scale, ensure_cached, extra_test_count, extra_test_rng,
+                                 recorded_test_scale)
 from fairfl.data.corruption import Corruption
 from fairfl.data.datalist import SPLITS, output_site_names, write_datalist
 from fairfl.data.synthetic_fundus import _draw_segments, _smooth_field
@@ -1136,6 +1137,7 @@ def generate_classification_sites(
     site_class_counts: Sequence[Sequence[int]] | None = None,
     test_fraction: float = 0.2,
     validation_fraction: float = 0.15,
+    test_scale: float = 1.0,
 ) -> Path:
     """Write a synthetic multi-site classification dataset (layout in the module docstring); return `root`.
 
@@ -1157,6 +1159,10 @@ def generate_classification_sites(
             down); `num_sites`, `alpha` and `size_scale` are then not used.
         test_fraction, validation_fraction: of all images (shared test) or of each site's; validation is
             taken from each site's non-test images.
+        test_scale: s > 1 adds round(n_test * (s - 1)) images `extra-img<j>` to the shared test set (or to each
+            site's), in the class proportions of the images it was drawn from (all, or the site's), image j
+            drawn from `fairfl.data.builtin.extra_test_rng(seed, setting index, j)` and corrupted in
+            `testing_corrupted` like the others; everything else is as at s = 1.
     """
     if setting not in SETTINGS:
         raise ValueError(f"setting must be one of {sorted(SETTINGS)}, got {setting!r}")
@@ -1165,6 +1171,7 @@ def generate_classification_sites(
     if not 0 <= corrupted_fraction < 1:
         raise ValueError(f"corrupted_fraction must be in [0, 1), got {corrupted_fraction}")
     spec = SETTINGS[setting]
+    test_scale = check_test_scale(test_scale)
     split_rng = np.random.default_rng([seed, 1000])
     if site_class_counts is not None:
         counts = np.asarray(site_class_counts, dtype=int)
@@ -1185,12 +1192,17 @@ def generate_classification_sites(
                       test_set=test_set, test_fraction=test_fraction, validation_fraction=validation_fraction,
                       min_per_site=3 if test_set == "shared" else 5)
     digits = len(str(len(labels) - 1))
-    ids = [f"img{i:0{digits}d}" for i in range(len(labels))]
+    drawn = len(labels)  # image i < drawn is the same at every test_scale; the extra test images follow
+    extra_labels = add_extra_test_items(plan, labels, len(spec.classes), test_scale, test_set == "shared")
+    ids = [f"img{i:0{digits}d}" for i in range(drawn)] + [f"extra-img{j:0{digits}d}" for j in range(len(extra_labels))]
+    labels = np.concatenate([labels, extra_labels])
     setting_index = list(SETTINGS).index(setting)
     site_names = [f"site-{k + 1}" for k in range(num_sites)]
 
     def image_of(i: int) -> np.ndarray:
-        return render_image(setting, int(labels[i]), image_size, np.random.default_rng([seed, setting_index, i]))
+        rng = np.random.default_rng([seed, setting_index, i]) if i < drawn else \
+            extra_test_rng(seed, setting_index, i - drawn)
+        return render_image(setting, int(labels[i]), image_size, rng)
 
     from threadpoolctl import threadpool_limits
 
@@ -1214,7 +1226,8 @@ def generate_classification_sites(
         parameters=dict(setting=setting, num_sites=num_sites, image_size=image_size, seed=seed,
                         size_scale=size_scale, alpha=alpha, corrupted_fraction=corrupted_fraction,
                         corruption=corruption, severity=severity, test_set=test_set,
-                        test_fraction=test_fraction, validation_fraction=validation_fraction),
+                        test_fraction=test_fraction, validation_fraction=validation_fraction,
+                        **recorded_test_scale(test_scale)),
         prior=list(spec.prior),
         split=dict(method="counts" if site_class_counts is not None else "dirichlet", alpha=alpha,
                    test_set=test_set, test_fraction=test_fraction, validation_fraction=validation_fraction,
@@ -1224,6 +1237,26 @@ def generate_classification_sites(
     )
     (root / "dataset.json").write_text(json.dumps(description, indent=1) + "\n")
     return root
+
+
+def add_extra_test_items(plan: list[dict], labels: np.ndarray, num_classes: int, test_scale: float,
+                         shared: bool) -> np.ndarray:
+    """Enlarge the test sets of `plan` (from `plan_sites`, in place) for `test_scale`: each site's testing gains
+    extra_test_count(its size) new samples numbered from len(labels) on (a shared test set once, the same in every
+    site), their classes in the proportions of the samples that test set was drawn from (every sample, or the
+    site's own), as a stratified test set has them. Returns the new samples' labels."""
+    extra, start = [], len(labels)
+    for parts in plan[:1] if shared else plan:
+        drawn_from = np.unique(np.concatenate([p[split] for p in (plan if shared else [parts]) for split in SPLITS]))
+        count = extra_test_count(len(parts["testing"]), test_scale)
+        shares = np.bincount(labels[drawn_from], minlength=num_classes) / len(drawn_from)
+        extra.append(np.repeat(np.arange(num_classes), _largest_remainder(shares * count)))
+        parts["testing"] = np.concatenate([parts["testing"], start + np.arange(count)])
+        start += count
+    if shared:
+        for parts in plan:
+            parts["testing"] = plan[0]["testing"]
+    return np.concatenate(extra).astype(labels.dtype)
 
 
 def _largest_remainder(amounts: np.ndarray) -> np.ndarray:
@@ -1248,44 +1281,51 @@ def generate_ich_sites(root, num_sites: int = 20, image_size: int = 64, seed: in
 
 def builtin_classification_name(setting: str, image_size: int = 64, seed: int = 0, num_sites: int = 20,
                                 size_scale: float = 1.0, corruption: str = "noise", corrupted_fraction: float = 0.2,
-                                alpha: float = 1.0) -> str:
+                                alpha: float = 1.0, test_scale: float = 1.0) -> str:
     """Cache folder name: changes whenever the generator or its parameters do."""
     kind = f"{setting}-{corruption}"
     if corrupted_fraction != 0.2 or alpha != 1.0:
         kind += f"-c{corrupted_fraction:g}-a{alpha:g}"
-    return cache_name(kind, GENERATOR_VERSION, image_size, seed, num_sites, size_scale)
+    return cache_name(kind, GENERATOR_VERSION, image_size, seed, num_sites, size_scale, test_scale)
 
 
 def _ensure(setting: str, image_size: int, seed: int, num_sites: int, cache_dir, size_scale: float,
-            corruption: str, corrupted_fraction: float, alpha: float) -> Path:
+            corruption: str, corrupted_fraction: float, alpha: float, test_scale: float) -> Path:
     name = builtin_classification_name(setting, image_size, seed, num_sites, size_scale, corruption,
-                                       corrupted_fraction, alpha)
+                                       corrupted_fraction, alpha, test_scale)
     return ensure_cached(name, lambda folder: generate_classification_sites(
-        folder, setting, num_sites, image_size, seed, size_scale, alpha, corrupted_fraction, corruption), cache_dir)
+        folder, setting, num_sites, image_size, seed, size_scale, alpha, corrupted_fraction, corruption,
+        test_scale=test_scale), cache_dir)
 
 
 def ensure_builtin_skin(image_size: int = 64, seed: int = 0, num_sites: int = 20, cache_dir: str | Path | None = None,
                         size_scale: float = 1.0, corruption: str = "noise", corrupted_fraction: float = 0.2,
-                        alpha: float = 1.0) -> Path:
+                        alpha: float = 1.0, test_scale: float = 1.0) -> Path:
     """Path of the cached built-in skin dataset, generating it on first use (`ensure_cached`: one
     generator at a time, never half-written)."""
-    return _ensure("skin", image_size, seed, num_sites, cache_dir, size_scale, corruption, corrupted_fraction, alpha)
+    return _ensure("skin", image_size, seed, num_sites, cache_dir, size_scale, corruption, corrupted_fraction, alpha,
+                   test_scale)
 
 
 def ensure_builtin_ich(image_size: int = 64, seed: int = 0, num_sites: int = 20, cache_dir: str | Path | None = None,
                        size_scale: float = 1.0, corruption: str = "noise", corrupted_fraction: float = 0.2,
-                       alpha: float = 1.0) -> Path:
+                       alpha: float = 1.0, test_scale: float = 1.0) -> Path:
     """Path of the cached built-in ICH dataset, generating it on first use."""
-    return _ensure("ich", image_size, seed, num_sites, cache_dir, size_scale, corruption, corrupted_fraction, alpha)
+    return _ensure("ich", image_size, seed, num_sites, cache_dir, size_scale, corruption, corrupted_fraction, alpha,
+                   test_scale)
 
 
 def ensure_builtin_skin_blur(image_size: int = 64, seed: int = 0, num_sites: int = 20,
-                             cache_dir: str | Path | None = None, size_scale: float = 1.0) -> Path:
+                             cache_dir: str | Path | None = None, size_scale: float = 1.0,
+                             test_scale: float = 1.0) -> Path:
     """The skin dataset with motion-blurred sites (for a BUILTIN_DATASETS entry of its own)."""
-    return ensure_builtin_skin(image_size, seed, num_sites, cache_dir, size_scale, corruption="blur")
+    return ensure_builtin_skin(image_size, seed, num_sites, cache_dir, size_scale, corruption="blur",
+                               test_scale=test_scale)
 
 
 def ensure_builtin_ich_blur(image_size: int = 64, seed: int = 0, num_sites: int = 20,
-                            cache_dir: str | Path | None = None, size_scale: float = 1.0) -> Path:
+                            cache_dir: str | Path | None = None, size_scale: float = 1.0,
+                            test_scale: float = 1.0) -> Path:
     """The ICH dataset with motion-blurred sites (for a BUILTIN_DATASETS entry of its own)."""
-    return ensure_builtin_ich(image_size, seed, num_sites, cache_dir, size_scale, corruption="blur")
+    return ensure_builtin_ich(image_size, seed, num_sites, cache_dir, size_scale, corruption="blur",
+                              test_scale=test_scale)

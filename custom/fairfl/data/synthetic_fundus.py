@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 from scipy import ndimage
 
-from fairfl.data.builtin import cache_name, ensure_cached
+from fairfl.data.builtin import (cache_name, check_test_scale, ensure_cached, extra_test_count, extra_test_rng,
+                                 recorded_test_scale)
 from fairfl.data.datalist import SPLITS, split_cases, write_datalist
 from fairfl.data.synthetic_prostate import _box_mean, _unit
 
@@ -403,7 +404,8 @@ def _box_mean_rgb(array: np.ndarray) -> np.ndarray:
 
 
 def generate_fundus_sites(
-    root: str | Path, num_sites: int = 6, image_size: int = 64, seed: int = 0, size_scale: float = 1.0
+    root: str | Path, num_sites: int = 6, image_size: int = 64, seed: int = 0, size_scale: float = 1.0,
+    test_scale: float = 1.0,
 ) -> Path:
     """Write `num_sites` synthetic fundus sites as PNG plus one datalist per site; return `root`.
 
@@ -411,10 +413,13 @@ def generate_fundus_sites(
     `.../labels/<id>.png` (uint8: 0 background, 1 disc rim, 2 cup), `<root>/site-K.json`
     (training/validation/testing 0.5/0.25/0.25 by image, paths relative to `root`) and
     `<root>/dataset.json` (labels, regions, generator version, parameters, profiles, counts).
-    Deterministic: site K draws from `numpy.random.default_rng([seed, K - 1])`.
+    Deterministic: site K draws from `numpy.random.default_rng([seed, K - 1])`. With `test_scale` s > 1 each
+    site's testing split also holds round(n_test * (s - 1)) more images `extra-img<k>` of its profile, drawn from
+    `fairfl.data.builtin.extra_test_rng(seed, K - 1)`: everything else is as at s = 1.
     """
     if image_size < 32:
         raise ValueError(f"image_size must be at least 32 (the cup needs the pixels), got {image_size}")
+    test_scale = check_test_scale(test_scale)
     from PIL import Image
 
     root = Path(root)
@@ -426,16 +431,24 @@ def generate_fundus_sites(
         native = round(image_size * profile.size_factor)
         num_images = max(len(SPLITS), round(profile.images * size_scale))
         entries, disc_fraction, vcdr, glaucoma = {}, [], [], 0
-        for image_id, image, mask, eye in generate_site_images(profile, native, rng, num_images):
+
+        def write(image_id, image, mask):
             paths = {"image": f"{site}/images/{image_id}.png", "label": f"{site}/labels/{image_id}.png"}
             for key, array in (("image", image), ("label", mask)):
                 (root / paths[key]).parent.mkdir(parents=True, exist_ok=True)
                 Image.fromarray(array).save(root / paths[key])
             entries[image_id] = paths
+
+        for image_id, image, mask, eye in generate_site_images(profile, native, rng, num_images):
+            write(image_id, image, mask)
             disc_fraction.append(float((mask >= 1).mean()))
             vcdr.append(eye.vcdr)
             glaucoma += eye.glaucoma
         split = split_cases(list(entries), SPLIT_FRACTIONS, seed=[seed, index])
+        extra = extra_test_count(len(split["testing"]), test_scale)
+        for image_id, image, mask, _ in generate_site_images(profile, native, extra_test_rng(seed, index), extra):
+            write(f"extra-{image_id}", image, mask)
+            split["testing"].append(f"extra-{image_id}")
         write_datalist(root / f"{site}.json", {s: [entries[i] for i in split[s]] for s in SPLITS})
         sites[site] = dict(
             profile=asdict(profile),
@@ -449,7 +462,8 @@ def generate_fundus_sites(
     description = dict(
         name="fairfl synthetic multi-site retinal fundus (optic disc and cup)",
         generator=f"fairfl.data.synthetic_fundus v{GENERATOR_VERSION}",
-        parameters=dict(num_sites=num_sites, image_size=image_size, seed=seed, size_scale=size_scale),
+        parameters=dict(num_sites=num_sites, image_size=image_size, seed=seed, size_scale=size_scale,
+                        **recorded_test_scale(test_scale)),
         labels=LABELS,
         regions=REGIONS,
         note=(
@@ -465,15 +479,17 @@ def generate_fundus_sites(
     return root
 
 
-def builtin_fundus_name(image_size: int = 64, seed: int = 0, num_sites: int = 6, size_scale: float = 1.0) -> str:
+def builtin_fundus_name(image_size: int = 64, seed: int = 0, num_sites: int = 6, size_scale: float = 1.0,
+                        test_scale: float = 1.0) -> str:
     """Cache folder name: changes whenever the generator or its parameters do."""
-    return cache_name("fundus", GENERATOR_VERSION, image_size, seed, num_sites, size_scale)
+    return cache_name("fundus", GENERATOR_VERSION, image_size, seed, num_sites, size_scale, test_scale)
 
 
 def ensure_builtin_fundus(image_size: int = 64, seed: int = 0, num_sites: int = 6, cache_dir: str | Path | None = None,
-                          size_scale: float = 1.0) -> Path:
+                          size_scale: float = 1.0, test_scale: float = 1.0) -> Path:
     """Path of the cached built-in fundus dataset (`generate_fundus_sites` output), generating it on
     first use (`fairfl.data.builtin.ensure_cached`: one generator at a time, never half-written)."""
-    name = builtin_fundus_name(image_size, seed, num_sites, size_scale)
-    return ensure_cached(name, lambda folder: generate_fundus_sites(folder, num_sites=num_sites, image_size=image_size,
-                                                                    seed=seed, size_scale=size_scale), cache_dir)
+    name = builtin_fundus_name(image_size, seed, num_sites, size_scale, test_scale)
+    return ensure_cached(name, lambda folder: generate_fundus_sites(
+        folder, num_sites=num_sites, image_size=image_size, seed=seed, size_scale=size_scale, test_scale=test_scale),
+        cache_dir)

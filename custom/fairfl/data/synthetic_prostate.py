@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 from scipy import ndimage
 
-from fairfl.data.builtin import cache_name, ensure_cached
+from fairfl.data.builtin import (cache_name, check_test_scale, ensure_cached, extra_test_count, extra_test_rng,
+                                 recorded_test_scale)
 from fairfl.data.datalist import SPLITS, split_cases, write_datalist
 
 GENERATOR_VERSION = 1
@@ -433,17 +434,21 @@ def generate_site_cases(profile: SiteProfile, image_size: int, rng: np.random.Ge
 
 
 def generate_prostate_sites(
-    root: str | Path, num_sites: int = 6, image_size: int = 64, seed: int = 0, size_scale: float = 1.0
+    root: str | Path, num_sites: int = 6, image_size: int = 64, seed: int = 0, size_scale: float = 1.0,
+    test_scale: float = 1.0,
 ) -> Path:
     """Write `num_sites` synthetic sites as NIfTI slices plus one datalist per site; return `root`.
 
     Layout: `<root>/site-K/images/<case>_s<k>.nii.gz` (float32), `.../labels/...` (uint8, 0/1),
     `<root>/site-K.json` (training/validation/testing split 6:2:2 by case, paths relative to
     `root`) and `<root>/dataset.json` (generator version, parameters, site profiles, counts).
-    Deterministic: site K draws from `numpy.random.default_rng([seed, K - 1])`.
+    Deterministic: site K draws from `numpy.random.default_rng([seed, K - 1])`. With `test_scale` s > 1 each
+    site's testing split also holds round(n_test * (s - 1)) more cases `extra-case<k>` of its profile, drawn from
+    `fairfl.data.builtin.extra_test_rng(seed, K - 1)`: everything else is as at s = 1.
     """
     if image_size < 32:
         raise ValueError(f"image_size must be at least 32 (the anatomy needs the pixels), got {image_size}")
+    test_scale = check_test_scale(test_scale)
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     sites = {}
@@ -456,6 +461,12 @@ def generate_prostate_sites(
             slices[case_id] = _write_case(root, site, case_id, spacing, profile.slice_thickness_mm, images, masks)
             organ_fraction.append(float(masks.mean()))
         cases = split_cases(list(slices), SPLIT_FRACTIONS, seed=[seed, index])
+        extra = extra_test_count(len(cases["testing"]), test_scale)
+        for case_id, spacing, images, masks in generate_site_cases(profile, image_size, extra_test_rng(seed, index),
+                                                                   extra):
+            slices[f"extra-{case_id}"] = _write_case(root, site, f"extra-{case_id}", spacing,
+                                                     profile.slice_thickness_mm, images, masks)
+            cases["testing"].append(f"extra-{case_id}")
         write_datalist(root / f"{site}.json", {split: [entry for case in cases[split] for entry in slices[case]]
                                               for split in SPLITS})
         sites[site] = dict(
@@ -468,7 +479,8 @@ def generate_prostate_sites(
     description = dict(
         name="fairfl synthetic multi-site prostate T2w MRI",
         generator=f"fairfl.data.synthetic_prostate v{GENERATOR_VERSION}",
-        parameters=dict(num_sites=num_sites, image_size=image_size, seed=seed, size_scale=size_scale),
+        parameters=dict(num_sites=num_sites, image_size=image_size, seed=seed, size_scale=size_scale,
+                        **recorded_test_scale(test_scale)),
         labels={"0": "background", "1": "prostate"},
         note=(
             "Synthetic 2-D axial T2w slices (cases of a few slices from apex to base), sites modelled on "
@@ -504,15 +516,17 @@ def _write_case(root: Path, site: str, case_id: str, spacing: float, thickness: 
     return entries
 
 
-def builtin_data_name(image_size: int = 64, seed: int = 0, num_sites: int = 6, size_scale: float = 1.0) -> str:
+def builtin_data_name(image_size: int = 64, seed: int = 0, num_sites: int = 6, size_scale: float = 1.0,
+                      test_scale: float = 1.0) -> str:
     """Cache folder name: changes whenever the generator or its parameters do."""
-    return cache_name("prostate", GENERATOR_VERSION, image_size, seed, num_sites, size_scale)
+    return cache_name("prostate", GENERATOR_VERSION, image_size, seed, num_sites, size_scale, test_scale)
 
 
 def ensure_builtin_data(image_size: int = 64, seed: int = 0, num_sites: int = 6, cache_dir: str | Path | None = None,
-                        size_scale: float = 1.0) -> Path:
+                        size_scale: float = 1.0, test_scale: float = 1.0) -> Path:
     """Path of the cached built-in dataset (`generate_prostate_sites` output), generating it on first use
     (`fairfl.data.builtin.ensure_cached`: one generator at a time, never half-written)."""
-    name = builtin_data_name(image_size, seed, num_sites, size_scale)
-    return ensure_cached(name, lambda folder: generate_prostate_sites(folder, num_sites=num_sites, image_size=image_size,
-                                                                      seed=seed, size_scale=size_scale), cache_dir)
+    name = builtin_data_name(image_size, seed, num_sites, size_scale, test_scale)
+    return ensure_cached(name, lambda folder: generate_prostate_sites(
+        folder, num_sites=num_sites, image_size=image_size, seed=seed, size_scale=size_scale, test_scale=test_scale),
+        cache_dir)

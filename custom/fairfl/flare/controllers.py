@@ -25,7 +25,7 @@ from fairfl.aggregation import (ROBUST_MODES, cap_shares, layerwise_average, lwr
                                 weighted_average)
 from fairfl.cka import parameter_layers
 from fairfl.contribution import COMBINE_MODES, ContributionState, flatten, gradient_terms
-from fairfl.data.builtin import builtin_dataset
+from fairfl.data.builtin import builtin_dataset, check_test_scale
 from fairfl.files import json_safe, save_atomic, write_json_atomic
 from fairfl.flare import protocol
 from fairfl.models import build_model, head_state_keys, initial_state, state_to_numpy, state_to_torch
@@ -83,7 +83,7 @@ class FairRoundController(ModelController):
                  run_name: str = "", max_samples: int = MAX_SAMPLES, max_update_ratio: float = 10.0,
                  max_share=None, robust_aggregation: str = "none", trim_fraction: float = 0.2,
                  local_optimizer: str = "adam", momentum: float = 0.0, keep_optimizer_state: bool = False,
-                 average_last: int = 1):
+                 average_last: int = 1, test_scale: float = 1.0):
         """
         Args:
             num_rounds: communication rounds (the paper: 200; CPU default 20).
@@ -138,6 +138,9 @@ class FairRoundController(ModelController):
             average_last: evaluate each of the last N rounds too, and add to the final record `mean_of_last`: each
                 site's metrics averaged over those N evaluations (FedISM+ reports the mean of the last 5 rounds);
                 1 = only the last round (`final` itself is always the last round's).
+            test_scale: the built-in data's test splits hold about this many times their items (1 to 20), the extra
+                ones drawn from each site's own distribution, for a more precise test metric; training and
+                validation data are unchanged. A site with a data root ignores it.
         """
         super().__init__(persistor_id="", task_check_period=task_check_period)
         problem = check_optimizer_settings({"name": local_optimizer, "momentum": momentum,
@@ -149,6 +152,7 @@ class FairRoundController(ModelController):
         if isinstance(average_last, bool) or not isinstance(average_last, int) or average_last < 1:
             raise ValueError(f"average_last must be a positive integer, got {average_last!r}")
         self.average_last = average_last
+        self.test_scale = check_test_scale(test_scale)
         if weighting not in ("samples", "uniform"):
             raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
         self.num_rounds, self.eval_every, self.min_clients = num_rounds, eval_every, min_clients
@@ -210,15 +214,7 @@ class FairRoundController(ModelController):
         self.sites, self.trainers = sites, [s for s in sites if s not in self.exclude_sites]
         self.min_responses = self.min_clients or len(sites)
         self.absent = []
-        self.task_meta = {protocol.MODEL_SPEC: self.model_spec(), protocol.DATASET: self.dataset,
-                          protocol.TASK: self.task,
-                          protocol.NUM_SITES: max(builtin_dataset(self.dataset).min_sites, len(sites)),
-                          protocol.DATA_SEED: self.data_seed,
-                          protocol.OPTIMIZER: {"name": self.local_optimizer, "momentum": self.momentum,
-                                               "keep_state": self.keep_optimizer_state}}
-        if self.run_name:
-            self.task_meta[protocol.RUN_NAME] = self.run_name
-        self.task_meta.update(self.site_meta())
+        self.task_meta = self.common_task_meta(sites)
         run_dir = self.get_run_dir()
         self.results = ResultsLog(os.path.join(run_dir, RESULTS_FILE), method=self.method, task=self.task,
                                   metric=self.metric, seed=self.seed, sites=sites, config=self.config())
@@ -555,6 +551,18 @@ class FairRoundController(ModelController):
         raise NotImplementedError(f"{type(self).__name__} has no method tensors to restore")
 
     # --- plumbing ----------------------------------------------------------------------------------------
+    def common_task_meta(self, sites: list[str]) -> dict:
+        """What every task of the run tells every site: the model, the data (built-in: which, its seed, sites and
+        test scale), the local optimiser, the run's name and the method's own settings (`site_meta`)."""
+        meta = {protocol.MODEL_SPEC: self.model_spec(), protocol.DATASET: self.dataset, protocol.TASK: self.task,
+                protocol.NUM_SITES: max(builtin_dataset(self.dataset).min_sites, len(sites)),
+                protocol.DATA_SEED: self.data_seed, protocol.TEST_SCALE: self.test_scale,
+                protocol.OPTIMIZER: {"name": self.local_optimizer, "momentum": self.momentum,
+                                     "keep_state": self.keep_optimizer_state}}
+        if self.run_name:
+            meta[protocol.RUN_NAME] = self.run_name
+        return {**meta, **self.site_meta()}
+
     def model_spec(self) -> dict:
         name = self.model or DEFAULT_MODEL[self.task]
         spec = {"name": name, "in_channels": self.in_channels, "num_classes": self.num_classes}
@@ -570,7 +578,8 @@ class FairRoundController(ModelController):
         keys = ["num_rounds", "eval_every", "min_clients", "task_timeout", "straggler_timeout", "run_name", "seed", "data_seed", "dataset", "task",
                 "num_classes", "in_channels", "model", "model_channels", "model_strides", "model_norm", "weighting",
                 "exclude_sites", "preset", "max_samples", "max_update_ratio", "max_share", "robust_aggregation",
-                "trim_fraction", "local_optimizer", "momentum", "keep_optimizer_state", "average_last"]
+                "trim_fraction", "local_optimizer", "momentum", "keep_optimizer_state", "average_last",
+                "test_scale"]
         return {"controller": type(self).__name__, **{k: getattr(self, k) for k in keys},
                 "preset_env": os.environ.get("FAIRFL_PRESET", "")}
 

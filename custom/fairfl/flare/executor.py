@@ -31,7 +31,7 @@ from fairfl.site_checks import check_site_state
 from fairfl.classification import LogitAdjustedCrossEntropy, class_counts, evaluate_classification
 from fairfl.cka import MIN_BATCH, layerwise_cka
 from fairfl.contribution import leave_one_out_error
-from fairfl.data.builtin import builtin_dataset, ensure_builtin
+from fairfl.data.builtin import builtin_dataset, check_test_scale, ensure_builtin
 from fairfl.data.datalist import load_dataset_info, load_datalist
 from fairfl.data.free_rider import free_rider_datalist
 from fairfl.data.loaders import check_augmentation, make_loader
@@ -490,8 +490,8 @@ class FairflExecutor(Executor):
         return load_datalist(root, site, **options)
 
     def _data_root(self, site, meta: dict) -> str:
-        """This site's data root, or the built-in data the server's task names (checked: the dataset, its seed and
-        number of sites become a cache folder name)."""
+        """This site's data root, or the built-in data the server's task names (checked: the dataset, its seed, number
+        of sites and test scale become a cache folder name)."""
         root = site_settings(site).data_root or self.data_root
         if root:
             return root
@@ -501,10 +501,11 @@ class FairflExecutor(Executor):
                                                        f"(integers in [0, 2^32 - 1] and [1, {MAX_SITES}])")
         try:
             dataset = builtin_dataset(meta.get(protocol.DATASET, "prostate")).name
+            test_scale = check_test_scale(meta.get(protocol.TEST_SCALE, 1.0))
         except ValueError as e:
             raise DataError(site, "the server's task", str(e)) from e
         return str(ensure_builtin(dataset, image_size=self.image_size, seed=seed, num_sites=num_sites,
-                                  size_scale=self.synthetic_size_scale))
+                                  size_scale=self.synthetic_size_scale, test_scale=test_scale))
 
     @staticmethod
     def _state_dir(fl_ctx, meta: dict) -> str:

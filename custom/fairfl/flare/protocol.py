@@ -14,6 +14,7 @@ MODEL_SPEC = "model_spec"        # dict understood by fairfl.models.build_model
 DATASET = "dataset"              # which built-in dataset (fairfl.data.builtin) a site without a data root uses
 NUM_SITES = "num_sites"          # how many sites the built-in data must have
 DATA_SEED = "data_seed"          # seed of the built-in data
+TEST_SCALE = "test_scale"        # the built-in data's test splits hold this many times their items (1 to 20; absent: 1)
 LOO_WEIGHTS = "loo_weights"      # FedCE: {site: its weight in the global model sent}; asks for the LOO error
 START_FROM = "start_from"        # train from FROM_GLOBAL (the params sent) or FROM_LOCAL (the site's own model)
 EVALUATE = "evaluate"            # evaluate FROM_GLOBAL or FROM_LOCAL
