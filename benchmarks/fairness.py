@@ -1,7 +1,7 @@
 """Fairness benchmark: Solo, FedAvg and Fed-LWR on the built-in six-site data, several seeds, through the
 real NVFlare simulator; paper-style tables (mean +/- sd over seeds) and the round-time ratio.
 
-Settings (DESIGN.md, Fed-LWR):
+Settings (Fed-LWR):
   epoch  one local epoch per round, as the paper: Solo, FedAvg, Fed-LWR (no CKA clip, the paper's Eq. 5)
   clip   Fed-LWR with the authors' code's CKA clip [1e-4, 0.99] (compared with FedAvg of `epoch`)
   steps  the same number of local steps at every site: FedAvg and Fed-LWR

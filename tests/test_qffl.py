@@ -78,7 +78,7 @@ def test_toy_quadratic_sites_direction_and_magnitude():
 
 
 def test_adam_like_updates_barely_move_the_model_with_l_one_over_lr():
-    """DESIGN.md: with Adam the local update is ~lr per parameter and step, so ||w - w_k||^2 grows with the
+    """With Adam the local update is ~lr per parameter and step, so ||w - w_k||^2 grows with the
     number of parameters and the q ||Delta w_k||^2 term of h_k dominates: the global step is a few percent of
     FedAvg's with L = 1/lr; L = 0 (loss-weighted FedAvg) moves as far as FedAvg when the losses are equal."""
     generator = torch.Generator().manual_seed(0)

@@ -4,7 +4,7 @@ Plain functions on `{key: torch.Tensor}` state dicts; the FLARE components call 
 
 Integer and bool tensors (BatchNorm's `num_batches_tracked`, masks, indices) are never averaged:
 a mean of counters or indices is not a valid counter or index. `weighted_average` takes them
-from the first state; `layerwise_average` from the anchor (DESIGN.md).
+from the first state; `layerwise_average` from the anchor.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def lwr_layer_weights(
             Every site must report the same layers.
         clip: optional (lo, hi); each delta is clipped to [lo, hi] first. The paper has no clip;
             the authors' code uses (1e-4, 0.99), which makes the weights exactly uniform when
-            every CKA is above 0.99 (DESIGN.md). Without a clip, deltas are still clamped to
+            every CKA is above 0.99. Without a clip, deltas are still clamped to
             [0, 1] so that every weight is >= 0.
 
     Returns:

@@ -8,7 +8,8 @@ where K' = H K H is the centred Gram matrix. `linear_cka` computes it on full fe
 `MinibatchCKA` is the minibatch form of Nguyen, Raghu & Kornblith (2021): the unbiased HSIC
 estimator is averaged over minibatches, so memory does not grow with the number of samples
 (the Fed-LWR authors' code does the same). `layerwise_cka` runs two models side by side and
-measures it for every module that owns parameters, matched by module name (DESIGN.md).
+measures it for every module that owns parameters, matched by module name (a layer is found by what it is,
+not by its position among the state dict's keys).
 
 Degenerate representations (constant over the samples, e.g. a dead layer) have zero HSIC with
 everything, so Eq. 2 is 0/0 there. The value used instead is:
@@ -209,7 +210,7 @@ def parameter_layers(model: nn.Module) -> dict[str, list[str]]:
     Keys are module names from `named_modules()`, values the `state_dict()` keys the module
     owns, in state_dict order. Every state_dict key belongs to exactly one layer: the module
     named by the key without its last component (parameter and buffer names contain no dot).
-    This is the mapping by name that Fed-LWR's aggregation uses (DESIGN.md).
+    This is the mapping by name that Fed-LWR's aggregation uses.
     """
     modules = dict(model.named_modules(remove_duplicate=False))  # shared modules under every name
     layers: dict[str, list[str]] = {}

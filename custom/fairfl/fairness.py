@@ -15,7 +15,7 @@ def summarize(per_site: Mapping[str, float], higher_is_better: bool = True) -> d
     """Mean, population standard deviation and worst site of one metric over sites.
 
     std = sqrt(sum_k (x_k - mean)^2 / K), i.e. ddof=0, the population std used in the papers'
-    tables (DESIGN.md). The worst site is the one with the lowest value (the highest if
+    tables. The worst site is the one with the lowest value (the highest if
     `higher_is_better` is False, e.g. for a loss); ties go to the first such site. A non-finite
     value raises ValueError naming the site: a NaN would silently poison mean, std and worst.
 

@@ -23,7 +23,8 @@ DEFAULT_RESNET18 = {"name": "resnet18", "in_channels": 1, "num_classes": 2, "nor
                     "conv1_stride": 2}
 # A small CNN so that CPU runs finish: per entry of `channels` a 3x3 convolution with stride 2, norm (not in the
 # last block) and ReLU; then global average pooling and a linear classifier. Group norm by default: batch-norm
-# running statistics averaged over clean and corrupted sites collapsed eval-mode accuracy (DESIGN.md).
+# running statistics averaged over clean and corrupted sites are no site's statistics, and eval-mode accuracy
+# suffers (FedBN's observation).
 DEFAULT_CNN = {"name": "cnn", "in_channels": 1, "num_classes": 2, "channels": [16, 32, 64], "norm": "group",
                "norm_groups": 8}
 DEFAULTS = {"unet": DEFAULT_UNET, "resnet18": DEFAULT_RESNET18, "cnn": DEFAULT_CNN}

@@ -27,7 +27,7 @@ from fairfl.contribution import normalise
 from fairfl.site_checks import MAX_REPORTED
 
 VARIANTS = {"S": "sharpness", "L": "perturbed_loss"}  # the report key each variant weights by
-Q = 2.0  # the paper's defaults (DESIGN.md; the code's q is 1)
+Q = 2.0  # the paper's defaults (the authors' code uses q = 1)
 BETA = 0.5
 
 

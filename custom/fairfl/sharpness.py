@@ -25,7 +25,7 @@ import torch
 from fairfl.training import TrainSettings, make_optimizer
 
 GSAM_ALPHA = 0.1  # FedISM+ and the FFL4MIA code
-RHO_MAX = 0.1  # the paper's rho_max (the code's default is 0.05: DESIGN.md)
+RHO_MAX = 0.1  # the paper's rho_max (the authors' code defaults to FedISM's fixed 0.05)
 TAU = 0.5
 PERTURB_EPS = 1e-12  # added to ||g|| and ||g_p|| (as GSAM's code does): a zero gradient gives eps* = 0
 
@@ -165,7 +165,7 @@ def measure_sharpness(model, loader, loss_fn, rho: float, device) -> dict:
     """A site's loss, perturbed loss and sharpness (Eq. 9-11) of `model` over the whole of `loader`.
 
     The paper measures them on the global model received at the start of the round, over the site's full
-    training set (DESIGN.md): pass an unshuffled, unaugmented loader of the training split. The model is put
+    training set (Eq. 10-11 are over the site's training data): pass an unshuffled, unaugmented loader of the training split. The model is put
     in eval mode (running statistics of batch norm, no dropout) and left with its weights, mode and gradients
     as they were. eps* follows the gradient of the loss over the whole set (one perturbation for the set, as
     in the FFL4MIA code), not one per batch.
