@@ -384,3 +384,13 @@ def test_mean_weights_average_layers_then_rounds_then_runs():
     assert list(mean_weights(avg)) == ["site-1", "site-10"]
     assert mean_weights(avg) == pytest.approx({"site-1": 0.3, "site-10": 0.7})
     assert mean_weights([{"rounds": [{"weights": None}]}]) == {}
+
+
+def test_train_diagnostics_are_medians_over_sites_rounds_and_runs():
+    from fairfl.benchmark import train_diagnostics
+
+    runs = [{"rounds": [{"train": {"site-1": {"npr_grad_ratio": 1.0}, "site-2": {"npr_grad_ratio": 9.0}}},
+                        {"train": {"site-1": {"train_loss": 0.3}}}]},
+            {"rounds": [{"train": {"site-1": {"npr_grad_ratio": 2.0}}}, {"train": None}]}]
+    assert train_diagnostics(runs) == {"npr_grad_ratio": 2.0}
+    assert train_diagnostics([{"rounds": [{"train": {"site-1": {"train_loss": 0.3}}}]}]) == {}

@@ -250,6 +250,22 @@ def mean_weights(runs: list) -> dict:
     return {site: statistics.mean(r[site] for r in per_run if site in r) for site in sites}
 
 
+# what a method's sites report while training that says whether the method acts: train-record key -> label
+DIAGNOSTICS = {"npr_grad_ratio": "NPR/BSM gradient ratio (FedNPR: ||d(lambda NPR)/dz|| / ||d BSM/dz||)"}
+
+
+def train_diagnostics(runs: list) -> dict:
+    """{key: median over sites, rounds and runs} of the DIAGNOSTICS keys the runs' train records hold."""
+    values = {}
+    for run in runs:
+        for record in run.get("rounds") or []:
+            for metrics in (record.get("train") or {}).values():
+                for key in DIAGNOSTICS:
+                    if isinstance((metrics or {}).get(key), (int, float)):
+                        values.setdefault(key, []).append(metrics[key])
+    return {key: statistics.median(v) for key, v in values.items()}
+
+
 def round_seconds_median(runs: list) -> float | None:
     """Median seconds of the rounds that were not evaluated (of all rounds if every one was), round 0 (process
     start-up) left out."""
@@ -335,6 +351,13 @@ def summary_markdown(summary: dict, reports: dict) -> str:
                   "|---|" + "---:|" * len(sites)]
         lines += [f"| {_name(m)} | " + " | ".join(f"{w[s]:.3f}" if s in w else "–" for s in sites) + " |"
                   for m, w in weights.items()]
+        lines.append("")
+    diagnostics = {m: d for m, d in (summary.get("diagnostics") or {}).items() if d}
+    if diagnostics:
+        lines += ["## What the methods' sites reported", "", "Medians over sites, rounds and seeds of the training "
+                  "records.", "", "| method | quantity | median |", "|---|---|---:|"]
+        lines += [f"| {_name(m)} | {DIAGNOSTICS[key]} | {value:.3g} |" for m, d in diagnostics.items()
+                  for key, value in d.items()]
         lines.append("")
     lines += ["## Round time", "", "Median seconds of the rounds without evaluation (round 0 left out), all seeds, as "
               "each run recorded them; ratio to FedAvg's. The runs go one after another, so the ratios hold when "
@@ -463,6 +486,7 @@ def run_benchmark(dataset: str, methods: list, seeds: list, rounds: int, eval_ev
                "round_seconds": {m: round_seconds_median(runs) for m, runs in runs_by_method.items()},
                "test_split_errors": {metric: test_split_errors(runs_by_method, metric) for metric in metrics},
                "mean_weights": {m: mean_weights(runs) for m, runs in runs_by_method.items()},
+               "diagnostics": {m: train_diagnostics(runs) for m, runs in runs_by_method.items()},
                "claims": check_claims(CLAIMS[kind], runs_by_method)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "SUMMARY.md").write_text(summary_markdown(summary, reports))
