@@ -90,11 +90,12 @@ def chooser_rows(readme: str) -> list[str]:
     return [line for line in part.splitlines() if line.startswith("| ") and not line.startswith("| problem")]
 
 
-def unbacked_numbers(row: str) -> list[str]:
-    """The numbers of a chooser row that are in none of the committed outputs (benchmarks/results/...) it links to."""
-    outputs = [read(os.path.join(REPO, t)) for t in relative_links(row) if t.startswith("benchmarks/results/")]
-    assert outputs, f"a chooser row links no committed output: {row[:60]}"
-    return [n for n in re.findall(r"\d+\.\d+", row) if not any(n in text for text in outputs)]
+def unbacked_numbers(text: str, folder: str = REPO) -> list[str]:
+    """The numbers of `text` (links relative to `folder`) that are in none of the committed outputs
+    (benchmarks/results/...) it links to."""
+    outputs = [read(os.path.join(folder, t)) for t in relative_links(text) if "benchmarks/results/" in t]
+    assert outputs, f"links no committed output: {text[:60]}"
+    return [n for n in re.findall(r"\d+\.\d+", text) if not any(n in output for output in outputs)]
 
 
 def test_every_number_of_the_method_chooser_is_in_a_committed_output_its_row_links_to():
@@ -107,6 +108,12 @@ def test_every_number_of_the_method_chooser_is_in_a_committed_output_its_row_lin
     assert "1.17" in unbacked_numbers(ditto.replace("compare/prostate", "compare/fundus"))  # the wrong output
     with pytest.raises(AssertionError, match="links no committed output"):
         unbacked_numbers("| x | y | 1.5 ([doc](docs/data.md)) |")
+
+
+def test_every_number_of_a_method_page_s_expected_results_is_in_a_committed_output_it_links_to():
+    for page in METHOD_PAGES:
+        expected = read(os.path.join(DOCS, "methods", f"{page}.md")).split("## Expected results\n", 1)[1]
+        assert unbacked_numbers(expected, os.path.join(DOCS, "methods")) == [], page
 
 
 def test_the_readme_keeps_the_test_command_the_ci_runs():
