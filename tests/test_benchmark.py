@@ -1,4 +1,4 @@
-"""`fairfl benchmark`: the claims it checks, the README blocks it generates, and (slow) a tiny real benchmark that
+"""`fairfl benchmark`: the claims it checks, the README and docs/ blocks it generates, and (slow) a tiny real benchmark that
 resumes without redoing finished runs."""
 
 import json
@@ -8,8 +8,8 @@ import os
 import pytest
 
 from conftest import REPO, TINY_CLIENT, TINY_SERVER
-from fairfl.benchmark import (CLAIMS, METHODS, Claim, check_claims, claims_markdown, family, job_arguments, rejudge,
-                              run_benchmark, section, update_readme)
+from fairfl.benchmark import (CLAIMS, METHODS, Claim, check_claims, claims_markdown, documentation_files, family,
+                              job_arguments, rejudge, run_benchmark, section, update_generated_blocks)
 from fairfl.paired import Interval, mean_interval, paired_differences, paired_interval, verdict
 from fairfl.cli import main as cli_main
 
@@ -176,14 +176,47 @@ def test_section_and_readme_blocks_are_rewritten_from_their_source(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("before\n<!-- generated from benchmarks/results/x/SUMMARY.md#Dice per site -->\ntyped by hand\n"
                       "<!-- end generated -->\nafter\n")
-    assert update_readme(readme, check=True) == ["benchmarks/results/x/SUMMARY.md#Dice per site"]
+    assert update_generated_blocks(readme, check=True) == ["benchmarks/results/x/SUMMARY.md#Dice per site"]
     assert "typed by hand" in readme.read_text()  # --check changes nothing
     assert cli_main(["update-readme", str(readme), "--check"]) == 1
     assert cli_main(["update-readme", str(readme)]) == 0
     text = readme.read_text()
     assert "typed by hand" not in text and "| a |" in text and "##### detail" in text and "not this" not in text
     assert "[report](benchmarks/results/x/dice/report.md)" in text and text.endswith("after\n")
-    assert update_readme(readme, check=True) == []
+    assert update_generated_blocks(readme, check=True) == []
+
+
+def test_a_docs_page_block_links_relative_to_the_page_and_a_stale_one_is_reported(tmp_path, capsys):
+    out = tmp_path / "benchmarks" / "results" / "x"
+    out.mkdir(parents=True)
+    (out / "SUMMARY.md").write_text("# T\n\n## Dice per site\n\n| a |\n\n[report](dice/report.md) "
+                                    "![fig](../y/plot.png) [web](https://example.org/a.md) [here](#dice-per-site)\n")
+    readme = tmp_path / "README.md"
+    block = "<!-- generated from {}benchmarks/results/x/SUMMARY.md#Dice per site -->\n{}<!-- end generated -->\n"
+    readme.write_text("intro\n")
+    (tmp_path / "docs" / "methods").mkdir(parents=True)
+    page = tmp_path / "docs" / "benchmarks.md"
+    page.write_text("# Benchmarks\n\n" + block.format("../", "old numbers\n"))
+    nested = tmp_path / "docs" / "methods" / "fedavg.md"
+    nested.write_text(block.format("../../", "") + "tail\n")
+    assert documentation_files(tmp_path) == [readme, page, nested]
+    files = [str(f) for f in documentation_files(tmp_path)]
+    assert cli_main(["update-readme", *files, "--check"]) == 1
+    err = capsys.readouterr().err
+    assert f"{page}: out of date" in err and f"{nested}: out of date" in err and "README" not in err
+    assert "old numbers" in page.read_text()  # --check changes nothing
+    assert cli_main(["update-readme", *files]) == 0 and cli_main(["update-readme", *files, "--check"]) == 0
+    text = page.read_text()
+    assert "old numbers" not in text and "[report](../benchmarks/results/x/dice/report.md)" in text
+    assert "![fig](../benchmarks/results/y/plot.png)" in text
+    assert "[web](https://example.org/a.md)" in text and "[here](#dice-per-site)" in text  # not file links
+    assert "[report](../../benchmarks/results/x/dice/report.md)" in nested.read_text()
+    assert nested.read_text().endswith("<!-- end generated -->\ntail\n")
+    # a block whose path is written as from the repository root, in a docs page: an error naming the page
+    page.write_text(block.format("", ""))
+    assert cli_main(["update-readme", str(page), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert str(page) in err and "relative to the file holding it" in err
 
 
 @pytest.mark.parametrize("task", ["prostate", "fundus", "skin", "skin_imbalanced"])
@@ -201,9 +234,14 @@ def test_the_committed_claims_are_those_judged_from_the_committed_per_seed_outpu
     assert claims and all(c["verdict"] in ("holds", "fails", "inconclusive") and "holds" not in c for c in claims)
 
 
-def test_the_readme_results_are_those_of_the_committed_benchmark_outputs():
-    stale = update_readme(os.path.join(REPO, "README.md"), check=True)
-    assert stale == [], f"README blocks out of date with {stale}: run `fairfl update-readme`"
+def test_the_readme_and_docs_results_are_those_of_the_committed_benchmark_outputs(capsys):
+    files = documentation_files(REPO)
+    assert os.path.join(REPO, "docs", "benchmarks.md") in map(str, files)
+    stale = {str(f): update_generated_blocks(f, check=True) for f in files}
+    assert not any(stale.values()), f"blocks out of date: {stale}: run `fairfl update-readme`"
+    with open(os.path.join(REPO, "docs", "benchmarks.md")) as f:
+        assert "<!-- generated from ../benchmarks/results/" in f.read()  # the move kept its blocks
+    assert cli_main(["update-readme", "--check"]) == 0  # the default: README.md and docs/**/*.md
 
 
 @pytest.mark.slow

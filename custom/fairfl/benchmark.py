@@ -558,7 +558,7 @@ def run(args) -> int:
     return 0
 
 
-# ---------------------------------------------------------------- the README's results, generated
+# ---------------------------------------------------------------- the results in README.md and docs/, generated
 
 GENERATED = re.compile(r"^(<!-- generated from (?P<source>[^\n]+?) -->\n)(?P<body>.*?)^(<!-- end generated -->)$",
                        re.S | re.M)
@@ -581,47 +581,59 @@ def section(markdown: str, title: str | None) -> str:
 
 
 def generated_block(source: str, base: Path) -> str:
-    """The README text of one generated block: the section of a benchmark output (`path#Section title`, path
-    relative to the README), headings moved two levels down, relative links rewritten to be relative to the
-    README."""
+    """The text of one generated block: the section of a benchmark output (`path#Section title`, path relative to
+    `base`, the folder of the file holding the block), headings moved two levels down, relative links rewritten
+    to be relative to `base`."""
     path, _, title = source.partition("#")
     file = base / path
     try:
         text = section(file.read_text(), title.replace("%20", " ") or None)
     except (OSError, ValueError) as e:
-        raise ValueError(f"README block {source}: {e}") from e
+        raise ValueError(f"block {source} (its path is relative to the file holding it): {e}") from e
     folder = os.path.relpath(file.parent, base)
     text = LINK.sub(lambda m: f"{m.group(1)}{os.path.normpath(os.path.join(folder, m.group(2)))})", text)
     return re.sub(r"^(#+) ", lambda m: "#" * min(6, len(m.group(1)) + 2) + " ", text, flags=re.M)
 
 
-def update_readme(readme, check: bool = False) -> list[str]:
-    """Rewrite every `<!-- generated from PATH[#Section] -->` ... `<!-- end generated -->` block of the README from
-    its source; returns the sources whose text changed (with check=True the file is left as it is)."""
-    readme = Path(readme)
-    text = readme.read_text()
+def documentation_files(root=REPO) -> list[Path]:
+    """README.md and every docs/**/*.md under `root`: the files whose generated blocks `fairfl update-readme` keeps
+    and whose links the tests check."""
+    root = Path(root)
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def update_generated_blocks(markdown, check: bool = False) -> list[str]:
+    """Rewrite every `<!-- generated from PATH[#Section] -->` ... `<!-- end generated -->` block of a Markdown file
+    from its source; returns the sources whose text changed (with check=True the file is left as it is)."""
+    markdown = Path(markdown)
+    text = markdown.read_text()
     stale = []
 
     def replace(match):
-        body = generated_block(match.group("source"), readme.parent)
+        try:
+            body = generated_block(match.group("source"), markdown.parent)
+        except ValueError as e:
+            raise ValueError(f"{markdown}: {e}") from e
         if body != match.group("body"):
             stale.append(match.group("source"))
         return match.group(1) + body + match.group(4)
 
     new = GENERATED.sub(replace, text)
     if stale and not check:
-        readme.write_text(new)
+        markdown.write_text(new)
     return stale
 
 
 def update_readme_command(args) -> int:
+    files = args.files or documentation_files()
     try:
-        stale = update_readme(args.readme, check=args.check)
-    except ValueError as e:
+        stale = {str(file): update_generated_blocks(file, check=args.check) for file in files}
+    except (ValueError, OSError) as e:
         print(f"fairfl update-readme: {e}", file=sys.stderr)
         return 1
-    if args.check and stale:
-        print(f"{args.readme}: out of date with {', '.join(stale)}; run `fairfl update-readme`", file=sys.stderr)
-        return 1
-    print(f"{args.readme}: {'updated ' + ', '.join(stale) if stale else 'up to date'}")
-    return 0
+    for file, sources in stale.items():
+        if args.check and sources:
+            print(f"{file}: out of date with {', '.join(sources)}; run `fairfl update-readme`", file=sys.stderr)
+        else:
+            print(f"{file}: {'updated ' + ', '.join(sources) if sources else 'up to date'}")
+    return 1 if args.check and any(stale.values()) else 0

@@ -326,8 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description=benchmark.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     benchmark.add_arguments(p)
     p.set_defaults(func=benchmark.run)
-    p = sub.add_parser("update-readme", help="rewrite the README's generated result blocks from the benchmark outputs")
-    p.add_argument("readme", nargs="?", default=str(benchmark.REPO / "README.md"))
+    p = sub.add_parser("update-readme", help="rewrite the generated result blocks of README.md and docs/ from the "
+                                             "benchmark outputs")
+    p.add_argument("files", nargs="*", metavar="FILE", help="Markdown files (default: README.md and docs/**/*.md)")
     p.add_argument("--check", action="store_true", help="change nothing; fail if a block is out of date")
     p.set_defaults(func=benchmark.update_readme_command)
 

@@ -1,4 +1,4 @@
-"""The results file every run writes: `results.json` in the server's run workspace (schema in the README)."""
+"""The results file every run writes: `results.json` in the server's run workspace (schema in docs/results.md)."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ LOO_SCORE = {SEGMENTATION: "dice", CLASSIFICATION: "balanced_accuracy"}  # the v
 MAX_SITES = 1000  # the most built-in sites a server may ask a site to generate
 FULL_WEIGHT = 1.0 - 1e-6  # a site with this share of the global model is all of it: nothing is left without it
 CKA_SPLITS = ("training", "validation")
-CKA_BATCH_SIZE = 32  # README, Fed-LWR: measured against 8 and 64
+CKA_BATCH_SIZE = 32  # docs/methods/fedlwr.md: measured against 8 and 64
 
 
 def leave_one_out_model(spec: dict, global_params: dict, previous_local_state: dict, weight: float):

@@ -1,0 +1,123 @@
+"""The documentation (README.md and docs/): links that lead somewhere, every job argument documented on the right
+page, the README's method chooser backed by the committed outputs it links to, and the CI's test command."""
+
+import os
+import re
+
+import pytest
+
+from conftest import REPO
+from fairfl.benchmark import LINK, documentation_files
+from fairfl.jobconfig import job_arguments
+
+METHOD_PAGES = {"fedavg": ["fedavg", "solo", "fedprox"], "ditto": ["ditto"], "fedlwr": ["fedlwr"], "fedce": ["fedce"],
+                "fedism": ["fedism", "fedism_plus"], "qfedavg": ["qfedavg"], "fednpr": ["fednpr", "fednpr_per"],
+                "rewards": ["cffl", "cgsv"]}
+DOCS = os.path.join(REPO, "docs")
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def relative_links(text: str) -> list[str]:
+    """The file part of every relative link (anchors dropped; web, absolute and same-page links left out)."""
+    return [m.group(2).partition("#")[0] for m in LINK.finditer(text) if m.group(2).partition("#")[0]]
+
+
+def dead_links(files) -> list[str]:
+    return [f"{file}: {target}" for file in files for target in relative_links(read(file))
+            if not os.path.exists(os.path.join(os.path.dirname(file), target))]
+
+
+def test_every_relative_link_of_the_readme_and_docs_leads_to_a_file():
+    files = documentation_files(REPO)
+    assert len(files) > 10 and all(os.path.isfile(f) for f in files)
+    assert sum(len(relative_links(read(f))) for f in files) > 100  # the check sees the links
+    assert dead_links(files) == []
+
+
+def test_a_link_written_from_the_wrong_folder_is_found(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "a.md").write_text("x")
+    page = tmp_path / "docs" / "page.md"
+    page.write_text("[ok](../benchmarks/a.md#part) [web](https://x.org/b.md) [here](#top) ![gone](benchmarks/a.md)\n"
+                    "[also gone](../benchmarks/b.md)")
+    assert dead_links([str(page)]) == [f"{page}: benchmarks/a.md", f"{page}: ../benchmarks/b.md"]
+
+
+def argument_rows(text: str) -> set[str]:
+    """The argument names in the first column of every `| argument | default | meaning |` table."""
+    names, in_table = set(), False
+    for line in text.splitlines():
+        if line.startswith("| argument |"):
+            in_table = True
+        elif not line.startswith("|"):
+            in_table = False
+        elif in_table and not line.startswith("|---"):
+            names.update(re.findall(r"`(\w+)`", line.split("|")[1]))
+    return names
+
+
+def test_every_job_argument_is_documented_and_a_method_page_only_its_own_jobs():
+    common = argument_rows(read(os.path.join(DOCS, "running.md")))
+    pages = {page: argument_rows(read(os.path.join(DOCS, "methods", f"{page}.md"))) for page in METHOD_PAGES}
+    jobs = sorted(os.listdir(os.path.join(REPO, "jobs")))
+    assert sorted(j for js in METHOD_PAGES.values() for j in js) == jobs  # every job has its page
+    documented = common.union(*pages.values())
+    for job in jobs:
+        missing = set(job_arguments(os.path.join(REPO, "jobs", job))) - documented
+        assert not missing, f"jobs/{job}: {sorted(missing)} in no argument table of docs/"
+    for page, names in pages.items():
+        own = set().union(*(job_arguments(os.path.join(REPO, "jobs", j)) for j in METHOD_PAGES[page]))
+        assert names - own == set(), f"docs/methods/{page}.md documents arguments its jobs do not have"
+        assert not names & common - {"logit_adjustment"}, f"docs/methods/{page}.md repeats a common argument"
+
+
+def test_every_method_page_has_the_same_headings_in_order():
+    for page in METHOD_PAGES:
+        headings = [line for line in read(os.path.join(DOCS, "methods", f"{page}.md")).splitlines()
+                    if line.startswith("## ")]
+        assert headings == ["## Paper", "## What is implemented",
+                            "## Deviations from the paper and from the authors' code", "## Arguments",
+                            "## Expected results"], page
+
+
+def chooser_rows(readme: str) -> list[str]:
+    part = readme.split("## Method chooser", 1)[1].split("\n## ", 1)[0]
+    return [line for line in part.splitlines() if line.startswith("| ") and not line.startswith("| problem")]
+
+
+def unbacked_numbers(text: str, folder: str = REPO) -> list[str]:
+    """The numbers of `text` (links relative to `folder`) that are in none of the committed outputs
+    (benchmarks/results/...) it links to."""
+    outputs = [read(os.path.join(folder, t)) for t in relative_links(text) if "benchmarks/results/" in t]
+    assert outputs, f"links no committed output: {text[:60]}"
+    return [n for n in re.findall(r"\d+\.\d+", text) if not any(n in output for output in outputs)]
+
+
+def test_every_number_of_the_method_chooser_is_in_a_committed_output_its_row_links_to():
+    rows = chooser_rows(read(os.path.join(REPO, "README.md")))
+    assert len(rows) >= 5 and all(re.search(r"\d+\.\d+", row) for row in rows)
+    for row in rows:
+        assert unbacked_numbers(row) == [], row[:60]
+    ditto = next(row for row in rows if "+2.40" in row)
+    assert unbacked_numbers(ditto.replace("+2.40", "+2.41")) == ["2.41"]  # a typo is caught
+    assert "1.17" in unbacked_numbers(ditto.replace("compare/prostate", "compare/fundus"))  # the wrong output
+    with pytest.raises(AssertionError, match="links no committed output"):
+        unbacked_numbers("| x | y | 1.5 ([doc](docs/data.md)) |")
+
+
+def test_every_number_of_a_method_page_s_expected_results_is_in_a_committed_output_it_links_to():
+    for page in METHOD_PAGES:
+        expected = read(os.path.join(DOCS, "methods", f"{page}.md")).split("## Expected results\n", 1)[1]
+        assert unbacked_numbers(expected, os.path.join(DOCS, "methods")) == [], page
+
+
+def test_the_readme_keeps_the_test_command_the_ci_runs():
+    readme = read(os.path.join(REPO, "README.md"))
+    two = readme.split("## Two commands\n", 1)[1].split("\n## ", 1)[0]
+    assert "bash scripts/test.sh" in two and "bash scripts/demo.sh" in two
+    assert "bash scripts/test.sh" in read(os.path.join(REPO, ".ci", "run"))
