@@ -260,8 +260,10 @@ def check_classification(results, method, sites, rounds=2):
     final = results["final"]
     assert set(final["per_site"]) == set(sites)
     for scores in final["per_site"].values():
-        assert set(scores) == {*CLASSIFICATION_METRICS, "corrupted_site",
-                               *(f"{q}_{m}" for m in CLASSIFICATION_METRICS for q in ("clean", "corrupted"))}
+        # each metric with its standard error on the site's test split, where the split gives one
+        metrics = {*CLASSIFICATION_METRICS, *(f"{q}_{m}" for m in CLASSIFICATION_METRICS for q in ("clean", "corrupted"))}
+        assert set(scores) - {f"{m}_se" for m in metrics} == {*metrics, "corrupted_site"}
+        assert {"auc_se", "balanced_accuracy_se"} <= set(scores)
         assert all(0.0 <= v <= 1.0 for v in scores.values())
     # the last of the sites (20%, rounded) has corrupted images and is scored on the corrupted test set
     assert [final["per_site"][s]["corrupted_site"] for s in sites] == [0.0] * (len(sites) - 1) + [1.0]
