@@ -46,6 +46,16 @@ def save_atomic(obj, path: str) -> None:
     write_atomic(path, lambda f: torch.save(obj, f))
 
 
+def save_round_keeping_previous(obj, path: str, previous_path: str, saved_round: int | None, round_num: int) -> None:
+    """Save round `round_num`'s `obj` at `path` (`save_atomic`); when `path` holds an earlier round's version
+    (`saved_round` < `round_num`), it becomes `previous_path` first. A site keeps its state this way (Ditto's
+    personal model, a kept optimiser state) so that a round repeated after a restart can start from the same
+    state as its first try."""
+    if saved_round is not None and saved_round < round_num:
+        os.replace(path, previous_path)
+    save_atomic(obj, path)
+
+
 def json_safe(value):
     """`value` as plain JSON-able values: every NaN/Inf float replaced by None, so the JSON written is valid (bare NaN
     is not JSON); numpy and torch scalars become Python numbers, their arrays lists, tuples lists."""

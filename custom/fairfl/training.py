@@ -13,7 +13,7 @@ from monai.losses import DiceLoss
 from monai.metrics import DiceMetric
 from monai.networks.utils import one_hot
 
-from fairfl.files import save_atomic  # noqa: F401  (the executor imports it from here)
+from fairfl.files import save_atomic
 from fairfl.uncertainty import clustered_mean_se
 
 

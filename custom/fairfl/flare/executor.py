@@ -37,6 +37,7 @@ from fairfl.data.free_rider import free_rider_datalist
 from fairfl.data.loaders import check_augmentation, make_loader
 from fairfl.data.synthetic_classification import CORRUPTED_SPLIT
 from fairfl.errors import DataError
+from fairfl.files import save_round_keeping_previous
 from fairfl.flare import protocol
 from fairfl.models import build_model, check_model_spec, head_state_keys, is_int_in, load_numpy_state, state_to_numpy
 from fairfl.npr import check_npr_settings, class_prototypes, extract_features, fednpr_objective
@@ -44,8 +45,8 @@ from fairfl.presets import apply_preset
 from fairfl.sharpness import GSAM_ALPHA, dataset_loss, measure_sharpness, train_salt
 from fairfl.site_settings import site_settings
 from fairfl.training import (TrainSettings, check_optimizer_settings, configure_threads, evaluate_dice,
-                             load_optimizer_state, load_tensors, make_optimizer, optimizer_state, save_atomic,
-                             save_model, seed_everything, segmentation_loss, select_device, site_seed, train_local)
+                             load_optimizer_state, load_tensors, make_optimizer, optimizer_state, save_model,
+                             seed_everything, segmentation_loss, select_device, site_seed, train_local)
 
 SEGMENTATION, CLASSIFICATION = "segmentation", "classification"
 LOO_SCORE = {SEGMENTATION: "dice", CLASSIFICATION: "balanced_accuracy"}  # the validation score (FedCE: 1 - this, CFFL)
@@ -340,10 +341,10 @@ class FairflExecutor(Executor):
         stats = train_personal(personal, sent, loader, self._train_settings(meta), device, self._loss(meta),
                                float(meta[protocol.DITTO_LAMBDA]))
         seconds = time.time() - started
-        path = os.path.join(state_dir, protocol.PERSONAL_MODEL_FILE)
-        if any(name == protocol.PERSONAL_MODEL_FILE and saved_round < round_num for saved_round, _, name in versions):
-            os.replace(path, os.path.join(state_dir, protocol.PREVIOUS_PERSONAL_MODEL_FILE))  # keep the round before
-        save_atomic({"round": round_num, "model": personal.state_dict()}, path)
+        current = next((saved_round for saved_round, _, name in versions if name == protocol.PERSONAL_MODEL_FILE), None)
+        save_round_keeping_previous({"round": round_num, "model": personal.state_dict()},
+                                    os.path.join(state_dir, protocol.PERSONAL_MODEL_FILE),
+                                    os.path.join(state_dir, protocol.PREVIOUS_PERSONAL_MODEL_FILE), current, round_num)
         return {"personal_train_loss": float(stats["train_loss"]), "personal_train_seconds": seconds}
 
     def _load_personal(self, site, meta: dict, state_dir: str):
@@ -452,9 +453,9 @@ class FairflExecutor(Executor):
         file, so a round repeated after a restart starts from the same state as its first try."""
         path = os.path.join(state_dir, protocol.OPTIMIZER_STATE_FILE)
         current = self._kept_optimizer_state(site, path)
-        if current is not None and current["round"] < round_num:
-            os.replace(path, os.path.join(state_dir, protocol.PREVIOUS_OPTIMIZER_STATE_FILE))
-        save_atomic(optimizer_state(optimizer, settings.optimizer, round_num), path)
+        save_round_keeping_previous(optimizer_state(optimizer, settings.optimizer, round_num), path,
+                                    os.path.join(state_dir, protocol.PREVIOUS_OPTIMIZER_STATE_FILE),
+                                    None if current is None else current["round"], round_num)
 
     def _loader(self, site, meta, split, train, seed, max_samples=None, batch_size=None):
         spec = meta[protocol.MODEL_SPEC]
