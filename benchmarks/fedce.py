@@ -20,17 +20,11 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fairness import REPO, run_job, target_cell, variant_summary, versions, write_summary  # noqa: E402
 
+from fairfl.methods import variant_job  # noqa: E402
 from fairfl.report import free_riders, make_report  # noqa: E402
 from fairfl.site_settings import FREE_RIDERS_ENV  # noqa: E402
 
-# method -> (job, extra job arguments)
-METHODS = {
-    "solo": ("solo", {}),
-    "fedavg": ("fedavg", {}),
-    "fedlwr": ("fedlwr", {}),
-    "fedce_sum": ("fedce", {"combine": "sum"}),
-    "fedce_product": ("fedce", {"combine": "product"}),
-}
+METHODS = ("solo", "fedavg", "fedlwr", "fedce_sum", "fedce_product")  # fairfl.methods
 FAIR_METHODS = ("fedlwr", "fedce_sum", "fedce_product")
 
 
@@ -52,7 +46,7 @@ def main(argv=None):
     for seed in args.seeds:
         for dataset in args.datasets:
             for method in args.methods:
-                job, extra = METHODS[method]
+                job, extra = variant_job(method)
                 paths[dataset, method, seed] = run_job(job, f"{dataset}-{method}-seed{seed}",
                                                        {"seed": seed, "dataset": dataset, **extra}, args)
         if seed != args.seeds[0]:

@@ -21,17 +21,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fairness import (REPO, per_seed_final, run_job, step_shares, target_cell, variant_summary,  # noqa: E402
                       versions, write_summary)
 
-from fairfl.report import DISPLAY, make_report  # noqa: E402
+from fairfl.methods import display_name, variant_job  # noqa: E402
+from fairfl.report import make_report  # noqa: E402
 
-# method -> (job, extra job arguments)
-METHODS = {
-    "fedavg": ("fedavg", {}),
-    "qfedavg": ("qfedavg", {}),                                     # Li et al.: L = 1 / lr
-    "qfedavg_lossweighted": ("qfedavg", {"lipschitz": 0}),          # what FedISM+'s code compares against
-    "fedism": ("fedism", {}),
-    "fedismplus_s": ("fedism_plus", {"variant": "S"}),
-    "fedismplus_l": ("fedism_plus", {"variant": "L"}),
-}
+METHODS = ("fedavg", "qfedavg", "qfedavg_lossweighted", "fedism", "fedismplus_s", "fedismplus_l")  # fairfl.methods
 COST_METHOD = "fedismplus_s"
 
 
@@ -50,8 +43,8 @@ def main(argv=None):
     paths = {}
     for seed in args.seeds:
         for method in args.methods:
-            job, extra = METHODS[method]
-            print(f"seed {seed}: {DISPLAY.get(method, method)}", flush=True)
+            job, extra = variant_job(method)
+            print(f"seed {seed}: {display_name(method)}", flush=True)
             paths[method, seed] = run_job(job, f"{args.dataset}-{method}-seed{seed}",
                                           {"seed": seed, "dataset": args.dataset, **extra}, args)
 
@@ -90,7 +83,7 @@ def summary_markdown(summary, report) -> str:
                   "| method | corrupted AUC - FedAvg | clean AUC - FedAvg | Std. AUC - FedAvg |", "|---|---:|---:|---:|"]
         for method in shift:
             if method != "fedavg" and method in methods and "fedavg" in methods:
-                lines.append(f"| {DISPLAY.get(method, method)} | "
+                lines.append(f"| {display_name(method)} | "
                              + " | ".join(target_cell(methods[method], methods["fedavg"], key)
                                           for key in ("corrupted_auc_avg", "clean_auc_avg", "auc_std")) + " |")
         lines.append("")
@@ -100,7 +93,7 @@ def summary_markdown(summary, report) -> str:
     for method, v in methods.items():
         ratio = f"{v['round_seconds_median'] / base:.2f}" if base else "–"
         share = f"{100 * v['probe_share_median']:.1f}%" if "probe_share_median" in v else "–"
-        lines.append(f"| {DISPLAY.get(method, method)} | {v['round_seconds_median']:.2f} | {ratio} | {share} |")
+        lines.append(f"| {display_name(method)} | {v['round_seconds_median']:.2f} | {ratio} | {share} |")
     lines += ["", "Round time: median over the rounds without evaluation (round 0, process start-up, excluded), "
               "all seeds. Probe share: per site and round, the sharpness (or loss) measurement's seconds over those "
               "of the measurement plus local training, median."]

@@ -24,22 +24,11 @@ from fairness import (REPO, per_seed_final, run_job, step_shares, target_cell, v
                       versions, write_summary)
 
 from fairfl.fairness import summarize  # noqa: E402
-from fairfl.report import DISPLAY, make_report  # noqa: E402
+from fairfl.methods import display_name, variant_job  # noqa: E402
+from fairfl.report import make_report  # noqa: E402
 
-# method -> (job, extra job arguments, whether it takes the dataset's NPR settings)
-METHODS = {
-    "solo": ("solo", {}, False),
-    "fedavg": ("fedavg", {}, False),
-    "fedprox": ("fedprox", {}, False),
-    "fednpr": ("fednpr", {}, True),
-    "fednpr_per": ("fednpr_per", {}, True),
-    "fedprox_npr": ("fednpr", {"mu": 0.01}, True),
-}
-# dataset -> (sites, NPR settings of the paper for it)
-DATASETS = {
-    "skin_imbalanced": (6, {"num_subclusters": 4}),
-    "ich_imbalanced": (10, {"num_subclusters": 2}),
-}
+METHODS = ("solo", "fedavg", "fedprox", "fednpr", "fednpr_per", "fedprox_npr")  # fairfl.methods
+DATASETS = {"skin_imbalanced": 6, "ich_imbalanced": 10}  # dataset -> sites (FedNPR's K per dataset: fairfl.methods)
 METRICS = {"balanced_accuracy": "bACC", "auc": "bAUC"}
 
 
@@ -57,11 +46,11 @@ def main(argv=None):
     paths = {}
     for seed in args.seeds:
         for dataset in args.datasets:
-            sites, npr = DATASETS[dataset]
+            sites = DATASETS[dataset]
             for method in args.methods:
-                job, extra, takes_npr = METHODS[method]
-                print(f"seed {seed}: {DISPLAY.get(method, method)} on {dataset}", flush=True)
-                job_args = {"seed": seed, "dataset": dataset, **extra, **(npr if takes_npr else {})}
+                job, extra = variant_job(method, dataset)
+                print(f"seed {seed}: {display_name(method)} on {dataset}", flush=True)
+                job_args = {"seed": seed, "dataset": dataset, **extra}
                 paths[dataset, method, seed] = run_job(job, f"{dataset}-{method}-seed{seed}", job_args, args,
                                                        n_clients=sites)
 
@@ -72,7 +61,7 @@ def main(argv=None):
         runs = {m: [paths[dataset, m, s] for s in args.seeds] for m in args.methods}
         tables[dataset] = {metric: make_report(sum(runs.values(), []), os.path.join(args.out, dataset, metric),
                                                metric=metric)["table"] for metric in METRICS}
-        summary["datasets"][dataset] = {"sites": DATASETS[dataset][0], "methods": {
+        summary["datasets"][dataset] = {"sites": DATASETS[dataset], "methods": {
             m: method_summary(p) for m, p in runs.items()}}
     write_summary(args.out, summary, summary_markdown(summary, tables))
 
@@ -121,7 +110,7 @@ def summary_markdown(summary, tables) -> str:
         for method, v in methods.items():
             share = f"{100 * v['prototype_share_median']:.1f}%" if "prototype_share_median" in v else "–"
             ratio = f"{v['npr_grad_ratio_median']:.3g}" if "npr_grad_ratio_median" in v else "–"
-            lines.append(f"| {DISPLAY.get(method, method)} | {100 * v['balanced_accuracy_mean']:.2f} ± "
+            lines.append(f"| {display_name(method)} | {100 * v['balanced_accuracy_mean']:.2f} ± "
                          f"{100 * v['balanced_accuracy_mean_sd']:.2f} | {100 * v['auc_mean']:.2f} ± "
                          f"{100 * v['auc_mean_sd']:.2f} | {100 * v['balanced_accuracy_std']:.2f} | "
                          f"{v['round_seconds_median']:.2f} | {share} | {ratio} |")

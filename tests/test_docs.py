@@ -9,10 +9,12 @@ import pytest
 from conftest import REPO
 from fairfl.benchmark import LINK, documentation_files
 from fairfl.jobconfig import job_arguments
+from fairfl.methods import UNITS
 
-METHOD_PAGES = {"fedavg": ["fedavg", "solo", "fedprox"], "ditto": ["ditto"], "fedlwr": ["fedlwr"], "fedce": ["fedce"],
-                "fedism": ["fedism", "fedism_plus"], "qfedavg": ["qfedavg"], "fednpr": ["fednpr", "fednpr_per"],
-                "rewards": ["cffl", "cgsv"]}
+# docs/methods/<page>.md -> the jobs it documents, from the method units' specs
+METHOD_PAGES = {}
+for unit in UNITS:
+    METHOD_PAGES.setdefault(os.path.splitext(os.path.basename(unit.doc))[0], []).extend(j.name for j in unit.jobs)
 DOCS = os.path.join(REPO, "docs")
 
 

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from fairfl.data.builtin import BUILTIN_DATASETS, builtin_dataset
 from fairfl.jobconfig import parse_assignments
-from fairfl.paired import FAILS, HOLDS, INCONCLUSIVE, Interval, mean_interval, paired_differences, verdict
+from fairfl.methods import VARIANTS, family_claims, family_methods, variant_job
+from fairfl.paired import FAILS, HOLDS, INCONCLUSIVE, Interval, mean_interval, paired_differences
 from fairfl.report import _avg_std, _label, _mean_sd, _name, _scores, _site_key, make_report
 from fairfl.results import SIMULATOR_RESULTS
 from fairfl.simulate import run_unless_finished
@@ -34,116 +35,20 @@ from fairfl.simulate import run_unless_finished
 REPO = Path(__file__).resolve().parents[2]
 JOBS = REPO / "jobs"
 
-# method (the name its runs record) -> (job folder, job arguments that make it that method)
-METHODS = {
-    "solo": ("solo", {}),
-    "fedavg": ("fedavg", {}),
-    "fedprox": ("fedprox", {}),
-    "qfedavg": ("qfedavg", {}),
-    "qfedavg_lossweighted": ("qfedavg", {"lipschitz": 0.0}),
-    # q-FedAvg as Li et al. ran it: local SGD, L = 1 / lr; judged against FedAvg with the same local SGD. lr 0.5:
-    # the smallest tried at which one site's plain SGD trains the U-Net at both sites measured, close to Adam at
-    # 1e-3 (benchmarks/sgd_lr.py)
-    "fedavg_sgd": ("fedavg", {"local_optimizer": "sgd", "lr": 0.5}),
-    "qfedavg_sgd": ("qfedavg", {"local_optimizer": "sgd", "lr": 0.5}),
-    "ditto": ("ditto", {}),
-    "cffl": ("cffl", {}),
-    "cgsv": ("cgsv", {}),
-    "fedlwr": ("fedlwr", {}),
-    "fedce_sum": ("fedce", {"combine": "sum"}),
-    "fedce_product": ("fedce", {"combine": "product"}),
-    "fedism": ("fedism", {}),
-    "fedismplus_s": ("fedism_plus", {"variant": "S"}),
-    "fedismplus_l": ("fedism_plus", {"variant": "L"}),
-    "salt": ("fedism_plus", {"saga": False}),  # FedISM+'s Table I ablation: SALT with FedAvg's weights
-    "fednpr": ("fednpr", {}),
-    "fednpr_per": ("fednpr_per", {}),
-    "fedprox_npr": ("fednpr", {"mu": 0.01}),
-}
-
-# the papers' comparisons: which methods, which metrics (the first is the run's own), which extra job arguments
+# the papers' comparisons: which metrics (the first is the run's own), which papers, how many sites; the methods
+# and claims of each come from the method registry (fairfl.methods)
 FAMILIES = {
     "segmentation": {
-        "methods": ["solo", "fedavg", "fedprox", "qfedavg", "qfedavg_lossweighted", "fedavg_sgd", "qfedavg_sgd",
-                    "ditto", "cffl", "cgsv", "fedce_sum", "fedce_product", "fedlwr"],
         "metrics": ["dice"],
         "papers": "Fed-LWR Tables 1-2, FedCE Tables 1-3"},
     "quality_shift": {
-        "methods": ["fedavg", "qfedavg", "qfedavg_lossweighted", "ditto", "fedce_sum", "fedism", "salt",
-                    "fedismplus_s", "fedismplus_l"],
         "metrics": ["auc"],
         "papers": "FedISM+ Tables II-IV",
         "sites": 20},  # the paper's 20 clients, the last 20% corrupted
     "imbalanced": {
-        "methods": ["solo", "fedavg", "fedprox", "ditto", "fednpr", "fednpr_per", "fedprox_npr"],
         "metrics": ["balanced_accuracy", "auc"],
         "papers": "FedNPR Table III"},
 }
-# FedNPR's K per dataset (its grid search): 4 on skin lesions, 2 on ICH. lambda stays the job's 1: the authors' code
-# adds the paper's 0.1 / 0.05 to the loss instead of multiplying, so their runs trained NPR with weight 1.
-NPR_SETTINGS = {"skin_imbalanced": {"num_subclusters": 4}, "ich_imbalanced": {"num_subclusters": 2}}
-NPR_METHODS = ("fednpr", "fednpr_per", "fedprox_npr")
-
-
-class Claim:
-    """A paper's claim as a comparison of two methods' final results: `statistic` ("avg": mean over sites, or
-    "std": population std across sites) of `metric` (%); the claim is that method - baseline is at least `margin`
-    (higher is better), or below 0 / at most -`margin` (lower is better, for a std). It is judged on the paired
-    per-seed differences (fairfl.paired): holds when their whole 95% interval satisfies it, fails when none of it
-    does, inconclusive otherwise."""
-
-    def __init__(self, paper, method, baseline, metric, statistic, margin=0.0):
-        self.paper, self.method, self.baseline = paper, method, baseline
-        self.metric, self.statistic, self.margin = metric, statistic, margin
-
-    @property
-    def lower_is_better(self) -> bool:
-        return self.statistic == "std"
-
-    def text(self) -> str:
-        what = f"{'Std.' if self.lower_is_better else 'Avg.'} {_label(self.metric)}"
-        points = f"{abs(self.margin):g} point{'' if abs(self.margin) == 1 else 's'}"
-        if self.lower_is_better:
-            goal = "below" if self.margin == 0 else f"at least {points} below"
-        elif self.margin >= 0:
-            goal = "at least" if self.margin == 0 else f"at least {points} above"
-        else:
-            goal = f"at most {points} below"
-        return f"{_name(self.method)}: {what} {goal} {_name(self.baseline)}'s"
-
-    def judge(self, interval: Interval) -> str:
-        """holds, fails or inconclusive, from the interval of the paired differences method - baseline."""
-        if self.lower_is_better:
-            return verdict(interval, -self.margin, above=False, strict=self.margin == 0)
-        return verdict(interval, self.margin, above=True)
-
-
-CLAIMS = {
-    "segmentation": [
-        Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "std"), Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "avg"),
-        Claim("FedCE", "fedce_sum", "fedavg", "dice", "std"), Claim("FedCE", "fedce_sum", "fedavg", "dice", "avg"),
-        Claim("FedCE", "fedce_product", "fedavg", "dice", "std"),
-        Claim("FedCE", "fedce_product", "fedavg", "dice", "avg"),
-        # Ditto: fairer and at least as accurate; q-FFL: fairer at a similar average (within a point here)
-        Claim("Ditto", "ditto", "fedavg", "dice", "std"), Claim("Ditto", "ditto", "fedavg", "dice", "avg"),
-        Claim("q-FFL", "qfedavg", "fedavg", "dice", "std"), Claim("q-FFL", "qfedavg", "fedavg", "dice", "avg", -1.0),
-        Claim("q-FFL", "qfedavg_lossweighted", "fedavg", "dice", "std"),
-        Claim("q-FFL", "qfedavg_lossweighted", "fedavg", "dice", "avg", -1.0),
-        Claim("q-FFL", "qfedavg_sgd", "fedavg_sgd", "dice", "std"),
-        Claim("q-FFL", "qfedavg_sgd", "fedavg_sgd", "dice", "avg", -1.0)],
-    "quality_shift": [
-        Claim("FedISM+", "fedismplus_s", "fedavg", "corrupted_auc", "avg", 3.0),
-        Claim("FedISM+", "fedismplus_s", "fedavg", "clean_auc", "avg", -1.0),
-        Claim("FedISM+", "fedismplus_s", "fedavg", "auc", "std"),
-        # Table I: SAGA on top of SALT is what makes it fairer across sites
-        Claim("FedISM+", "fedismplus_s", "salt", "auc", "std")],
-    "imbalanced": [
-        Claim("FedNPR", "fednpr", "fedavg", "balanced_accuracy", "avg", 2.0),
-        Claim("FedNPR", "fednpr_per", "fednpr", "balanced_accuracy", "avg"),
-        Claim("FedNPR", "fedprox_npr", "fedprox", "balanced_accuracy", "avg")],
-}
-
-
 def family(dataset: str) -> str:
     data = builtin_dataset(dataset)
     if data.task == "segmentation":
@@ -152,11 +57,8 @@ def family(dataset: str) -> str:
 
 
 def job_arguments(dataset: str, method: str, seed: int, rounds: int, eval_every: int, extra: dict) -> dict:
-    job_args = {"num_rounds": rounds, "eval_every": eval_every, "seed": seed, "dataset": dataset,
-                **METHODS[method][1], **extra}
-    if method in NPR_METHODS:
-        job_args = {**NPR_SETTINGS.get(dataset, {}), **job_args}
-    return job_args
+    return {"num_rounds": rounds, "eval_every": eval_every, "seed": seed, "dataset": dataset,
+            **variant_job(method, dataset)[1], **extra}
 
 
 # ---------------------------------------------------------------- statistics of finished runs
@@ -408,7 +310,8 @@ def runs_from_csv(files) -> dict:
 
 def rejudge(out) -> dict:
     """Judge the claims of the benchmark outputs in `out` again from its results.csv files and rewrite the claims
-    of summary.json and SUMMARY.md; a claim on a metric without per-seed values there is kept, inconclusive."""
+    of summary.json and SUMMARY.md, in the order they had; a claim on a metric without per-seed values there is kept,
+    inconclusive."""
     out = Path(out)
     try:
         summary = json.loads((out / "summary.json").read_text())
@@ -416,12 +319,14 @@ def rejudge(out) -> dict:
     except (OSError, ValueError) as e:
         raise ValueError(f"{out}: no benchmark outputs to judge ({e})") from e
     runs = runs_from_csv(out / metric / "results.csv" for metric in summary["metrics"])
-    claims = check_claims(CLAIMS[summary["family"]], runs)
+    claims = check_claims(family_claims(summary["family"]), runs)
     key = lambda c: (c["method"], c["baseline"], c["metric"], c["statistic"])  # noqa: E731
     judged = {key(c) for c in claims}
     claims += [{**c, "differences": {}, "interval": None, "verdict": INCONCLUSIVE}
                for c in summary.get("claims", []) if key(c) not in judged]
-    order = [(c.method, c.baseline, c.metric, c.statistic) for c in CLAIMS[summary["family"]]]
+    # the outputs' own order first (a rejudge changes verdicts, not the layout), then the registry's
+    order = list(dict.fromkeys([*(key(c) for c in summary.get("claims", [])),
+                                *((c.method, c.baseline, c.metric, c.statistic) for c in family_claims(summary["family"]))]))
     summary["claims"] = sorted(claims, key=lambda c: order.index(key(c)) if key(c) in order else len(order))
     for c in summary["claims"]:
         c.pop("holds", None)
@@ -445,9 +350,9 @@ def versions() -> str:
 def run_benchmark(dataset: str, methods: list, seeds: list, rounds: int, eval_every: int, sites: int, out,
                   extra: dict | None = None, loo: bool = False, command: str = "", log=print) -> dict:
     """Run (or keep) every (seed, method) run, then write the outputs; returns the summary dict."""
-    unknown = sorted(set(methods) - set(METHODS))
+    unknown = sorted(set(methods) - set(VARIANTS))
     if unknown:
-        raise ValueError(f"unknown methods {unknown}; known: {', '.join(METHODS)}")
+        raise ValueError(f"unknown methods {unknown}; known: {', '.join(VARIANTS)}")
     out, extra = Path(out).resolve(), dict(extra or {})
     kind = family(dataset)
     plan = [(seed, method) for seed in seeds for method in methods]  # seeds outermost: a partial run stays comparable
@@ -459,7 +364,7 @@ def run_benchmark(dataset: str, methods: list, seeds: list, rounds: int, eval_ev
         log(f"[{number}/{len(plan)}] {_name(method)}, seed {seed}{eta}", flush=True)
         started = time.time()
         finished_before = (workspace / SIMULATOR_RESULTS).is_file()
-        results = run_unless_finished(JOBS / METHODS[method][0], workspace, sites,
+        results = run_unless_finished(JOBS / variant_job(method)[0], workspace, sites,
                                       job_arguments(dataset, method, seed, rounds, eval_every, extra))
         if not (finished_before and results.get("final")):
             took.append(time.time() - started)
@@ -487,7 +392,7 @@ def run_benchmark(dataset: str, methods: list, seeds: list, rounds: int, eval_ev
                "test_split_errors": {metric: test_split_errors(runs_by_method, metric) for metric in metrics},
                "mean_weights": {m: mean_weights(runs) for m, runs in runs_by_method.items()},
                "diagnostics": {m: train_diagnostics(runs) for m, runs in runs_by_method.items()},
-               "claims": check_claims(CLAIMS[kind], runs_by_method)}
+               "claims": check_claims(family_claims(kind), runs_by_method)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "SUMMARY.md").write_text(summary_markdown(summary, reports))
     log(f"summary: {out / 'SUMMARY.md'}", flush=True)
@@ -497,11 +402,11 @@ def run_benchmark(dataset: str, methods: list, seeds: list, rounds: int, eval_ev
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dataset", metavar="TASK", choices=sorted(BUILTIN_DATASETS),
                         help=f"built-in dataset of the task: {', '.join(sorted(BUILTIN_DATASETS))}")
-    parser.add_argument("--methods", nargs="+", choices=list(METHODS), metavar="METHOD",
+    parser.add_argument("--methods", nargs="+", choices=list(VARIANTS), metavar="METHOD",
                         help="default: the methods the task's papers compare (segmentation: "
-                             f"{' '.join(FAMILIES['segmentation']['methods'])}; quality shift: "
-                             f"{' '.join(FAMILIES['quality_shift']['methods'])}; imbalanced: "
-                             f"{' '.join(FAMILIES['imbalanced']['methods'])})")
+                             f"{' '.join(family_methods('segmentation'))}; quality shift: "
+                             f"{' '.join(family_methods('quality_shift'))}; imbalanced: "
+                             f"{' '.join(family_methods('imbalanced'))})")
     from fairfl.cli import at_least
 
     parser.add_argument("--seeds", type=at_least(0), nargs="+", default=[0, 1, 2])
@@ -537,7 +442,7 @@ def run(args) -> int:
         extra["data_root"] = os.path.abspath(args.data_root)
     kind = family(args.dataset)
     sites = args.sites or FAMILIES[kind].get("sites", max(6, builtin_dataset(args.dataset).min_sites))
-    methods = args.methods or FAMILIES[kind]["methods"]
+    methods = args.methods or family_methods(kind)
     out = args.out or REPO / "benchmarks" / "results" / "compare" / args.dataset
     if args.rejudge:
         try:

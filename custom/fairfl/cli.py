@@ -332,6 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="change nothing; fail if a block is out of date")
     p.set_defaults(func=benchmark.update_readme_command)
 
+    p = sub.add_parser("make-jobs", help="write the job folders from the method registry (fairfl.methods)")
+    p.add_argument("--out", default=str(benchmark.JOBS), help="jobs folder to write (default: the repository's jobs/)")
+    p.add_argument("--check", action="store_true", help="change nothing; fail if a job differs from its spec")
+    p.set_defaults(func=_make_jobs)
+
     p = sub.add_parser("export-job", help="copy a job for POC/production sites that forbid bring-your-own-code")
     p.add_argument("job", type=job_folder)
     p.add_argument("out")
@@ -341,6 +346,21 @@ def build_parser() -> argparse.ArgumentParser:
     from fairfl.deploy.commands import add_commands
     add_commands(sub)
     return parser
+
+
+def _make_jobs(args) -> int:
+    from fairfl.methods.make_jobs import differences, write_jobs  # imports the controllers (torch, nvflare)
+
+    if args.check:
+        found = differences(args.out)
+        for line in found:
+            print(line, file=sys.stderr)
+        if found:
+            print(f"{len(found)} difference(s); rewrite with: fairfl make-jobs --out {args.out}", file=sys.stderr)
+        return 1 if found else 0
+    written = write_jobs(args.out)
+    print(f"{len(written)} file(s) written under {args.out}" + "".join(f"\n  {w}" for w in written))
+    return 0
 
 
 def main(argv=None) -> int:

@@ -23,16 +23,10 @@ import numpy as np
 
 from fairfl.fairness import contribution_agreement, normalise_abs, performance_fairness
 from fairfl.loo import load_loo, marginal_table
+from fairfl.methods import display_name
 from fairfl.results import RESULTS_FILE, SCHEMA_VERSION, SIMULATOR_RESULTS
 
 METHOD_ORDER = ("solo", "fedavg")  # then the others alphabetically
-DISPLAY = {"solo": "Solo", "fedavg": "FedAvg", "fedlwr": "Fed-LWR", "fedce": "FedCE", "fedce_sum": "FedCE (Sum.)",
-           "fedce_product": "FedCE (Multi.)", "qfedavg": "q-FedAvg (L = 1/lr)",
-           "qfedavg_lossweighted": "q-FedAvg (loss-weighted)", "fedavg_sgd": "FedAvg (SGD)",
-           "qfedavg_sgd": "q-FedAvg (L = 1/lr) (SGD)", "ditto": "Ditto", "fedism": "FedISM",
-           "fedismplus": "FedISM+", "fedism_l": "FedISM (L)", "fedismplus_s": "FedISM+ (S)",
-           "fedismplus_l": "FedISM+ (L)", "salt": "SALT (FedAvg weights)", "salt_fixed_rho": "SALT, fixed rho (FedAvg weights)", "fednpr": "FedNPR", "fednpr_per": "FedNPR-Per",
-           "fedprox_npr": "FedProx + NPR", "fedprox_npr_per": "FedProx + NPR-Per", "fedprox": "FedProx", "cffl": "CFFL", "cgsv": "CGSV"}
 METRIC_LABEL = {"dice": "Dice", "auc": "AUC", "acc": "Accuracy", "accuracy": "Accuracy",
                 "balanced_accuracy": "Balanced accuracy", "corrupted_auc": "AUC (corrupted)",
                 "corrupted_accuracy": "Accuracy (corrupted)",
@@ -158,7 +152,7 @@ def _by_method(runs) -> dict[str, list[dict]]:
 def _name(group: str) -> str:
     """Display name of a method, or of a group "method (variant)"."""
     method, sep, variant = group.partition(" (")
-    return DISPLAY.get(method, method) + sep + variant
+    return display_name(method) + sep + variant
 
 
 def _label(metric: str) -> str:

@@ -1,19 +1,16 @@
 """The only fairfl classes a job may name: every site's and the server's class allow-list is made from this list.
 
 NVFlare's class loader calls whatever a job's `path` names with the job's arguments, functions included, so the
-allow-list names these classes exactly, never a package prefix (`fairfl.` would admit `fairfl.cli.main`). A new
-controller, executor or filter goes here, or no job can use it (tests/test_deploy.py checks every job in jobs/)."""
+allow-list names these classes exactly, never a package prefix (`fairfl.` would admit `fairfl.cli.main`). They are the
+executor and the controllers of the method registry's jobs (fairfl.methods): a new controller enters by its method
+unit's job spec, or no job can use it (tests/test_deploy.py checks every job in jobs/)."""
 
 from __future__ import annotations
 
-from fairfl.flare.controllers import (DittoController, FedAvgController, FedCEController, FedISMController,
-                                      FedLWRController, FedNPRController, FedProxController, QFedAvgController,
-                                      SoloController)
-from fairfl.flare.executor import FairflExecutor
-from fairfl.flare.reward_controllers import CFFLController, CGSVController
+from fairfl.methods import JOBS
+from fairfl.methods.make_jobs import EXECUTOR, load_class
 
-COMPONENTS = (FairflExecutor, FedAvgController, SoloController, FedProxController, DittoController, FedNPRController,
-              FedLWRController, FedCEController, FedISMController, QFedAvgController, CFFLController, CGSVController)
+COMPONENTS = tuple(load_class(path) for path in dict.fromkeys([EXECUTOR, *(job.controller for job in JOBS.values())]))
 
 
 def dotted_path(cls: type) -> str:

@@ -79,7 +79,7 @@ class FairRoundController(ModelController):
                  task_timeout: int = 3600, seed: int = 0, data_seed: int = 0, dataset: str = "prostate",
                  num_classes=None, in_channels=None, model=None, model_channels=None,
                  model_strides=(2, 2, 2), model_norm=None, weighting: str = "samples",
-                 exclude_sites=None, preset: str = "", task_check_period: float = 0.5, straggler_timeout: int = 600,
+                 exclude_sites=(), preset: str = "", task_check_period: float = 0.5, straggler_timeout: int = 600,
                  run_name: str = "", max_samples: int = MAX_SAMPLES, max_update_ratio: float = 10.0,
                  max_share=None, robust_aggregation: str = "none", trim_fraction: float = 0.2,
                  local_optimizer: str = "adam", momentum: float = 0.0, keep_optimizer_state: bool = False,
@@ -142,6 +142,9 @@ class FairRoundController(ModelController):
                 ones drawn from each site's own distribution, for a more precise test metric; training and
                 validation data are unchanged. A site with a data root ignores it.
         """
+        if isinstance(task_check_period, bool) or not isinstance(task_check_period, (int, float)) \
+                or not 0.01 <= task_check_period <= 60:
+            raise ValueError(f"task_check_period must be a number of seconds in [0.01, 60], got {task_check_period!r}")
         super().__init__(persistor_id="", task_check_period=task_check_period)
         problem = check_optimizer_settings({"name": local_optimizer, "momentum": momentum,
                                             "keep_state": keep_optimizer_state})

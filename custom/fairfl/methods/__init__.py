@@ -1,0 +1,60 @@
+"""The method registry: every method unit's spec, and the one place names, variants, jobs and claims are looked up.
+
+A method unit is a package `fairfl.methods.<name>` with a `SPEC` (`fairfl.methods.spec.MethodSpec`). The report,
+the benchmark, the CLI and `fairfl make-jobs` read method names, display names, jobs and the papers' claims from
+here and nowhere else; adding a method means adding its unit to UNITS. Importing this starts neither torch nor FLARE.
+
+The units' order is the order of the benchmark's default comparisons and of their claims."""
+
+from __future__ import annotations
+
+from fairfl.methods import ditto, fedavg, fedce, fedism, fedlwr, fednpr, fedprox, qfedavg, rewards, solo
+from fairfl.methods.spec import Claim, Job, MethodSpec, Variant
+
+UNITS: tuple[MethodSpec, ...] = tuple(unit.SPEC for unit in (solo, fedavg, fedprox, qfedavg, ditto, rewards, fedce,
+                                                               fedlwr, fedism, fednpr))
+FAMILIES = ("segmentation", "quality_shift", "imbalanced")  # the benchmark's comparisons (fairfl.benchmark)
+
+
+def _unique(items, what: str) -> dict:
+    found = {}
+    for item in items:
+        if item.name in found:
+            raise ValueError(f"two {what} named {item.name!r} in the method registry")
+        found[item.name] = item
+    return found
+
+
+VARIANTS: dict[str, Variant] = _unique((v for unit in UNITS for v in unit.variants), "variants")
+JOBS: dict[str, Job] = _unique((j for unit in UNITS for j in unit.jobs), "jobs")
+
+
+def display_name(method: str) -> str:
+    """How tables name a method (a registered variant); an unknown name (an old run's) is shown as it is."""
+    variant = VARIANTS.get(method)
+    return variant.display if variant else method
+
+
+def unit_of(method: str) -> MethodSpec:
+    """The unit a variant belongs to."""
+    return next(unit for unit in UNITS if any(v.name == method for v in unit.variants))
+
+
+def family_methods(family: str) -> list[str]:
+    """The variants a benchmark family runs by default, in registry order."""
+    return [name for name, variant in VARIANTS.items() if family in variant.families]
+
+
+def family_claims(family: str) -> list[Claim]:
+    """The papers' claims judged in a benchmark family, in registry order."""
+    return [claim for unit in UNITS for claim in unit.claims if claim.family == family]
+
+
+def variant_job(method: str, dataset: str = "") -> tuple[str, dict]:
+    """(job name, job arguments) that run variant `method` on `dataset`: its dataset defaults, then its own."""
+    variant = VARIANTS[method]
+    return variant.job, {**variant.dataset_arguments.get(dataset, {}), **variant.arguments}
+
+
+__all__ = ["UNITS", "FAMILIES", "VARIANTS", "JOBS", "Claim", "Job", "MethodSpec", "Variant", "display_name",
+           "unit_of", "family_methods", "family_claims", "variant_job"]

@@ -1,0 +1,11 @@
+"""Ditto (Li et al., ICML 2021): each site keeps a personal model pulled towards the global one."""
+
+from fairfl.methods.spec import Claim, Job, MethodSpec, Variant
+
+SPEC = MethodSpec(
+    name="ditto", doc="methods/ditto.md",
+    jobs=(Job("ditto", "fairfl.flare.controllers.DittoController"),),
+    variants=(Variant("ditto", "Ditto", "ditto", families=("segmentation", "quality_shift", "imbalanced")),),
+    # fairer and at least as accurate
+    claims=(Claim("Ditto", "ditto", "fedavg", "dice", "std", family="segmentation"),
+            Claim("Ditto", "ditto", "fedavg", "dice", "avg", family="segmentation")))

@@ -1,0 +1,128 @@
+"""Job folders written from the method registry (`fairfl make-jobs`): jobs/<job>/ is configuration only, made from
+a `Job` spec, so the committed folders cannot drift from the code (tests/test_methods.py compares them).
+
+Every argument of the controller and of the executor is written out with its value (the constructor's default unless
+the spec changes it), so a user reads and edits a job's settings in one place, as `nvflare simulator jobs/<job>`
+runs them."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+
+from fairfl.methods import JOBS, Job
+
+EXECUTOR = "fairfl.flare.executor.FairflExecutor"
+MIN_CLIENTS = 2
+# the job runs with bring-your-own-code only so that `nvflare simulator` admits the installed package
+CUSTOM_README = (
+    'This folder holds no code. Its presence marks the job as "bring your own code" for `nvflare simulator`,\n'
+    "which has no other way to learn that the installed `fairfl` package may be used (NVFlare 2.9's class\n"
+    "allow-list). All code comes from the installed `fairfl` package. For POC and production, where sites\n"
+    "forbid bring-your-own-code, `fairfl export-job` writes the job without this folder and each site's\n"
+    '`local/resources.json` allow-lists our component classes (see docs/running.md, "How the jobs find the code").\n')
+
+
+def load_class(path: str) -> type:
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def own_arguments(cls: type) -> dict:
+    """{argument: default} of the constructors of `cls` and its fairfl bases (not NVFlare's): base arguments first,
+    each with the most derived class's default; tuples as JSON lists."""
+    defaults = {}
+    for klass in reversed(cls.__mro__):
+        if klass.__module__.startswith("fairfl.") and "__init__" in vars(klass):
+            for name, parameter in inspect.signature(vars(klass)["__init__"]).parameters.items():
+                if parameter.default is not inspect.Parameter.empty:
+                    defaults[name] = list(parameter.default) if isinstance(parameter.default, tuple) \
+                        else parameter.default
+    return defaults
+
+
+def _with_changes(defaults: dict, changes, where: str) -> dict:
+    unknown = sorted(set(changes) - set(defaults))
+    if unknown:
+        raise ValueError(f"{where} has no argument(s) {unknown}")
+    return {**defaults, **changes}
+
+
+def job_configs(job: Job) -> dict:
+    """{path inside the job folder: JSON-able content} of `job`: meta.json and the server and client configs."""
+    server = _with_changes(own_arguments(load_class(job.controller)), job.server, job.controller)
+    client = _with_changes(own_arguments(load_class(EXECUTOR)), job.client, EXECUTOR)
+    return {
+        "meta.json": {"name": job.name, "resource_spec": {}, "deploy_map": {"app": ["@ALL"]},
+                      "min_clients": MIN_CLIENTS},
+        "app/config/config_fed_server.json": {
+            "format_version": 2, "workflows": [{"id": "controller", "path": job.controller, "args": server}],
+            "components": []},
+        "app/config/config_fed_client.json": {
+            "format_version": 2,
+            "executors": [{"tasks": list(job.tasks), "executor": {"path": EXECUTOR, "args": client}}],
+            "task_result_filters": [], "task_data_filters": [], "components": []},
+    }
+
+
+def to_json(value, indent: int = 0) -> str:
+    """JSON with objects one key per line and lists of plain values on one line, as a person would write it."""
+    pad = "  " * (indent + 1)
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        items = ",\n".join(f"{pad}{json.dumps(k)}: {to_json(v, indent + 1)}" for k, v in value.items())
+        return "{\n" + items + "\n" + "  " * indent + "}"
+    if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+        return "[\n" + ",\n".join(pad + to_json(v, indent + 1) for v in value) + "\n" + "  " * indent + "]"
+    return json.dumps(value)
+
+
+def job_files(job: Job) -> dict:
+    """{path inside the job folder: text} of everything `make-jobs` writes for `job`."""
+    files = {path: to_json(content) + "\n" for path, content in job_configs(job).items()}
+    return {**files, "app/custom/README.md": CUSTOM_README}
+
+
+def differences(root: str) -> list[str]:
+    """What in `root` (a jobs/ folder) differs from the registry: missing, changed or extra files of its jobs, and
+    job folders no spec makes."""
+    found = []
+    for name, job in JOBS.items():
+        for path, text in job_files(job).items():
+            full = os.path.join(root, name, path)
+            if not os.path.isfile(full):
+                found.append(f"{name}/{path}: missing")
+            else:
+                with open(full) as f:
+                    if f.read() != text:
+                        found.append(f"{name}/{path}: differs")
+        expected = {os.path.normpath(p) for p in job_files(job)}
+        for folder, _, files in os.walk(os.path.join(root, name)):
+            for file in files:
+                relative = os.path.relpath(os.path.join(folder, file), os.path.join(root, name))
+                if relative not in expected:
+                    found.append(f"{name}/{relative}: not made by the registry")
+    if os.path.isdir(root):
+        found += [f"{entry}/: no method spec makes this job" for entry in sorted(os.listdir(root))
+                  if os.path.isdir(os.path.join(root, entry)) and entry not in JOBS]
+    return found
+
+
+def write_jobs(root: str) -> list[str]:
+    """Write every registered job into `root` (files rewritten only where they differ); the paths written."""
+    written = []
+    for name, job in JOBS.items():
+        for path, text in job_files(job).items():
+            full = os.path.join(root, name, path)
+            if os.path.isfile(full):
+                with open(full) as f:
+                    if f.read() == text:
+                        continue
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "w") as f:
+                f.write(text)
+            written.append(os.path.join(name, path))
+    return written

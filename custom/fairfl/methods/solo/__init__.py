@@ -1,0 +1,8 @@
+"""Solo: every site trains alone, the lower bound a federation must beat at each site."""
+
+from fairfl.methods.spec import Job, MethodSpec, Variant
+
+SPEC = MethodSpec(
+    name="solo", doc="methods/fedavg.md",
+    jobs=(Job("solo", "fairfl.flare.controllers.SoloController", tasks=("train", "validate", "cka")),),
+    variants=(Variant("solo", "Solo", "solo", families=("segmentation", "imbalanced")),))

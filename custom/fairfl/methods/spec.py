@@ -1,0 +1,99 @@
+"""What makes a method a method, written as data: its jobs, the variants a benchmark can run, and its paper's claims.
+
+No FLARE or torch import here: the CLI, the report and the benchmark read these without starting either."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from fairfl.paired import Interval, verdict
+
+
+def _frozen(mapping: Mapping | None) -> Mapping:
+    return MappingProxyType(dict(mapping or {}))
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job folder `jobs/<name>/` (written by `fairfl make-jobs`): the server runs `controller` (a dotted class path)
+    with its constructor's defaults changed by `server`; every site runs the executor for `tasks` with its defaults
+    changed by `client`."""
+    name: str
+    controller: str
+    tasks: tuple = ("train", "validate")
+    server: Mapping = field(default_factory=dict)
+    client: Mapping = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "server", _frozen(self.server))
+        object.__setattr__(self, "client", _frozen(self.client))
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One runnable configuration of a method: `name` is what its runs record as their method (results.json) and what
+    `fairfl benchmark --methods` takes; `job` with `arguments` runs it. `dataset_arguments` are per built-in dataset
+    defaults (the paper's setting for that data), which the run's own arguments override. `families`: the benchmark
+    comparisons that run it by default. `records`: the method its runs record, when that is another variant's name
+    and a setting in their config tells them apart (FedAvg with local SGD records "fedavg", local_optimizer "sgd")."""
+    name: str
+    display: str
+    job: str
+    arguments: Mapping = field(default_factory=dict)
+    families: tuple = ()
+    dataset_arguments: Mapping = field(default_factory=dict)
+    records: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "arguments", _frozen(self.arguments))
+        object.__setattr__(self, "dataset_arguments",
+                           _frozen({k: _frozen(v) for k, v in dict(self.dataset_arguments).items()}))
+        object.__setattr__(self, "records", self.records or self.name)
+
+
+class Claim:
+    """A paper's claim as a comparison of two methods' final results in a benchmark `family`: `statistic` ("avg":
+    mean over sites, or "std": population std across sites) of `metric` (%); the claim is that method - baseline is
+    at least `margin` (higher is better), or below 0 / at most -`margin` (lower is better, for a std). It is judged
+    on the paired per-seed differences (fairfl.paired): holds when their whole 95% interval satisfies it, fails when
+    none of it does, inconclusive otherwise."""
+
+    def __init__(self, paper, method, baseline, metric, statistic, margin=0.0, family=""):
+        self.paper, self.method, self.baseline = paper, method, baseline
+        self.metric, self.statistic, self.margin, self.family = metric, statistic, margin, family
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.statistic == "std"
+
+    def text(self) -> str:
+        from fairfl.report import _label, _name  # the report's names and metric labels (it imports the registry)
+
+        what = f"{'Std.' if self.lower_is_better else 'Avg.'} {_label(self.metric)}"
+        points = f"{abs(self.margin):g} point{'' if abs(self.margin) == 1 else 's'}"
+        if self.lower_is_better:
+            goal = "below" if self.margin == 0 else f"at least {points} below"
+        elif self.margin >= 0:
+            goal = "at least" if self.margin == 0 else f"at least {points} above"
+        else:
+            goal = f"at most {points} below"
+        return f"{_name(self.method)}: {what} {goal} {_name(self.baseline)}'s"
+
+    def judge(self, interval: Interval) -> str:
+        """holds, fails or inconclusive, from the interval of the paired differences method - baseline."""
+        if self.lower_is_better:
+            return verdict(interval, -self.margin, above=False, strict=self.margin == 0)
+        return verdict(interval, self.margin, above=True)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method unit (`fairfl/methods/<name>/`): its documentation page (under docs/), its jobs, variants and
+    claims."""
+    name: str
+    doc: str
+    jobs: tuple
+    variants: tuple
+    claims: tuple = ()
