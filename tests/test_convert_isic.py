@@ -9,7 +9,7 @@ from PIL import Image
 from fairfl.data.convert_isic import convert_isic
 from fairfl.data.datalist import SPLITS, load_datalist
 from fairfl.data.loaders import make_loader
-from fairfl.data.synthetic_classification import CORRUPTED_SPLIT, SKIN_CLASSES
+from fairfl.data.classification_sites import CORRUPTED_SPLIT, SKIN_CLASSES
 from fairfl.errors import DataError
 
 COLUMNS = (*SKIN_CLASSES, "UNK")

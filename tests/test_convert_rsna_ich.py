@@ -10,7 +10,7 @@ from PIL import Image
 from fairfl.data.convert_rsna_ich import SUBTYPES, convert_rsna_ich
 from fairfl.data.datalist import SPLITS, load_datalist
 from fairfl.data.loaders import make_loader
-from fairfl.data.synthetic_classification import CORRUPTED_SPLIT
+from fairfl.data.classification_sites import CORRUPTED_SPLIT
 from fairfl.errors import DataError
 from test_convert_isic import assert_refused, rewrite  # shared helpers of the converter tests
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fairfl.data.builtin import BUILTIN_DATASETS, builtin_dataset
-from fairfl.data.synthetic_classification import SETTINGS
+from fairfl.data.classification_sites import SETTINGS
 from fairfl.flare import protocol
 from fairfl.flare.controllers import (FairRoundController, FedISMController, QFedAvgController, SiteUpdate,
                                       number_problem)

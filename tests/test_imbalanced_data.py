@@ -11,7 +11,7 @@ from fairfl.data.builtin import builtin_dataset, ensure_builtin
 from fairfl.data.datalist import SPLITS, load_datalist
 from fairfl.data.imbalanced import (ICH_IMAGES, ISIC_SOURCES, SKIN_IMAGES, generate_ich_imbalanced_sites,
                                     ich_like_counts, isic_like_counts)
-from fairfl.data.synthetic_classification import SETTINGS
+from fairfl.data.classification_sites import SETTINGS
 
 
 def site_counts(root, site, num_classes):

@@ -22,19 +22,21 @@ from fairfl.data.corruption import (
 )
 from fairfl.data.datalist import SPLITS, load_datalist
 from fairfl.data.loaders import make_loader
-from fairfl.data.synthetic_classification import (
+from fairfl.data.classification_sites import (
     CORRUPTED_SPLIT,
     ICH_CLASSES,
     SETTINGS,
     SKIN_CLASSES,
-    builtin_classification_name,
-    ensure_builtin_ich,
-    ensure_builtin_skin,
-    generate_classification_sites,
     plan_sites,
     split_by_counts,
     split_by_dirichlet,
     stratified_sample,
+)
+from fairfl.data.synthetic_classification import (
+    builtin_classification_name,
+    ensure_builtin_ich,
+    ensure_builtin_skin,
+    generate_classification_sites,
 )
 
 SITES = [f"site-{k}" for k in range(1, 11)]

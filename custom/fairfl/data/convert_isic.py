@@ -15,7 +15,7 @@ out and counted. A row with no positive or several is an error.
 Sites (`sites`):
 - "dirichlet" (default; FedISM+): `num_sites` sites by a Dirichlet(alpha) label split, one shared test
   set (`test_fraction` of the images); the last `round(corrupted_fraction * num_sites)` sites hold
-  corrupted images (see `fairfl.data.synthetic_classification`).
+  corrupted images (see `fairfl.data.classification_sites`).
 - "source" (FedNPR / FLamby's Fed-ISIC2019 natural split): one site per source, from the `dataset`
   column of the FL metadata, else from the `lesion_id` prefix (BCN, HAM, MSK4: HAM's four devices cannot
   be told apart without HAM10000's metadata); each site keeps its own stratified test set. Images
@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fairfl.data.datalist import PIL_SUFFIXES
-from fairfl.data.synthetic_classification import SETTINGS, SKIN_CLASSES, convert_pool, read_csv
+from fairfl.data.classification_sites import SETTINGS, SKIN_CLASSES, convert_pool, read_csv
 from fairfl.errors import DataError
 
 IMAGE_FOLDERS = ("ISIC_2019_Training_Input", "ISIC_2019_Training_Input_preprocessed")
@@ -66,7 +66,7 @@ def convert_isic(
             sites; Dirichlet sites are already site-1 ... site-N and only a mapping renames them).
         sites: "dirichlet" or "source" (see the module docstring).
         options: the split and quality-shift options of
-            `fairfl.data.synthetic_classification.convert_pool`: num_sites (20) and alpha (1.0) of the
+            `fairfl.data.classification_sites.convert_pool`: num_sites (20) and alpha (1.0) of the
             Dirichlet split; image_size (None: copy the files; else resize to square PNGs);
             corrupted_fraction (0.0), corruption ("noise" or "blur") and severity (3), which need
             image_size (FedISM+: 0.2 of 20 sites, severity 3); test_set ("shared" for Dirichlet sites,

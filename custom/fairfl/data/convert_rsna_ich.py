@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fairfl.data.synthetic_classification import ICH_CLASSES, convert_pool, read_csv
+from fairfl.data.classification_sites import ICH_CLASSES, convert_pool, read_csv
 from fairfl.errors import DataError
 
 SUBTYPES = ICH_CLASSES  # label order

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from fairfl.data.builtin import cache_name, ensure_cached, recorded_test_scale
-from fairfl.data.synthetic_classification import (GENERATOR_VERSION, ICH_CLASSES, SETTINGS, _largest_remainder,
-                                                  generate_classification_sites)
+from fairfl.data.classification_sites import ICH_CLASSES, SETTINGS, largest_remainder
+from fairfl.data.synthetic_classification import GENERATOR_VERSION, generate_classification_sites
 
 SPLIT_VERSION = 1  # of the site tables below; the images follow GENERATOR_VERSION
 
@@ -67,14 +67,14 @@ def ich_like_counts(num_sites: int = ICH_SITES, size_scale: float = 1.0, rng: np
     if num_sites < 2 or size_scale <= 0:
         raise ValueError(f"need num_sites >= 2 and size_scale > 0, got {num_sites}, {size_scale}")
     rng = rng or np.random.default_rng(0)
-    totals = _largest_remainder(np.asarray(SETTINGS["ich"].prior) * ICH_IMAGES * size_scale)
+    totals = largest_remainder(np.asarray(SETTINGS["ich"].prior) * ICH_IMAGES * size_scale)
     for _ in range(max_tries):
         keep = rng.random((num_sites, len(totals))) >= ICH_REMOVAL
         counts = np.zeros(keep.shape, dtype=int)
         for c, (alpha, total) in enumerate(zip(ICH_ALPHAS.values(), totals)):
             sites = np.flatnonzero(keep[:, c])
             if len(sites):
-                counts[sites, c] = _largest_remainder(rng.dirichlet(np.full(len(sites), alpha)) * total)
+                counts[sites, c] = largest_remainder(rng.dirichlet(np.full(len(sites), alpha)) * total)
         if ((counts > 0).sum(1) >= 2).all() and (counts.sum(1) >= MIN_SITE_IMAGES).all() and counts.sum(0).all():
             return counts
     raise ValueError(f"no ICH-like split of {totals.sum()} slices over {num_sites} sites gave every site two classes "

@@ -35,7 +35,7 @@ from fairfl.data.builtin import builtin_dataset, check_test_scale, ensure_builti
 from fairfl.data.datalist import load_dataset_info, load_datalist
 from fairfl.data.free_rider import free_rider_datalist
 from fairfl.data.loaders import check_augmentation, make_loader
-from fairfl.data.synthetic_classification import CORRUPTED_SPLIT
+from fairfl.data.classification_sites import CORRUPTED_SPLIT
 from fairfl.errors import DataError
 from fairfl.files import save_round_keeping_previous
 from fairfl.flare import protocol
