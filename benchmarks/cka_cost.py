@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from fairfl.cka import layerwise_cka
+from fairfl.methods.fedlwr.cka import layerwise_cka
 from fairfl.data.builtin import ensure_builtin
 from fairfl.data.datalist import load_datalist
 from fairfl.data.loaders import make_loader

@@ -12,7 +12,8 @@ import time
 
 import torch
 
-from fairfl.flare.controllers import FedAvgController, SiteUpdate
+from fairfl.methods.fedavg.controller import FedAvgController
+from fairfl.flare.engine import SiteUpdate
 from fairfl.models import initial_state, state_to_torch
 
 

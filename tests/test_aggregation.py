@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fairfl.aggregation import layerwise_average, lwr_layer_weights, weighted_average
-from fairfl.cka import parameter_layers
+from fairfl.methods.fedlwr.cka import parameter_layers
 from fairfl.site_checks import check_cka, check_site_state
 
 AUTHORS_CLIP = (1e-4, 0.99)

@@ -339,7 +339,7 @@ def state_dir_of(run_name):
 
 def controller_with(**args):
     def attempt(tmp_path):
-        from fairfl.flare.controllers import FedAvgController
+        from fairfl.methods.fedavg.controller import FedAvgController
 
         FedAvgController(**args)
     return attempt
@@ -479,7 +479,7 @@ class Payload:
 
 
 def test_checkpoint_or_local_model_holding_a_pickled_object_is_refused_and_never_run(tmp_path):
-    from fairfl.flare.controllers import FedAvgController
+    from fairfl.methods.fedavg.controller import FedAvgController
 
     marker = tmp_path / "code_ran"
     controller = FedAvgController(run_name="trial")

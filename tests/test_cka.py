@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from fairfl.cka import MinibatchCKA, layerwise_cka, linear_cka, parameter_layers, unbiased_hsic
+from fairfl.methods.fedlwr.cka import MinibatchCKA, layerwise_cka, linear_cka, parameter_layers, unbiased_hsic
 
 
 def _rng(seed=0):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from fairfl.contribution import (ContributionState, combine, flatten, gradient_terms, leave_one_out_error,
+from fairfl.methods.fedce.contribution import (ContributionState, combine, flatten, gradient_terms, leave_one_out_error,
                                  normalise)
 from fairfl.flare.executor import leave_one_out_model
 from fairfl.models import build_model, initial_state, state_to_torch
@@ -139,7 +139,7 @@ def test_leave_one_out_model_when_the_site_is_none_or_all_of_the_global_model():
 
 def fake_round(global_state, seed, errors):
     """SiteUpdates as the FedCE controller receives them: a trained model per site and its LOO error."""
-    from fairfl.flare.controllers import SiteUpdate
+    from fairfl.flare.engine import SiteUpdate
     from fairfl.models import state_to_torch
 
     generator = torch.Generator().manual_seed(seed)
@@ -153,7 +153,7 @@ def fake_round(global_state, seed, errors):
 
 
 def test_fedce_controller_state_on_disk_gives_the_same_next_round_as_staying_up():
-    from fairfl.flare.controllers import FedCEController
+    from fairfl.methods.fedce.controller import FedCEController
 
     def controller():
         c = FedCEController(combine="sum", model_channels=[4, 8], model_strides=[2])
@@ -181,7 +181,7 @@ def test_fedce_controller_state_on_disk_gives_the_same_next_round_as_staying_up(
 
 
 def test_fedce_controller_rejects_a_site_without_a_leave_one_out_error():
-    from fairfl.flare.controllers import FedCEController
+    from fairfl.methods.fedce.controller import FedCEController
 
     c = FedCEController(model_channels=[4, 8], model_strides=[2])
     c.trainers = ["site-1", "site-2", "site-3"]

@@ -289,7 +289,7 @@ def test_every_shipped_job_names_only_listed_components_and_nvflare_admits_nothi
         authorizer.authorize_component_config({"path": path, "args": {}}, workspace=workspace)
     for path in ("fairfl.simulate.run_simulator", "fairfl.cli.main", "fairfl.jobconfig.customize_job",
                  "fairfl.flare.components.dotted_path", "fairfl.flare.executor.FairflExecutorX",
-                 "fairfl.flare.controllers.FairRoundController", "fairfl.training.save_atomic", "os.system"):
+                 "fairfl.flare.engine.FairRoundController", "fairfl.training.save_atomic", "os.system"):
         with pytest.raises(UnsafeComponentError, match="not in allow_list"):
             authorizer.authorize_component_config({"path": path}, workspace=workspace)
         with pytest.raises(UnsafeComponentError, match="not in allow_list"):

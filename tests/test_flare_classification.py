@@ -12,12 +12,14 @@ import torch
 from fairfl.data.builtin import BUILTIN_DATASETS, builtin_dataset
 from fairfl.data.classification_sites import SETTINGS
 from fairfl.flare import protocol
-from fairfl.flare.controllers import (FairRoundController, FedISMController, QFedAvgController, SiteUpdate,
-                                      number_problem)
+from fairfl.flare.engine import FairRoundController, SiteUpdate
+from fairfl.site_checks import number_problem
+from fairfl.methods.fedism.controller import FedISMController
+from fairfl.methods.qfedavg.controller import QFedAvgController
 from fairfl.flare.executor import FairflExecutor
 from fairfl.models import initial_state, state_to_torch
 from fairfl.presets import PRESETS, apply_preset, resolve_preset
-from fairfl.saga import SagaState
+from fairfl.methods.fedism.saga import SagaState
 
 SITES = ("site-1", "site-2", "site-3")
 TINY = {"dataset": "skin", "model_channels": [4, 8], "num_rounds": 4}

@@ -12,7 +12,7 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from fairfl.errors import DataError
 from fairfl.flare import protocol
-from fairfl.flare.controllers import DittoController
+from fairfl.methods.ditto.controller import DittoController
 from fairfl.flare.executor import FairflExecutor, train_personal, with_proximal_term
 from fairfl.models import build_model, initial_state, load_numpy_state, state_to_numpy
 from fairfl.training import TrainSettings, train_local

@@ -8,7 +8,9 @@ import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from fairfl.flare import protocol
-from fairfl.flare.controllers import FedNPRController, FedProxController, SiteUpdate
+from fairfl.methods.fednpr.controller import FedNPRController
+from fairfl.methods.fedprox.controller import FedProxController
+from fairfl.flare.engine import SiteUpdate
 from fairfl.flare.executor import FairflExecutor, with_proximal_term
 from fairfl.models import build_model, head_state_keys, initial_state, state_to_torch
 

@@ -8,7 +8,7 @@ import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from fairfl.aggregation import lwr_layer_weights
-from fairfl.cka import layerwise_cka
+from fairfl.methods.fedlwr.cka import layerwise_cka
 from fairfl.data.builtin import ensure_builtin
 from fairfl.data.datalist import load_datalist
 from fairfl.data.loaders import make_loader, segmentation_transforms

@@ -44,11 +44,11 @@ def test_a_hand_edited_missing_or_unknown_job_is_reported_by_file(tmp_path, caps
 
 
 def test_a_job_spec_naming_an_argument_its_controller_lacks_is_refused():
-    typo = Job("fedlwr", "fairfl.flare.controllers.FedLWRController", server={"cka_clipp": [0.0, 1.0]})
+    typo = Job("fedlwr", "fairfl.methods.fedlwr.controller.FedLWRController", server={"cka_clipp": [0.0, 1.0]})
     with pytest.raises(ValueError, match="cka_clipp"):
         job_configs(typo)
     with pytest.raises(ValueError, match="lr_max"):
-        job_configs(Job("fedavg", "fairfl.flare.controllers.FedAvgController", client={"lr_max": 1.0}))
+        job_configs(Job("fedavg", "fairfl.methods.fedavg.controller.FedAvgController", client={"lr_max": 1.0}))
 
 
 def test_job_arguments_are_the_fairfl_constructors_own_with_the_most_derived_default():

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from fairfl.models import build_model, classifier_head, forward_with_features, head_state_keys
 from fairfl.classification import class_counts
-from fairfl.npr import (LAYER_NORM_EPS, NPR_LOGITS, balanced_assignment, balanced_softmax_loss, class_prototypes,
+from fairfl.methods.fednpr.npr import (LAYER_NORM_EPS, NPR_LOGITS, balanced_assignment, balanced_softmax_loss, class_prototypes,
                         extract_features, fednpr_objective, fednpr_terms, npr_loss, sinkhorn_knopp)
 from fairfl.training import TrainSettings, train_local
 

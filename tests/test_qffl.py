@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fairfl.aggregation import weighted_average
-from fairfl.qffl import lipschitz_from_lr, qffl_aggregate, qffl_coefficients
+from fairfl.methods.qfedavg.qffl import lipschitz_from_lr, qffl_aggregate, qffl_coefficients
 
 
 def state(*values, counter=0):

@@ -1,5 +1,5 @@
-"""CFFL and CGSV: the reward math (`fairfl.reward`) against direct computations, and the per-site-model bookkeeping
-of their controllers (`fairfl.flare.reward_controllers`) without FLARE running."""
+"""CFFL and CGSV: the reward math (`fairfl.methods.rewards.reward`) against direct computations, and the per-site-model bookkeeping
+of their controllers (`fairfl.methods.rewards.controller`) without FLARE running."""
 
 import json
 import math
@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from fairfl.flare import protocol
-from fairfl.flare.controllers import SiteUpdate
-from fairfl.flare.reward_controllers import SITE_MODELS_FILE, CFFLController, CGSVController
+from fairfl.flare.engine import SiteUpdate
+from fairfl.methods.rewards.controller import SITE_MODELS_FILE, CFFLController, CGSVController
 from fairfl.models import initial_state, state_to_torch
 from fairfl.results import ResultsLog
-from fairfl.reward import (apply_threshold, cffl_reputations, cgsv_values, mask_top_fraction, normalised_update,
+from fairfl.methods.rewards.reward import (apply_threshold, cffl_reputations, cgsv_values, mask_top_fraction, normalised_update,
                            reward_fractions, reward_states, state_delta, update_reputation, weighted_update)
 
 SITES = ("site-1", "site-2", "site-3")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from fairfl.saga import SagaState, check_report, moving_average, saga_weights
+from fairfl.methods.fedism.saga import SagaState, check_report, moving_average, saga_weights
 
 
 def report(sharpness, loss=1.0):

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fairfl.sharpness import (dataset_loss, frozen_norm_statistics, gsam_step, measure_sharpness, search_distance,
+from fairfl.methods.fedism.sharpness import (dataset_loss, frozen_norm_statistics, gsam_step, measure_sharpness, search_distance,
                               train_salt)
 from fairfl.training import TrainSettings
 

@@ -432,7 +432,7 @@ def test_ditto_scores_every_site_with_its_personal_model_kept_in_the_named_runs_
     from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
     from fairfl.flare import protocol
-    from fairfl.flare.controllers import DittoController
+    from fairfl.methods.ditto.controller import DittoController
     from fairfl.flare.executor import FairflExecutor
     from fairfl.models import state_to_numpy
 

@@ -16,11 +16,14 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from fairfl.aggregation import cap_shares, robust_average, weighted_average
 from fairfl.files import json_safe, save_atomic, write_atomic, write_json_atomic
 from fairfl.flare import protocol
-from fairfl.flare.controllers import (FairRoundController, FedCEController, FedISMController, FedLWRController,
-                                      QFedAvgController)
-from fairfl.flare.reward_controllers import CFFLController, CGSVController
+from fairfl.flare.engine import FairRoundController
+from fairfl.methods.fedce.controller import FedCEController
+from fairfl.methods.fedism.controller import FedISMController
+from fairfl.methods.fedlwr.controller import FedLWRController
+from fairfl.methods.qfedavg.controller import QFedAvgController
+from fairfl.methods.rewards.controller import CFFLController, CGSVController
 from fairfl.models import initial_state, state_to_torch
-from fairfl.qffl import qffl_coefficients
+from fairfl.methods.qfedavg.qffl import qffl_coefficients
 from fairfl.results import ResultsLog
 from fairfl.site_checks import metrics_problem, norm_outliers, number_problem, samples_problem, tensor_state
 

@@ -14,7 +14,7 @@ from fairfl.data.loaders import AUGMENTATIONS, _augmentation, check_augmentation
 from fairfl.errors import DataError
 from fairfl.files import save_atomic
 from fairfl.flare import protocol
-from fairfl.flare.controllers import FairRoundController
+from fairfl.flare.engine import FairRoundController
 from fairfl.flare.executor import FairflExecutor
 from fairfl.models import initial_state
 from fairfl.report import _group

@@ -134,7 +134,7 @@ def layerwise_average(
     Args:
         states: {site: local state dict}.
         layer_weights: {layer: {site: rho}} from `lwr_layer_weights` (normalised again here).
-        layers: {layer: state keys}, e.g. `fairfl.cka.parameter_layers(model)`; every key of
+        layers: {layer: state keys}, e.g. `fairfl.methods.fedlwr.cka.parameter_layers(model)`; every key of
             `anchor` must belong to exactly one layer, else ValueError (a key outside every
             layer would have no weights to use).
         anchor: the FedAvg model of the round; gives the keys, order, and integer buffers.

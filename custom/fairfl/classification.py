@@ -2,7 +2,7 @@
 metrics of the paper's tables (accuracy, AUC) plus balanced accuracy, by scikit-learn.
 
 Training uses `fairfl.training.train_local(..., loss_fn=LogitAdjustedCrossEntropy(counts))` (FedAvg-style
-local training) or `fairfl.sharpness.train_salt(..., loss_fn=...)` (SALT).
+local training) or `fairfl.methods.fedism.sharpness.train_salt(..., loss_fn=...)` (SALT).
 """
 
 from __future__ import annotations

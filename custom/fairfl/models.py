@@ -189,3 +189,8 @@ def load_numpy_state(model: torch.nn.Module, state: dict) -> torch.nn.Module:
     """Load numpy arrays into a model (strict: every key, every shape)."""
     model.load_state_dict(state_to_torch(state), strict=True)
     return model
+
+
+def trainable_names(spec: dict) -> list:
+    """The names of a network's trainable parameters (not its normalisation statistics)."""
+    return [n for n, p in build_model(spec).named_parameters() if p.requires_grad]

@@ -1,7 +1,7 @@
 """The server's checks of everything a site sends: one place, plain functions, no FLARE.
 
 A site's answer is untrusted input. Every function here returns why a value cannot be used (a short reason
-naming the field), or None; the round loop (`fairfl.flare.controllers.FairRoundController`) rejects a site with
+naming the field), or None; the round loop (`fairfl.flare.engine.FairRoundController`) rejects a site with
 a reason for that round, logs it and records it under `rejected` in results.json, and goes on with the others.
 
 What is checked: the returned model (tensors: keys, shapes, dtype kinds, finiteness; `check_site_state`), the
@@ -9,7 +9,7 @@ training-set size (`samples_problem`: a positive int, at most a cap and at most 
 round), the size of the update against the round's other sites (`norm_outliers`), training and evaluation metrics
 (`metrics_problem`: names, finite numbers, evaluation scores in [0, 1]), and the methods' reports: numbers
 (`number_problem`; losses, sharpness and errors at most MAX_REPORTED), CKA (`check_cka`) and SAGA's sharpness
-reports (`fairfl.saga.check_report`). How much any one site can weigh is bounded separately
+reports (`fairfl.methods.fedism.saga.check_report`). How much any one site can weigh is bounded separately
 (`fairfl.aggregation.cap_shares`)."""
 
 from __future__ import annotations

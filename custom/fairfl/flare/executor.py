@@ -29,8 +29,8 @@ from nvflare.app_opt.pt.fedproxloss import PTFedProxLoss
 
 from fairfl.site_checks import check_site_state
 from fairfl.classification import LogitAdjustedCrossEntropy, class_counts, evaluate_classification
-from fairfl.cka import MIN_BATCH, layerwise_cka
-from fairfl.contribution import leave_one_out_error
+from fairfl.methods.fedlwr.cka import MIN_BATCH, layerwise_cka
+from fairfl.methods.fedce.contribution import leave_one_out_error
 from fairfl.data.builtin import builtin_dataset, check_test_scale, ensure_builtin
 from fairfl.data.datalist import load_dataset_info, load_datalist
 from fairfl.data.free_rider import free_rider_datalist
@@ -40,9 +40,9 @@ from fairfl.errors import DataError
 from fairfl.files import save_round_keeping_previous
 from fairfl.flare import protocol
 from fairfl.models import build_model, check_model_spec, head_state_keys, is_int_in, load_numpy_state, state_to_numpy
-from fairfl.npr import check_npr_settings, class_prototypes, extract_features, fednpr_objective
+from fairfl.methods.fednpr.npr import check_npr_settings, class_prototypes, extract_features, fednpr_objective
 from fairfl.presets import apply_preset
-from fairfl.sharpness import GSAM_ALPHA, dataset_loss, measure_sharpness, train_salt
+from fairfl.methods.fedism.sharpness import GSAM_ALPHA, dataset_loss, measure_sharpness, train_salt
 from fairfl.site_settings import site_settings
 from fairfl.training import (TrainSettings, check_optimizer_settings, configure_threads, evaluate_dice,
                              load_optimizer_state, load_tensors, make_optimizer, optimizer_state, save_model,
@@ -381,7 +381,7 @@ class FairflExecutor(Executor):
         return sorted(versions, key=lambda version: -version[0])
 
     def _npr_objective(self, site, meta: dict, model, device, seed):
-        """FedNPR's local loss (a context, see fairfl.npr.fednpr_objective): balanced softmax with this site's
+        """FedNPR's local loss (a context, see fairfl.methods.fednpr.npr.fednpr_objective): balanced softmax with this site's
         class prior + weight * NPR (logits normalised as settings["logits"] says) on K prototypes per class from
         the features of the model sent."""
         settings, num_classes = meta[protocol.NPR], meta[protocol.MODEL_SPEC]["num_classes"]

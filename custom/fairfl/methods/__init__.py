@@ -8,7 +8,18 @@ The units' order is the order of the benchmark's default comparisons and of thei
 
 from __future__ import annotations
 
-from fairfl.methods import ditto, fedavg, fedce, fedism, fedlwr, fednpr, fedprox, qfedavg, rewards, solo
+from fairfl.methods import (
+    ditto,
+    fedavg,
+    fedce,
+    fedism,
+    fedlwr,
+    fednpr,
+    fedprox,
+    qfedavg,
+    rewards,
+    solo,
+)
 from fairfl.methods.spec import Claim, Job, MethodSpec, Variant
 
 UNITS: tuple[MethodSpec, ...] = tuple(unit.SPEC for unit in (solo, fedavg, fedprox, qfedavg, ditto, rewards, fedce,

@@ -69,7 +69,10 @@ class Claim:
         return self.statistic == "std"
 
     def text(self) -> str:
-        from fairfl.report import _label, _name  # the report's names and metric labels (it imports the registry)
+        from fairfl.report import (  # the report's names and metric labels (it imports the registry)
+            _label,
+            _name,
+        )
 
         what = f"{'Std.' if self.lower_is_better else 'Avg.'} {_label(self.metric)}"
         points = f"{abs(self.margin):g} point{'' if abs(self.margin) == 1 else 's'}"

@@ -4,5 +4,5 @@ from fairfl.methods.spec import Job, MethodSpec, Variant
 
 SPEC = MethodSpec(
     name="fedavg", doc="methods/fedavg.md",
-    jobs=(Job("fedavg", "fairfl.flare.controllers.FedAvgController", tasks=("train", "validate", "cka")),),
+    jobs=(Job("fedavg", "fairfl.methods.fedavg.controller.FedAvgController", tasks=("train", "validate", "cka")),),
     variants=(Variant("fedavg", "FedAvg", "fedavg", families=("segmentation", "quality_shift", "imbalanced")),))

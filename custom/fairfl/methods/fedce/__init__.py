@@ -5,7 +5,7 @@ from fairfl.methods.spec import Claim, Job, MethodSpec, Variant
 
 SPEC = MethodSpec(
     name="fedce", doc="methods/fedce.md",
-    jobs=(Job("fedce", "fairfl.flare.controllers.FedCEController", tasks=("train", "validate", "cka")),),
+    jobs=(Job("fedce", "fairfl.methods.fedce.controller.FedCEController", tasks=("train", "validate", "cka")),),
     variants=(Variant("fedce_sum", "FedCE (Sum.)", "fedce", {"combine": "sum"},
                       families=("segmentation", "quality_shift")),
               Variant("fedce_product", "FedCE (Multi.)", "fedce", {"combine": "product"}, families=("segmentation",))),

@@ -7,8 +7,8 @@ QUALITY = ("quality_shift",)
 SKIN_ROUNDS = {"num_rounds": 100, "eval_every": 10, "dataset": "skin"}
 SPEC = MethodSpec(
     name="fedism", doc="methods/fedism.md",
-    jobs=(Job("fedism", "fairfl.flare.controllers.FedISMController", server={**SKIN_ROUNDS, "rho_max": 0.05, "tau": 0.0}),
-          Job("fedism_plus", "fairfl.flare.controllers.FedISMController", server=SKIN_ROUNDS)),
+    jobs=(Job("fedism", "fairfl.methods.fedism.controller.FedISMController", server={**SKIN_ROUNDS, "rho_max": 0.05, "tau": 0.0}),
+          Job("fedism_plus", "fairfl.methods.fedism.controller.FedISMController", server=SKIN_ROUNDS)),
     variants=(
         Variant("fedism", "FedISM", "fedism", families=QUALITY),
         Variant("fedism_l", "FedISM (L)", "fedism", {"variant": "L"}),

@@ -10,8 +10,8 @@ K = {"skin_imbalanced": {"num_subclusters": 4}, "ich_imbalanced": {"num_subclust
 DATA = {"dataset": "skin_imbalanced"}
 SPEC = MethodSpec(
     name="fednpr", doc="methods/fednpr.md",
-    jobs=(Job("fednpr", "fairfl.flare.controllers.FedNPRController", server=DATA),
-          Job("fednpr_per", "fairfl.flare.controllers.FedNPRController", server={**DATA, "personal_head": True})),
+    jobs=(Job("fednpr", "fairfl.methods.fednpr.controller.FedNPRController", server=DATA),
+          Job("fednpr_per", "fairfl.methods.fednpr.controller.FedNPRController", server={**DATA, "personal_head": True})),
     variants=(Variant("fednpr", "FedNPR", "fednpr", families=IMBALANCED, dataset_arguments=K),
               Variant("fednpr_per", "FedNPR-Per", "fednpr_per", families=IMBALANCED, dataset_arguments=K),
               Variant("fedprox_npr", "FedProx + NPR", "fednpr", {"mu": 0.01}, families=IMBALANCED,

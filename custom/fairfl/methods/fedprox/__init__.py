@@ -4,5 +4,5 @@ from fairfl.methods.spec import Job, MethodSpec, Variant
 
 SPEC = MethodSpec(
     name="fedprox", doc="methods/fedavg.md",
-    jobs=(Job("fedprox", "fairfl.flare.controllers.FedProxController"),),
+    jobs=(Job("fedprox", "fairfl.methods.fedprox.controller.FedProxController"),),
     variants=(Variant("fedprox", "FedProx", "fedprox", families=("segmentation", "imbalanced")),))

@@ -12,7 +12,7 @@ CLAIMS = tuple(claim for method, baseline in (("qfedavg", "fedavg"), ("qfedavg_l
 
 SPEC = MethodSpec(
     name="qfedavg", doc="methods/qfedavg.md",
-    jobs=(Job("qfedavg", "fairfl.flare.controllers.QFedAvgController", server={"num_rounds": 100, "eval_every": 10, "dataset": "skin"}),),
+    jobs=(Job("qfedavg", "fairfl.methods.qfedavg.controller.QFedAvgController", server={"num_rounds": 100, "eval_every": 10, "dataset": "skin"}),),
     variants=(
         Variant("qfedavg", "q-FedAvg (L = 1/lr)", "qfedavg", families=("segmentation", "quality_shift")),
         Variant("qfedavg_lossweighted", "q-FedAvg (loss-weighted)", "qfedavg", {"lipschitz": 0.0},

@@ -3,7 +3,7 @@ Each site receives a share of the update in proportion to its reputation."""
 
 from fairfl.methods.spec import Job, MethodSpec, Variant
 
-R = "fairfl.flare.reward_controllers"
+R = "fairfl.methods.rewards.controller"
 SPEC = MethodSpec(
     name="rewards", doc="methods/rewards.md",
     jobs=(Job("cffl", f"{R}.CFFLController"), Job("cgsv", f"{R}.CGSVController")),

@@ -3,7 +3,7 @@
 The server keeps one model per site (round 0: the initial global model). A round: each site trains from its own
 model and returns it; the server takes each accepted site's update delta_i = trained_i - w_i, computes the
 method's reputations and the aggregated update U, and gives site i the top fraction q_i of U's entries by
-magnitude per tensor: w_i <- w_i + mask(U, q_i) (`fairfl.reward`). A site's own update reaches its model only
+magnitude per tensor: w_i <- w_i + mask(U, q_i) (`fairfl.methods.rewards.reward`). A site's own update reaches its model only
 through U, as in both papers' code. A site that is rejected (NaN, wrong shape, no usable report) or absent keeps
 its model and its reputation for the round. Evaluation sends each site its own model, so the results' per-site
 metrics are those of the rewarded models. The reported global model (global_model.pt) is w_g <- w_g + U; the
@@ -19,13 +19,23 @@ import os
 import numpy as np
 
 from fairfl.aggregation import robust_average
-from fairfl.contribution import normalise
 from fairfl.files import save_atomic
 from fairfl.flare import protocol
-from fairfl.flare.controllers import FairRoundController
+from fairfl.flare.engine import FairRoundController
+from fairfl.methods.fedce.contribution import normalise
+from fairfl.methods.rewards.reward import (
+    apply_threshold,
+    cffl_reputations,
+    cgsv_values,
+    normalised_update,
+    reward_fractions,
+    reward_states,
+    state_delta,
+    update_norm,
+    update_reputation,
+    weighted_update,
+)
 from fairfl.models import state_to_numpy, state_to_torch
-from fairfl.reward import (apply_threshold, cffl_reputations, cgsv_values, normalised_update, reward_fractions,
-                           reward_states, state_delta, update_norm, update_reputation, weighted_update)
 from fairfl.site_checks import number_problem
 
 SITE_MODELS_FILE = "site_models.pt"

@@ -1,7 +1,7 @@
 """FedISM+'s sharpness-aware global aggregation (SAGA, Wu et al. 2025, Eq. 16-18), as plain functions on dicts.
 
 Each site reports, for the global model it received, its sharpness S and perturbed loss L over its whole
-training set (`fairfl.sharpness.measure_sharpness`). The server:
+training set (`fairfl.methods.fedism.sharpness.measure_sharpness`). The server:
 - checks each report (`check_report`): a site whose value is missing, not a number, NaN/Inf or absurd
   (|value| above MAX_REPORTED) is rejected for the round, with the reason as the error to log;
 - clips a negative value to 0, as the authors' code does (it floors sharpness at 1e-10): a sharpness is the
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from fairfl.contribution import normalise
+from fairfl.methods.fedce.contribution import normalise
 from fairfl.site_checks import MAX_REPORTED
 
 VARIANTS = {"S": "sharpness", "L": "perturbed_loss"}  # the report key each variant weights by

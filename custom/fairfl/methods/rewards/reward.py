@@ -1,6 +1,6 @@
 """Collaborative-fairness rewards: every site gets its own share of the aggregated update (CFFL, CGSV).
 
-Plain functions on `{name: torch.Tensor}` dicts; `fairfl.flare.reward_controllers` calls them.
+Plain functions on `{name: torch.Tensor}` dicts; `fairfl.methods.rewards.controller` calls them.
 
 - CFFL (Lyu et al., "Collaborative Fairness in Federated Learning", 2020): reputations from each site's validation
   metric through sinh(alpha v), smoothed over rounds; the update aggregated with them, U = sum_i r_i delta_i.
@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 import torch
 
-from fairfl.contribution import flatten, normalise
+from fairfl.methods.fedce.contribution import flatten, normalise
 
 __all__ = ["update_keys", "state_delta", "weighted_update", "update_norm", "normalised_update", "cgsv_values",
            "cffl_reputations", "update_reputation", "apply_threshold", "reward_fractions", "mask_top_fraction",

@@ -92,7 +92,7 @@ def qffl_aggregate(global_state: Mapping[str, torch.Tensor], local_states: Mappi
         global_state: w, the state dict the sites trained from.
         local_states: {site: w_k} after local training (same keys as `global_state`).
         losses: {site: F_k}, the loss of w over the site's training data, measured before training (e.g.
-            `fairfl.sharpness.dataset_loss` or the "loss" of `measure_sharpness`).
+            `fairfl.methods.fedism.sharpness.dataset_loss` or the "loss" of `measure_sharpness`).
         q: fairness exponent (q = 0: FedAvg with equal weights).
         lipschitz: L; `lipschitz_from_lr(lr)` is the paper's code, 0 is F^q-weighted FedAvg.
         keys: the keys whose change enters ||w - w_k||^2 (default: every floating-point key).

@@ -1,0 +1,40 @@
+"""Ditto's server side: FedAvg's global model; sites train their personal models with lambda."""
+
+from __future__ import annotations
+
+from fairfl.flare import protocol
+from fairfl.flare.engine import FairRoundController
+
+
+class DittoController(FairRoundController):
+    """Ditto (Li, Hu, Beirami and Smith, ICML 2021): the global model is FedAvg's (every site trains the model sent
+    with its usual loss and the server averages the results by training-set size, or uniformly); besides, every
+    site keeps a personal model v_k, which starts as the first global model it receives and each round trains for
+    the same local epochs/steps on loss_k(v) + (lambda / 2) ||v - w_t||^2, w_t the global model sent that round
+    (not the site's freshly trained copy). Personal models never leave the sites; each site is evaluated with its
+    own (`personal_model` 1.0 in its metrics; 0.0 for a site that never trained, e.g. under `exclude_sites`, which
+    is scored with the global model). They live in the site's state dir (protocol.PERSONAL_MODEL_FILE, with the
+    previous round's), so a named run (run_name) resumes with them, a repeated round included. The global_model.pt
+    saved is FedAvg's global model."""
+
+    method = "ditto"
+    evaluate = protocol.FROM_PERSONAL
+
+    def __init__(self, ditto_lambda: float = 0.1, **kwargs):
+        """
+        Args:
+            ditto_lambda: lambda of the personal objective; 0 = the personal model trains on local data alone (started
+                from the first global model it received); large = it stays near the global model (the paper tunes lambda per
+                dataset from a small grid; 0.1 is the default of NVFlare 2.9's PTDittoHelper).
+            **kwargs: see FairRoundController.
+        """
+        super().__init__(**kwargs)
+        if not ditto_lambda >= 0:
+            raise ValueError(f"ditto_lambda must be >= 0, got {ditto_lambda}")
+        self.ditto_lambda = float(ditto_lambda)
+
+    def config(self) -> dict:
+        return {**super().config(), "ditto_lambda": self.ditto_lambda}
+
+    def train_meta(self, round_num) -> dict:
+        return {protocol.DITTO_LAMBDA: self.ditto_lambda}

@@ -1,0 +1,94 @@
+"""FedISM / FedISM+'s server side: SALT's radius per round and SAGA's sharpness-aware weights."""
+
+from __future__ import annotations
+
+from fairfl.flare import protocol
+from fairfl.flare.engine import FairRoundController
+from fairfl.methods.fedism.saga import BETA, Q, SagaState, check_report, check_variant
+from fairfl.methods.fedism.sharpness import GSAM_ALPHA, RHO_MAX, TAU, search_distance
+
+
+class FedISMController(FairRoundController):
+    """FedISM+ (Wu et al., 2025) and FedISM (Wu et al., IJCAI 2024): sharpness-aware local training (SALT) and
+    sharpness-aware aggregation (SAGA).
+
+    Round r (t = r + 1 of T = num_rounds): the search distance is rho(t) = rho_max (t / T)^tau (Eq. 12; tau = 0:
+    FedISM's fixed rho = rho_max). The `train` task carries rho: each site first measures, on the global model it
+    received, its loss L(w), perturbed loss L(w + eps*(rho)) and sharpness S = L(w + eps*) - L(w) over its whole
+    training set (eval mode, no augmentation; Eq. 9-11), then trains with GSAM over Adam at rho (SALT, Eq. 14).
+    The server weights the local models by S^q (variant "S", Eq. 16) or L^q (variant "L", Eq. 17), smoothed by
+    w_t = beta w~_t + (1 - beta) w_{t-1} (Eq. 18; round 1 raw). A site whose report is missing, NaN/Inf or
+    absurd is left out of that round (logged, under `rejected`); a negative value is clipped to 0 and the site
+    keeps its moving-average share. The moving average lives in
+    `method_state.json` after every round; `load_method_state` resumes it."""
+
+    def __init__(self, rho_max: float = RHO_MAX, tau: float = TAU, variant: str = "S", q: float = Q,
+                 beta: float = BETA, gsam_alpha: float = GSAM_ALPHA, saga: bool = True, **kwargs):
+        """
+        Args:
+            rho_max: the largest search distance (FedISM+: 0.1; FedISM's fixed rho: 0.05).
+            tau: how fast rho grows (Eq. 12; FedISM+: 0.5); 0 = a fixed rho = rho_max, which is FedISM.
+            variant: SAGA's weights: "S" (sharpness, Eq. 16) or "L" (perturbed loss, Eq. 17).
+            q: exponent of the weights (the paper: 2).
+            beta: moving-average weight of this round's raw weights (the paper: 0.5; 1 = no averaging).
+            gsam_alpha: GSAM's surrogate-gap weight (0.1); 0 is SAM.
+            saga: false = the SALT-only ablation (the paper's Table I): SALT training, FedAvg's weights
+                (`weighting`), no sharpness probe.
+            **kwargs: see FairRoundController.
+        """
+        super().__init__(**kwargs)
+        if not isinstance(saga, bool):
+            raise ValueError(f"saga must be true or false, got {saga!r}")
+        self.saga_enabled = saga
+        search_distance(1, 1, rho_max, tau)  # checks rho_max and tau
+        self.rho_max, self.tau, self.variant = float(rho_max), float(tau), check_variant(variant)
+        self.q, self.beta, self.gsam_alpha = float(q), float(beta), float(gsam_alpha)
+        self.saga = SagaState(variant=self.variant, q=self.q, beta=self.beta)
+
+    @property
+    def method(self) -> str:
+        """fedism (fixed rho, sharpness weights: the published FedISM), fedism_l, fedismplus_s, fedismplus_l; salt
+        (SALT with FedAvg weights and FedISM+'s growing rho), salt_fixed_rho (the same at FedISM's fixed rho)."""
+        if not self.saga_enabled:
+            return "salt" if self.tau else "salt_fixed_rho"
+        if self.tau == 0:
+            return "fedism" if self.variant == "S" else "fedism_l"
+        return f"fedismplus_{self.variant.lower()}"
+
+    def config(self) -> dict:
+        return {**super().config(), "rho_max": self.rho_max, "tau": self.tau, "variant": self.variant, "q": self.q,
+                "beta": self.beta, "gsam_alpha": self.gsam_alpha, "saga": self.saga_enabled}
+
+    def rho(self, round_num: int) -> float:
+        return search_distance(round_num + 1, self.num_rounds, self.rho_max, self.tau)
+
+    def train_meta(self, round_num) -> dict:
+        rho = self.rho(round_num)
+        probe = {protocol.SHARPNESS_RHO: rho} if self.saga_enabled else {}
+        return {protocol.SALT_RHO: rho, protocol.SALT_ALPHA: self.gsam_alpha, **probe}
+
+    def aggregate(self, round_num, global_state, updates, rejected):
+        if not self.saga_enabled:  # the SALT-only ablation: FedAvg's aggregation
+            new_state, extras = super().aggregate(round_num, global_state, updates, rejected)
+            return new_state, {**extras, "rho": self.rho(round_num)}
+
+        def problem_of(report):
+            problem = check_report(report, self.variant)
+            return f"sharpness: {problem}" if problem else None
+
+        reports = self.accepted_reports(round_num, updates, rejected, protocol.SHARPNESS, problem_of, "sharpness report")
+        if not reports:
+            return global_state, {"rho": self.rho(round_num)}
+        saga = self.saga.update(reports)
+        weights = self.bounded({s: v["weight"] for s, v in saga.items()})
+        self.saga.weights.update(weights)  # Eq. 18's w_{t-1} next round: the weights used
+        keys = ("loss", "perturbed_loss", "sharpness", "grad_norm")
+        return self.average_updates(updates, weights), {
+            "weights": weights, "rho": self.rho(round_num), "raw_weights": {s: v["raw"] for s, v in saga.items()},
+            "sharpness": {s: {k: float(reports[s][k]) for k in keys if k in reports[s]} for s in sorted(reports)}}
+
+    def method_state(self) -> dict:
+        return self.saga.to_dict()
+
+    def load_method_state(self, state: dict) -> None:
+        self.saga = SagaState.from_dict(state)

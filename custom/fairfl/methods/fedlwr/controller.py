@@ -1,0 +1,69 @@
+"""Fed-LWR's server side: layer-wise weights from the sites' CKA reports."""
+
+from __future__ import annotations
+
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+from fairfl.aggregation import layerwise_average, lwr_layer_weights
+from fairfl.flare import protocol
+from fairfl.flare.engine import FairRoundController
+from fairfl.methods.fedlwr.cka import parameter_layers
+from fairfl.models import build_model, state_to_numpy, state_to_torch
+from fairfl.site_checks import check_cka
+
+
+class FedLWRController(FairRoundController):
+    """Fed-LWR (Yan et al., MICCAI 2024): layer-wise re-weighting by CKA to an averaged anchor.
+
+    After local training the server averages an anchor (the uniform mean of the local models, Eq. 1 and
+    Algorithm 1 line 7) and sends it with the `cka` task; each site returns, per layer (module that owns
+    parameters, matched by name), CKA(local, anchor) on a random sample of its data; the server re-aggregates
+    every layer with weights (1 - CKA_k) / sum_i (1 - CKA_i) (Eq. 5-6)."""
+
+    method = "fedlwr"
+    # Eq. 5 can give one honest site most of a layer in ordinary rounds: a 0.5 cap would rewrite the method, so it
+    # is off unless the job sets max_share
+    default_max_share = 1.0
+
+    def __init__(self, cka_clip=None, weighting: str = "uniform", **kwargs):
+        """
+        Args:
+            cka_clip: [low, high] to clip CKA to before Eq. 5 (the authors' code: [1e-4, 0.99]); null = no clip,
+                as in the paper's equations.
+            weighting: of the anchor: "uniform" (1/K, the paper's and the authors' code) or "samples" (FedAvg's
+                training-set shares). The anchor is the global model of a round in which no site has valid CKA.
+            **kwargs: see FairRoundController.
+        """
+        super().__init__(weighting=weighting, **kwargs)
+        self.cka_clip = list(cka_clip) if cka_clip else None
+        self._layers = None
+
+    def config(self) -> dict:
+        return {**super().config(), "cka_clip": self.cka_clip}
+
+    def aggregate(self, round_num, global_state, updates, rejected):
+        anchor_np, extras = super().aggregate(round_num, global_state, updates, rejected)
+        if self._layers is None:  # the same network every round: map its layers once
+            self._layers = parameter_layers(build_model(self.model_spec()))
+        layers = self._layers
+        results = self.ask(round_num, protocol.TASK_CKA,
+                           FLModel(params_type=ParamsType.FULL, params=anchor_np, current_round=round_num,
+                                   total_rounds=self.num_rounds, meta=self.task_meta),
+                           sorted(updates))
+        cka = {}
+        for result in results:
+            site = result.meta.get("client_name", "?")
+            problem = check_cka(result.meta.get(protocol.CKA), layers)
+            if problem:
+                self.reject(round_num, site, f"CKA: {problem}", rejected, "CKA")
+                continue
+            cka[site] = {layer: float(v) for layer, v in result.meta[protocol.CKA].items()}
+        if not cka:
+            self.error(f"round {round_num}: no valid CKA; the anchor (FedAvg) becomes the global model")
+            return anchor_np, {**extras, "anchor_only": True}
+        cka = dict(sorted(cka.items()))  # answers arrive in any order; results read better sorted by site
+        layer_weights = lwr_layer_weights(cka, clip=tuple(self.cka_clip) if self.cka_clip else None)
+        layer_weights = {layer: self.bounded(weights) for layer, weights in layer_weights.items()}
+        new_state = layerwise_average({s: updates[s].state for s in cka}, layer_weights, layers, state_to_torch(anchor_np))
+        return state_to_numpy(new_state), {"anchor_weights": extras["weights"], "cka": cka,
+                                      "layer_weights": layer_weights}

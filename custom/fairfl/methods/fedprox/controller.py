@@ -1,0 +1,30 @@
+"""FedProx's server side: FedAvg's aggregation; sites get mu with each train task."""
+
+from __future__ import annotations
+
+from fairfl.flare import protocol
+from fairfl.flare.engine import FairRoundController
+
+
+class FedProxController(FairRoundController):
+    """FedProx (Li et al., MLSys 2020): FedAvg aggregation; each site adds the proximal term (mu / 2) ||w - w_t||^2
+    to its local loss (NVFlare's PTFedProxLoss)."""
+
+    method = "fedprox"
+
+    def __init__(self, mu: float = 0.01, **kwargs):
+        """
+        Args:
+            mu: weight of the proximal term (FedProx tunes it over 0.001..1; 0.01 is NVFlare's default).
+            **kwargs: see FairRoundController.
+        """
+        super().__init__(**kwargs)
+        if not mu >= 0:
+            raise ValueError(f"mu must be >= 0, got {mu}")
+        self.mu = float(mu)
+
+    def config(self) -> dict:
+        return {**super().config(), "mu": self.mu}
+
+    def train_meta(self, round_num) -> dict:
+        return {protocol.PROX_MU: self.mu} if self.mu else {}
