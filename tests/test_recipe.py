@@ -147,6 +147,8 @@ def test_sim_env_workspace_allow_lists_our_classes_and_nvflare_keeps_them(tmp_pa
     (["fedavg", "-n", "0"], "argument -n/--n-clients: must be at least 1"),
     (["fedavg", "-n", "2", "-t", "3"], "argument -t/--threads: at most -n (2), got 3"),
     (["fedavg", "-t", "x"], "argument -t/--threads: expected an integer"),
+    (["fedavg", "-w", __file__], "argument -w/--workspace-root: not a folder"),
+    (["fedavg", "-w", ""], "argument -w/--workspace-root: not a folder"),
     (["fedavg", "--set", "num_rounds"], "expected key=value, got 'num_rounds'"),
     (["fedavg", "--set", "num_round=3"], "job fedavg has no argument(s) ['num_round']"),
     (["fedavg", "--set", "image_size=big"], 'image_size="big": job fedavg expects a number'),

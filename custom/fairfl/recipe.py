@@ -130,6 +130,7 @@ class FairflRecipe(Recipe):
         super().__init__(fed_job)
 
     def _validate_before_use(self) -> None:
+        super()._validate_before_use()
         # a job entry would replace what was added through the Job API under the same key: refuse, lose nothing
         for target, app in self._job._deploy_map.items():
             config = app.app_config
@@ -145,6 +146,13 @@ class FairflRecipe(Recipe):
 
 
 # --- python -m fairfl.recipe: the "python job.py" way in --------------------------------------------------------
+def folder_or_new(text: str) -> str:
+    """An argparse type: a folder, or a path where none exists yet."""
+    if not text or (os.path.exists(text) and not os.path.isdir(text)):
+        raise argparse.ArgumentTypeError(f"not a folder: {text!r}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     from fairfl.cli import at_least
 
@@ -158,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="change a job argument (JSON value), e.g. --set num_rounds=50; repeatable")
     parser.add_argument("-n", "--n-clients", type=at_least(1), default=6, help="simulated sites (default 6)")
     parser.add_argument("-t", "--threads", type=at_least(1), help="client processes at once (default n)")
-    parser.add_argument("-w", "--workspace-root", default="workspaces",
+    parser.add_argument("-w", "--workspace-root", type=folder_or_new, default="workspaces",
                         help="SimEnv's workspace_root: the run's workspace is WORKSPACE_ROOT/<job name> "
                              "(default workspaces)")
     parser.add_argument("--force", action="store_true", help="replace the workspace of an earlier run")
@@ -197,7 +205,7 @@ def main(argv=None) -> int:
     started = time.time()
     try:
         recipe.execute(env)  # with --export: writes the job folder and exits
-    except (RuntimeError, ValueError) as e:  # SimEnv: a failed simulator; the allow-list file unreadable
+    except (OSError, RuntimeError, ValueError) as e:  # a failed simulator (SimEnv); an unusable allow-list file
         print(f"{parser.prog}: {e}", file=sys.stderr)
         return 1
     run = SimulatorRun(workspace, 0, time.time() - started, collect_errors(workspace))
