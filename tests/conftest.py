@@ -28,6 +28,16 @@ def cache_dir(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def tiny_fedavg_run(tmp_path_factory, cache_dir):
+    """jobs/fedavg, tiny, through `nvflare simulator` with 3 sites: one run that several tests check (its results;
+    the recipe API's run of the same job against it)."""
+    from fairfl.simulate import run_simulator
+
+    root = tmp_path_factory.mktemp("tiny_fedavg")
+    return run_simulator(make_job("fedavg", str(root / "job")), str(root / "ws"), n_clients=3, threads=3, timeout=600)
+
+
 def extra_test_entries(base: Path, scaled: Path) -> dict:
     """What a test_scale > 1 added to each site's datalist (`scaled`, against `base`: the same data at test_scale 1),
     after asserting that it added nothing else: the same splits, the training and validation entries unchanged, each

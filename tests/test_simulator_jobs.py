@@ -62,8 +62,8 @@ def check_common(results, method, sites=("site-1", "site-2", "site-3"), rounds=2
         assert set(record["per_site"]) == set(sites) and set(record["train"]) == set(sites)
 
 
-def test_fedavg_trains_and_reports(tmp_path, cache_dir):
-    sim = run(make_job("fedavg", str(tmp_path / "job")), str(tmp_path / "ws"))
+def test_fedavg_trains_and_reports(tiny_fedavg_run):
+    sim = tiny_fedavg_run
     results = load_results(sim)
     check_common(results, "fedavg")
     weights = results["rounds"][-1]["weights"]

@@ -84,7 +84,7 @@ def refuse_to_overwrite(path: str, force: bool, what: str, replaceable=lambda fo
 def _run(args) -> int:
     from fairfl.jobconfig import customize_job, is_job_copy, parse_assignments
     from fairfl.report import make_report
-    from fairfl.simulate import SIMULATOR_OUTPUT, run_simulator
+    from fairfl.simulate import is_simulator_workspace, run_simulator
     from fairfl.site_settings import FREE_RIDERS_ENV
 
     job = os.path.abspath(args.job)
@@ -97,8 +97,7 @@ def _run(args) -> int:
         print(f"fairfl run: error: argument --set: {e}", file=sys.stderr)
         return 2
     # the simulator empties its workspace: only a previous simulator workspace, and only with --force
-    problem = refuse_to_overwrite(workspace, args.force, "workspace", lambda folder: (
-        (folder / SIMULATOR_OUTPUT).exists() or (folder / "server").is_dir()))
+    problem = refuse_to_overwrite(workspace, args.force, "workspace", is_simulator_workspace)
     problem = problem or (overrides and refuse_to_overwrite(job_copy, args.force, "job copy",
                                                             lambda folder: is_job_copy(str(folder))))
     if problem:

@@ -110,6 +110,11 @@ def _wait(proc, workspace: str, timeout: float | None, kill_after_round: int | N
     return proc.returncode
 
 
+def is_simulator_workspace(folder) -> bool:
+    """Whether `folder` holds an earlier simulator run (its output or its server folder): what a new run may replace."""
+    return (Path(folder) / SIMULATOR_OUTPUT).exists() or (Path(folder) / "server").is_dir()
+
+
 def collect_errors(workspace: str) -> dict:
     """{participant: text} of every non-empty error_log.txt in a simulator workspace."""
     errors = {}

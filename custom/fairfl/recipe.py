@@ -1,0 +1,220 @@
+"""A fairfl job through NVIDIA FLARE 2.9's recipe API: `FairflRecipe(job, **arguments)` builds the job with the Job
+API (FedJob) from the job's configuration, so `recipe.execute(SimEnv(...))` runs it, `recipe.export(folder)` writes a
+job folder `nvflare simulator` and the admin console take, and `python -m fairfl.recipe JOB` is the "python job.py"
+way to run it.
+
+The controller and the executor are named by class path and arguments, exactly as the job's configuration names
+them. The Job API would write a component *object* as the arguments of its class's own __init__ signature, read
+back from same-named attributes; our controllers pass the arguments they share on through **kwargs, so an object
+would lose them (FedProxController(num_rounds=2, mu=0.5) is written as {"mu": 0.5}: 20 rounds).
+
+The code is the installed package: nothing is copied into the job (no app/custom, so no bring-your-own-code), and
+every site checks our classes against its class allow-list. NVFlare's SimEnv writes its default list, which lacks
+them, into the simulator workspace unless one is there; so before a SimEnv run the recipe writes ours there
+(local/resources.json: NVFlare's default list plus each of our classes by its exact path)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from nvflare.job_config.api import FedJob
+from nvflare.recipe import SimEnv
+from nvflare.recipe.spec import Recipe, _peek_recipe_args
+
+from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG, customize_job
+
+META = "meta.json"
+ONE_APP_FOR_ALL = {"app": ["@ALL"]}  # the deploy map of every fairfl job, and the only one a FedJob with one app writes
+# the simulator empties its workspace at start but keeps these (the sites' settings, e.g. the allow-list)
+KEPT_BY_SIMULATOR = {"local", "startup"}
+
+
+def job_folder(job: str) -> Path:
+    """The folder of `job`: a job folder, or the name of one in the repository's jobs/ (fedavg, fedlwr, ...)."""
+    from fairfl.benchmark import JOBS
+
+    for folder in (Path(job), JOBS / job):
+        if all((folder / name).is_file() for name in (META, SERVER_CONFIG, CLIENT_CONFIG)):
+            return folder
+    known = sorted(p.name for p in JOBS.iterdir() if (p / META).is_file()) if JOBS.is_dir() else []
+    raise ValueError(f"no job {job!r}: give a job folder ({META}, {SERVER_CONFIG}, {CLIENT_CONFIG}) or one of "
+                     f"{', '.join(known) or 'the jobs of a fairfl checkout'}")
+
+
+def _read_object(path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return data
+
+
+def job_configuration(job: str) -> tuple[dict, dict, dict]:
+    """(server config, client config, meta) of `job` (a name in jobs/ or a job folder): the one place the recipe
+    reads a job's configuration from."""
+    folder = job_folder(job)
+    return tuple(_read_object(folder / name) for name in (SERVER_CONFIG, CLIENT_CONFIG, META))
+
+
+def with_arguments(job: str, server: dict, client: dict, arguments: dict) -> tuple[dict, dict]:
+    """The two configs with `arguments` set by `fairfl run --set`'s rules (fairfl.jobconfig.customize_job): on every
+    fairfl component, server or client, that has the argument; an argument none has, or a value of another JSON
+    kind than the job's, is a ValueError naming it."""
+    if not arguments:
+        return server, client
+    with tempfile.TemporaryDirectory() as staging:
+        source = os.path.join(staging, "job")
+        for name, config in ((SERVER_CONFIG, server), (CLIENT_CONFIG, client)):
+            os.makedirs(os.path.dirname(os.path.join(source, name)), exist_ok=True)
+            Path(source, name).write_text(json.dumps(config))
+        try:
+            changed = customize_job(source, os.path.join(staging, "changed"), arguments)
+        except ValueError as e:  # name the job, not the staging folder
+            raise ValueError(str(e).replace(source, job)) from None
+        return _read_object(Path(changed, SERVER_CONFIG)), _read_object(Path(changed, CLIENT_CONFIG))
+
+
+def _raw_entries(config: dict) -> dict:
+    """The entries of an app config the job is written with as they are: its components by class path and args
+    (the controller's `workflows`, the executor's `executors`, any non-empty `components` or filters)."""
+    return {key: value for key, value in config.items() if key != "format_version" and value != []}
+
+
+def allow_fairfl_classes(workspace: str) -> str:
+    """Add our component classes to the class allow-list of a simulator workspace (`local/resources.json`, made
+    from resources.json.default or NVFlare's default list where there is none; the other entries and settings
+    kept): what the simulator's sites check a job without app/custom against. Returns the file written."""
+    from fairfl.deploy.kits import allow_listed
+    from fairfl.files import write_json_atomic
+
+    path = os.path.join(workspace, "local", "resources.json")
+    source = path if os.path.exists(path) else path + ".default"
+    resources = _read_object(source) if os.path.exists(source) else {"format_version": 2}
+    try:
+        resources = allow_listed(resources)
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_json_atomic(path, resources)
+    return path
+
+
+class FairflRecipe(Recipe):
+    """The fairfl job `job` (a name in jobs/ or a job folder) as an NVFlare recipe, with `arguments` set (e.g.
+    num_rounds=50, image_size=32: server or client arguments, as `fairfl run --set`)."""
+
+    def __init__(self, job: str, **arguments):
+        server, client, meta = job_configuration(job)
+        server, client = with_arguments(job, server, client, arguments)
+        if meta.get("deploy_map", ONE_APP_FOR_ALL) != ONE_APP_FOR_ALL:
+            raise ValueError(f"job {job}: the recipe runs one app on every site, not the deploy_map "
+                             f"{json.dumps(meta['deploy_map'])}")
+        other_meta = {k: v for k, v in meta.items() if k not in ("name", "min_clients", "mandatory_clients",
+                                                                 "deploy_map")}
+        try:
+            fed_job = FedJob(name=meta.get("name"), min_clients=meta.get("min_clients", 1),
+                             mandatory_clients=meta.get("mandatory_clients"), meta_props=other_meta)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"job {job}, {META}: {e}") from None
+        fed_job.set_app_packages(["fairfl"])  # a fairfl object added to the recipe later is not copied either
+        fed_job.to_server(_raw_entries(server))
+        fed_job.to_clients(_raw_entries(client))
+        super().__init__(fed_job)
+
+    def _validate_before_use(self) -> None:
+        super()._validate_before_use()
+        # a job entry would replace what was added through the Job API under the same key: refuse, lose nothing
+        for target, app in self._job._deploy_map.items():
+            config = app.app_config
+            clash = [key for key in config.additional_params if getattr(config, key, None)]
+            if clash:
+                raise ValueError(f"{target}: {', '.join(clash)} added through the Job API would be replaced by the "
+                                 f"job's own {', '.join(clash)}")
+
+    def run(self, env, server_exec_params=None, client_exec_params=None):
+        if isinstance(env, SimEnv):  # else SimEnv writes NVFlare's default allow-list, which refuses our classes
+            allow_fairfl_classes(os.path.join(env.workspace_root, self.name))
+        return super().run(env, server_exec_params, client_exec_params)
+
+
+# --- python -m fairfl.recipe: the "python job.py" way in --------------------------------------------------------
+def folder_or_new(text: str) -> str:
+    """An argparse type: a folder, or a path where none exists yet."""
+    if not text or (os.path.exists(text) and not os.path.isdir(text)):
+        raise argparse.ArgumentTypeError(f"not a folder: {text!r}")
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from fairfl.cli import at_least
+
+    parser = argparse.ArgumentParser(
+        prog="python -m fairfl.recipe", description="Run a fairfl job in NVFlare's simulator through the recipe API "
+        "(SimEnv); the results land in WORKSPACE_ROOT/<job name>/server/simulate_job/results.json.",
+        epilog="NVFlare's own --export [--export-dir DIR] writes the job folder DIR/<job name> (default ./fl_job) "
+               "instead of running it.")
+    parser.add_argument("job", help="a job in jobs/ (fedavg, fedlwr, ...) or a job folder")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="change a job argument (JSON value), e.g. --set num_rounds=50; repeatable")
+    parser.add_argument("-n", "--n-clients", type=at_least(1), default=6, help="simulated sites (default 6)")
+    parser.add_argument("-t", "--threads", type=at_least(1), help="client processes at once (default n)")
+    parser.add_argument("-w", "--workspace-root", type=folder_or_new, default="workspaces",
+                        help="SimEnv's workspace_root: the run's workspace is WORKSPACE_ROOT/<job name> "
+                             "(default workspaces)")
+    parser.add_argument("--force", action="store_true", help="replace the workspace of an earlier run")
+    return parser
+
+
+def _workspace_problem(workspace: str, force: bool) -> str | None:
+    from fairfl.cli import refuse_to_overwrite
+    from fairfl.simulate import is_simulator_workspace
+
+    if os.path.isdir(workspace) and set(os.listdir(workspace)) <= KEPT_BY_SIMULATOR:
+        return None  # nothing the simulator would delete
+    return refuse_to_overwrite(workspace, force, "workspace", is_simulator_workspace)
+
+
+def main(argv=None) -> int:
+    from fairfl.jobconfig import parse_assignments
+    from fairfl.simulate import SimulatorRun, collect_errors
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.threads is not None and args.threads > args.n_clients:
+        parser.error(f"argument -t/--threads: at most -n ({args.n_clients}), got {args.threads}")
+    try:
+        recipe = FairflRecipe(args.job, **parse_assignments(args.set))
+    except ValueError as e:  # no such job, key=value malformed, an argument the job lacks or of the wrong kind
+        parser.error(str(e))
+    env = SimEnv(num_clients=args.n_clients, num_threads=args.threads,
+                 workspace_root=os.path.abspath(args.workspace_root))
+    workspace = os.path.join(env.workspace_root, recipe.name)  # NVFLARE_SIMULATOR_WORKSPACE_ROOT wins, as in SimEnv
+    exporting = _peek_recipe_args()[0]  # NVFlare took --export from the command line when the recipe API loaded
+    problem = None if exporting else _workspace_problem(workspace, args.force)
+    if problem:
+        print(f"{parser.prog}: {problem}", file=sys.stderr)
+        return 1
+    started = time.time()
+    try:
+        recipe.execute(env)  # with --export: writes the job folder and exits
+    except (OSError, RuntimeError, ValueError) as e:  # a failed simulator (SimEnv); an unusable allow-list file
+        print(f"{parser.prog}: {e}", file=sys.stderr)
+        return 1
+    run = SimulatorRun(workspace, 0, time.time() - started, collect_errors(workspace))
+    if not run.ok:  # the exit code alone does not tell (fairfl.simulate)
+        print(run.describe_failure(), file=sys.stderr)
+        return 1
+    print(f"finished in {run.seconds:.0f} s\nresults: {run.results_path}\nreport:  fairfl report {workspace}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
