@@ -79,28 +79,37 @@ def customize_job(src: str, dst: str, args: dict | None = None, client_config: d
 
 
 def _set_arguments(src: str, job: str, args: dict, client_config: dict) -> None:
-    unused = set(args)
+    configs = {}
     for name in (SERVER_CONFIG, CLIENT_CONFIG):
-        path = os.path.join(job, name)
-        with open(path) as f:
-            config = json.load(f)
+        with open(os.path.join(job, name)) as f:
+            configs[name] = json.load(f)
+    set_arguments(configs, args, src)
+    configs[CLIENT_CONFIG].update(client_config)
+    for name, config in configs.items():
+        with open(os.path.join(job, name), "w") as f:
+            json.dump(config, f, indent=2)
+
+
+def set_arguments(configs: dict, args: dict, job: str) -> dict:
+    """Set each argument in `args` on every fairfl component of `configs` ({config path: config dict}, changed in
+    place and returned) that has it. An argument no component has, or a value of another JSON kind than the job's
+    (a string for a number), is a ValueError naming it and `job`."""
+    unused = set(args)
+    for config in configs.values():
         for component in _fairfl_components(config):
             for key, value in args.items():
                 if key in component.get("args", {}):
                     default = component["args"][key]
                     if None not in (default, value) and _kind(default) != _kind(value):
-                        raise ValueError(f"{key}={json.dumps(value)}: job {src} expects {_kind(default)} "
+                        raise ValueError(f"{key}={json.dumps(value)}: job {job} expects {_kind(default)} "
                                          f"(it has {json.dumps(default)})")
                     component["args"][key] = value
                     unused.discard(key)
-        if name == CLIENT_CONFIG:
-            config.update(client_config)
-        with open(path, "w") as f:
-            json.dump(config, f, indent=2)
     if unused:
         moved = "".join(f"; {key} is the site's own setting {MOVED_ARGUMENTS[key]} (its environment)"
                         for key in sorted(unused) if key in MOVED_ARGUMENTS)
-        raise ValueError(f"job {src} has no argument(s) {sorted(unused)}{moved}")
+        raise ValueError(f"job {job} has no argument(s) {sorted(unused)}{moved}")
+    return configs
 
 
 def parse_assignments(items: list[str]) -> dict:

@@ -16,10 +16,10 @@ them, into the simulator workspace unless one is there; so before a SimEnv run t
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from nvflare.job_config.api import FedJob
 from nvflare.recipe import SimEnv
 from nvflare.recipe.spec import Recipe, _peek_recipe_args
 
-from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG, customize_job
+from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG, set_arguments
 
 META = "meta.json"
 ONE_APP_FOR_ALL = {"app": ["@ALL"]}  # the deploy map of every fairfl job, and the only one a FedJob with one app writes
@@ -58,28 +58,27 @@ def _read_object(path) -> dict:
 
 
 def job_configuration(job: str) -> tuple[dict, dict, dict]:
-    """(server config, client config, meta) of `job` (a name in jobs/ or a job folder): the one place the recipe
-    reads a job's configuration from."""
+    """(server config, client config, meta) of `job`: a method job by name, from the method registry (nothing read
+    from disk, so an installed package suffices), or a job folder; the one place the recipe reads a job from."""
+    from fairfl.methods import JOBS
+
+    if job in JOBS and not Path(job).exists():
+        from fairfl.methods.make_jobs import job_configs
+
+        configs = job_configs(JOBS[job])
+        return tuple(configs[name] for name in ("app/config/config_fed_server.json",
+                                                "app/config/config_fed_client.json", META))
     folder = job_folder(job)
     return tuple(_read_object(folder / name) for name in (SERVER_CONFIG, CLIENT_CONFIG, META))
 
 
 def with_arguments(job: str, server: dict, client: dict, arguments: dict) -> tuple[dict, dict]:
-    """The two configs with `arguments` set by `fairfl run --set`'s rules (fairfl.jobconfig.customize_job): on every
+    """The two configs with `arguments` set by `fairfl run --set`'s rules (fairfl.jobconfig.set_arguments): on every
     fairfl component, server or client, that has the argument; an argument none has, or a value of another JSON
     kind than the job's, is a ValueError naming it."""
-    if not arguments:
-        return server, client
-    with tempfile.TemporaryDirectory() as staging:
-        source = os.path.join(staging, "job")
-        for name, config in ((SERVER_CONFIG, server), (CLIENT_CONFIG, client)):
-            os.makedirs(os.path.dirname(os.path.join(source, name)), exist_ok=True)
-            Path(source, name).write_text(json.dumps(config))
-        try:
-            changed = customize_job(source, os.path.join(staging, "changed"), arguments)
-        except ValueError as e:  # name the job, not the staging folder
-            raise ValueError(str(e).replace(source, job)) from None
-        return _read_object(Path(changed, SERVER_CONFIG)), _read_object(Path(changed, CLIENT_CONFIG))
+    configs = set_arguments({SERVER_CONFIG: copy.deepcopy(server), CLIENT_CONFIG: copy.deepcopy(client)},
+                            arguments, job)
+    return configs[SERVER_CONFIG], configs[CLIENT_CONFIG]
 
 
 def _raw_entries(config: dict) -> dict:
