@@ -157,7 +157,7 @@ def test_fedism_keeps_the_global_model_when_no_report_is_valid():
     rejected = {}
     new, extras = controller.aggregate(0, state0, updates_with(state0, {"site-1": None}, protocol.SHARPNESS), rejected)
     assert new is state0 and "weights" not in extras and set(rejected) == {"site-1"}
-    assert controller.saga.rounds == 0  # the next round still starts from raw weights
+    assert controller.saga_state.rounds == 0  # the next round still starts from raw weights
 
 
 def test_fedism_state_on_disk_gives_the_same_next_round_as_staying_up():
@@ -169,7 +169,7 @@ def test_fedism_state_on_disk_gives_the_same_next_round_as_staying_up():
     saved = json.loads(json.dumps(up.method_state()))  # what method_state.json holds
     restarted = FedISMController(**TINY)
     restarted.load_method_state(saved)
-    assert isinstance(restarted.saga, SagaState) and restarted.saga.rounds == 2
+    assert isinstance(restarted.saga_state, SagaState) and restarted.saga_state.rounds == 2
     updates = updates_with(state, {s: sharpness(0.05 * (i + 1)) for i, s in enumerate(SITES)}, protocol.SHARPNESS, 2)
     new_up, extras_up = up.aggregate(2, state, updates, {})
     new_restarted, extras_restarted = restarted.aggregate(2, state, updates, {})
@@ -270,7 +270,7 @@ def test_checkpoint_restores_round_model_saga_state_and_results_and_refuses_othe
     resumed = controller(num_rounds=6, min_clients=1)
     loaded = resumed._load_checkpoint(path)
     assert loaded["round"] == 0 and all(np.array_equal(loaded["global_state"][k], state1[k]) for k in state1)
-    assert resumed.saga.to_dict() == first.saga.to_dict()
+    assert resumed.saga_state.to_dict() == first.saga_state.to_dict()
     assert resumed.results.data["rounds"] == first.results.data["rounds"] and resumed.results.data["resumed"] == 1
     with pytest.raises(ValueError, match="other settings .*q"):
         controller(q=1.0)._load_checkpoint(path)

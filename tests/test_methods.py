@@ -11,7 +11,8 @@ from conftest import JOBS, REPO
 from fairfl.cli import main as cli_main
 from fairfl.methods import (FAMILIES, JOBS as SPEC_JOBS, UNITS, VARIANTS, Job, MethodSpec, Variant, _unique,
                             display_name, family_claims, family_methods, variant_job)
-from fairfl.methods.make_jobs import differences, job_configs, load_class, own_arguments, write_jobs
+from fairfl.jobconfig import component_arguments
+from fairfl.methods.make_jobs import differences, job_configs, load_class, write_jobs
 
 
 def test_the_committed_jobs_are_exactly_what_the_registry_makes():
@@ -52,7 +53,7 @@ def test_a_job_spec_naming_an_argument_its_controller_lacks_is_refused():
 
 
 def test_job_arguments_are_the_fairfl_constructors_own_with_the_most_derived_default():
-    lwr = own_arguments(load_class(SPEC_JOBS["fedlwr"].controller))
+    lwr = component_arguments(load_class(SPEC_JOBS["fedlwr"].controller))
     assert lwr["weighting"] == "uniform" and lwr["model_strides"] == [2, 2, 2] and "cka_clip" in lwr
     assert "persistor_id" not in lwr and "ignore_result_error" not in lwr  # NVFlare's ModelController's, not ours
     assert list(lwr).index("num_rounds") < list(lwr).index("cka_clip")  # the shared arguments first
@@ -102,7 +103,7 @@ def test_every_claim_compares_two_variants_its_family_runs_by_default():
     assert sum(len(family_claims(f)) for f in FAMILIES) == sum(len(u.claims) for u in UNITS)  # none unfiled
 
 
-def test_dataset_defaults_yield_to_the_variant_s_own_arguments():
+def test_dataset_defaults_yield_to_the_variant_s_component_arguments():
     assert variant_job("fedprox_npr", "ich_imbalanced") == ("fednpr", {"num_subclusters": 2, "mu": 0.01})
     assert variant_job("fednpr", "prostate") == ("fednpr", {})
     odd = Variant("odd", "Odd", "fednpr", {"num_subclusters": 3}, dataset_arguments={"ich_imbalanced":
@@ -114,3 +115,25 @@ def test_dataset_defaults_yield_to_the_variant_s_own_arguments():
         del VARIANTS["odd"]
     with pytest.raises(TypeError):
         odd.arguments["num_subclusters"] = 4  # a spec cannot be changed by whoever reads it
+
+
+@pytest.mark.parametrize("job_name", sorted(SPEC_JOBS))
+def test_a_controller_s_config_records_every_argument_it_was_given(job_name):
+    """config() is derived from the constructor: a new argument is recorded (results.json, the checkpoint a resumed
+    run must match) without a hand-kept list, and one stored under another name fails here."""
+    job = SPEC_JOBS[job_name]
+    cls = load_class(job.controller)
+    arguments = component_arguments(cls)
+    config = cls(**job.server).config()
+    assert set(arguments) - {"task_check_period"} <= set(config), job_name
+    assert "task_check_period" not in config  # how often the server polls changes no result
+    assert cls(**{**job.server, "average_last": 3}).config()["average_last"] == 3
+
+
+def test_only_the_fan_out_touches_nvflare_s_private_task_fields():
+    private = ("_current_failed_clients", "_current_num_targets", "_current_min_responses", "_task_check_period")
+    package = os.path.join(REPO, "custom", "fairfl")
+    users = sorted(os.path.relpath(os.path.join(folder, f), package) for folder, _, files in os.walk(package)
+                   for f in files if f.endswith(".py")
+                   and any(name in open(os.path.join(folder, f)).read() for name in private))
+    assert users == [os.path.join("flare", "fanout.py")]

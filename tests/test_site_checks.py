@@ -278,7 +278,7 @@ def test_fedism_a_huge_sharpness_under_the_bound_cannot_take_more_than_max_share
                                       [report, report, {**report, "sharpness": 1e5}, report])
     _, extras = controller.aggregate(0, state0, updates, rejected)
     assert not rejected and extras["weights"]["site-3"] == pytest.approx(0.5)
-    assert controller.saga.weights == extras["weights"]  # Eq. 18 goes on from the weights used
+    assert controller.saga_state.weights == extras["weights"]  # Eq. 18 goes on from the weights used
 
 
 @pytest.mark.parametrize("bad, word", [(7.0, "validation metric"), ("0.9", "validation metric"),

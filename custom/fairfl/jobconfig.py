@@ -4,6 +4,7 @@ Used by `fairfl run --set key=value`, the benchmarks (seeds, rounds) and the tes
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -15,6 +16,19 @@ SERVER_CONFIG = os.path.join("app", "config", "config_fed_server.json")
 CLIENT_CONFIG = os.path.join("app", "config", "config_fed_client.json")
 JSON_KINDS = ((bool, "true/false"), ((int, float), "a number"), (str, "a string"), (list, "a list"),
               (dict, "an object"))
+
+
+def component_arguments(cls: type) -> dict:
+    """{argument: default} of the constructors of `cls` and its fairfl bases (not NVFlare's): base arguments first,
+    each with the most derived class's default; tuples as JSON lists."""
+    defaults = {}
+    for klass in reversed(cls.__mro__):
+        if klass.__module__.startswith("fairfl.") and "__init__" in vars(klass):
+            for name, parameter in inspect.signature(vars(klass)["__init__"]).parameters.items():
+                if parameter.default is not inspect.Parameter.empty:
+                    defaults[name] = list(parameter.default) if isinstance(parameter.default, tuple) \
+                        else parameter.default
+    return defaults
 
 
 def _fairfl_components(config: dict):

@@ -12,14 +12,11 @@ classification: `auc`, the clean test set's macro one-vs-rest AUC) and the defau
 
 from __future__ import annotations
 
-import inspect
 import os
 import time
 from typing import NamedTuple
 
-from nvflare.apis.fl_constant import ReturnCode
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
-from nvflare.app_common.workflows.model_controller import ModelController
 
 from fairfl.aggregation import (
     ROBUST_MODES,
@@ -28,8 +25,11 @@ from fairfl.aggregation import (
     weighted_average,
 )
 from fairfl.data.builtin import builtin_dataset, check_test_scale
-from fairfl.files import json_safe, save_atomic, write_json_atomic
+from fairfl.files import save_atomic
 from fairfl.flare import protocol
+from fairfl.flare.checkpoint import Checkpointing
+from fairfl.flare.fanout import TaskFanOut
+from fairfl.jobconfig import component_arguments
 from fairfl.models import initial_state, state_to_numpy, state_to_torch
 from fairfl.names import safe_name
 from fairfl.presets import apply_preset, fill_task_defaults
@@ -43,25 +43,11 @@ from fairfl.site_checks import (
     samples_problem,
     tensor_state,
 )
-from fairfl.training import check_optimizer_settings, load_tensors
+from fairfl.training import check_optimizer_settings
 
 GLOBAL_MODEL_FILE = "global_model.pt"
 MAIN_METRIC = {"segmentation": "dice", "classification": "auc"}  # the results file's `metric`, per task
 DEFAULT_MODEL = {"segmentation": "unet", "classification": "cnn"}
-METHOD_STATE_FILE = "method_state.json"
-CHECKPOINT_FILE = "checkpoint.pt"
-RESUME_MAY_CHANGE = ("num_rounds", "eval_every", "min_clients", "task_timeout", "straggler_timeout")
-
-
-def constructor_defaults(cls) -> dict:
-    """{argument: default} of `cls`'s constructor and those of its bases (the subclass's default first)."""
-    defaults = {}
-    for klass in cls.__mro__:
-        if "__init__" in vars(klass):
-            for name, parameter in inspect.signature(vars(klass)["__init__"]).parameters.items():
-                if parameter.default is not inspect.Parameter.empty:
-                    defaults.setdefault(name, parameter.default)
-    return defaults
 
 
 class SiteUpdate(NamedTuple):
@@ -72,7 +58,7 @@ class SiteUpdate(NamedTuple):
     meta: dict         # everything else it reported (FedCE: the leave-one-out error)
 
 
-class FairRoundController(ModelController):
+class FairRoundController(Checkpointing, TaskFanOut):
     """FedAvg-shaped round loop; subclasses change where training starts and how results are aggregated."""
 
     method = "fedavg"
@@ -343,19 +329,6 @@ class FairRoundController(ModelController):
         rejected[site] = f"{rejected[site]}; {problem}" if site in rejected else problem
         self.error(f"round {round_num}: rejected the {what} of {site}: {problem}")
 
-    def _accept_train_result(self, client_name, result, fl_ctx, is_unknown_task=False) -> bool:
-        """NVFlare's hook for every answer's return code (train, validate, cka): a site whose task failed (an exception,
-        bad task data) is recorded under `failed` with its return code and never ends the job here; the round decides
-        whether enough sites are left."""
-        rc = result.get_return_code()
-        if is_unknown_task or not rc or rc == ReturnCode.OK:
-            return super()._accept_train_result(client_name, result, fl_ctx, is_unknown_task)
-        self.fl_ctx = fl_ctx
-        self.failed[client_name] = str(rc)
-        self._current_failed_clients.add(client_name)  # counts as answered (ask_each)
-        self.error(f"{client_name} failed its task: return code {rc}; left out of this round")
-        return False
-
     def _evaluate(self, round_num, global_state, rejected) -> dict:
         results = self._ask_models(round_num, protocol.TASK_VALIDATE,
                                    FLModel(params_type=ParamsType.FULL,
@@ -373,55 +346,6 @@ class FairRoundController(ModelController):
                 continue
             per_site[site] = {name: float(v) for name, v in metrics.items()}
         return per_site
-
-    def ask(self, round_num, task_name, model: FLModel, targets) -> list:
-        """Send a task to `targets` and return the answers received when all have answered, or `straggler_timeout`
-        seconds after `min_clients` of them have, or after `task_timeout`, whichever comes first. Sites that did
-        not answer are added to the round's `absent` list. (NVFlare's `send_model_and_wait` would end the task
-        the moment `min_clients` have answered, dropping a slow but healthy site every round.)"""
-        results = self.broadcast_model(data=model, task_name=task_name, targets=list(targets),
-                                       min_responses=min(self.min_responses, len(targets)), timeout=self.task_timeout,
-                                       wait_time_after_min_received=self.straggler_timeout)
-        self._record_absent(round_num, task_name, targets, results)
-        return results
-
-    def _record_absent(self, round_num, task_name, targets, results):
-        answered = {r.meta.get("client_name") for r in results} | set(self.failed)
-        for site in targets:
-            if site not in answered and site not in self.absent:
-                self.absent.append(site)
-                self.error(f"round {round_num}: no {task_name} answer from {site} within straggler_timeout "
-                           f"{self.straggler_timeout} s of min_clients answers or task_timeout {self.task_timeout} s "
-                           f"(crashed, disconnected or too slow); absent this round")
-
-    def ask_each(self, round_num, task_name, models: dict) -> list:
-        """`ask` with its own task for every site, {site: FLModel} (per-site models: CFFL, CGSV), with the same waiting
-        rules: all answered, or `straggler_timeout` after `min_clients` have, or `task_timeout`; the sites that did not
-        answer are recorded `absent` and their tasks cancelled."""
-        targets, answers = list(models), []
-        for site in targets:  # non-blocking: every site works at once
-            self.broadcast_model(data=models[site], task_name=task_name, targets=[site], min_responses=1,
-                                 timeout=self.task_timeout, blocking=False, callback=answers.append)
-        # an error is judged against the whole task, as for one broadcast (NVFlare's dynamic ignore_result_error)
-        required = min(self.min_responses, len(targets))
-        self._current_num_targets, self._current_min_responses = len(targets), required
-        self._current_failed_clients = set()
-        started, enough_at = time.time(), None
-        while not self.abort_signal.triggered:
-            # a site whose task failed is done too (NVFlare counts it in _current_failed_clients when it may be ignored)
-            answered = len({r.meta.get("client_name") for r in answers} | self._current_failed_clients)
-            if answered >= len(targets) or time.time() - started > self.task_timeout:
-                break
-            if answered >= required:
-                enough_at = enough_at or time.time()
-                if time.time() - enough_at > self.straggler_timeout:
-                    break
-            time.sleep(self._task_check_period)
-        results = list(answers)
-        if len(results) < len(targets):
-            self.cancel_all_tasks()  # the only tasks standing are this call's
-        self._record_absent(round_num, task_name, targets, results)
-        return results
 
     def _ask_models(self, round_num, task_name, model: FLModel, targets, global_state) -> list:
         """`ask` with `model` for every target, or, when the method keeps a model per site (`models_for`), `ask_each`
@@ -497,59 +421,6 @@ class FairRoundController(ModelController):
         """Tensors the method carries across rounds (per-site models): in the checkpoint, not in method_state.json."""
         return None
 
-    def _save_method_state(self, run_dir, round_num):
-        state = self.method_state()
-        if state is None:
-            return
-        write_json_atomic(os.path.join(run_dir, METHOD_STATE_FILE),
-                          {"method": self.method, "round": round_num, "state": state})
-
-    def _checkpoint_path(self) -> str:
-        root = self.engine.get_workspace().get_root_dir()
-        return os.path.join(protocol.run_state_dir(root, "server", self.run_name), CHECKPOINT_FILE)
-
-    def _save_checkpoint(self, path, round_num, global_state) -> None:
-        """Everything the next round needs, in one file replaced atomically: a crash keeps the previous one."""
-        # tensors and plain JSON values only, so that it loads with weights_only=True (no pickled objects)
-        checkpoint = {"round": round_num, **json_safe({"config": self.config(), "method_state": self.method_state(),
-                                                        "results": self.results.data,
-                                                        "declared_samples": self.declared_samples}),
-                      "global_state": state_to_torch(global_state), "method_tensors": self.method_tensors()}
-        save_atomic(checkpoint, path)
-
-    def _load_checkpoint(self, path) -> dict | None:
-        """The named run's checkpoint, loaded into the controller (method state, results so far); None if the
-        run is new. A checkpoint of other settings is refused: resuming must not mix runs. How long the run is
-        and how it waits for sites (RESUME_MAY_CHANGE) may change: a site that stays down may need a lower
-        min_clients to go on."""
-        if not os.path.exists(path):
-            self.info(f"run {self.run_name!r}: no checkpoint at {path}; starting at round 0")
-            return None
-        try:  # tensors, numbers, strings, lists and dicts only: a pickled object is never run
-            checkpoint = load_tensors(path)
-        except ValueError as e:
-            raise ValueError(f"run {self.run_name!r}: the checkpoint cannot be loaded safely: {e}; delete it or "
-                             f"choose another run_name") from e
-        saved, current = checkpoint["config"], json_safe(self.config())
-        # an argument added since the checkpoint was written ran at its default then
-        defaults = json_safe(constructor_defaults(type(self)))
-        missing = object()
-        differing = sorted(k for k in set(saved) | set(current) if k not in RESUME_MAY_CHANGE
-                           and saved.get(k, defaults.get(k, missing)) != current.get(k, missing))
-        if differing or checkpoint["results"]["method"] != self.method:
-            raise ValueError(f"run {self.run_name!r}: the checkpoint {path} was made with other settings "
-                             f"({', '.join(differing) or 'method'}); choose another run_name or delete it")
-        if checkpoint["method_state"] is not None:
-            self.load_method_state(checkpoint["method_state"])
-        if checkpoint.get("method_tensors") is not None:
-            self.load_method_tensors(checkpoint["method_tensors"])
-        self.declared_samples = dict(checkpoint.get("declared_samples") or {})
-        self.results.data.update(rounds=checkpoint["results"]["rounds"], final=checkpoint["results"]["final"],
-                                 resumed=checkpoint["round"] + 1)
-        self.results.write()
-        self.info(f"run {self.run_name!r}: resuming after round {checkpoint['round']} from {path}")
-        return {"round": checkpoint["round"], "global_state": state_to_numpy(checkpoint["global_state"])}
-
     def load_method_state(self, state: dict) -> None:
         """Restore what `method_state` returned (methods that have state override both)."""
         raise NotImplementedError(f"{type(self).__name__} has no method state to restore")
@@ -583,18 +454,15 @@ class FairRoundController(ModelController):
         return spec
 
     def config(self) -> dict:
-        keys = ["num_rounds", "eval_every", "min_clients", "task_timeout", "straggler_timeout", "run_name", "seed", "data_seed", "dataset", "task",
-                "num_classes", "in_channels", "model", "model_channels", "model_strides", "model_norm", "weighting",
-                "exclude_sites", "preset", "max_samples", "max_update_ratio", "max_share", "robust_aggregation",
-                "trim_fraction", "local_optimizer", "momentum", "keep_optimizer_state", "average_last",
-                "test_scale"]
-        return {"controller": type(self).__name__, **{k: getattr(self, k) for k in keys},
+        """The run's settings as results.json records them and a resumed run must match: every constructor argument
+        of the controller (each stored under its own name, as resolved: a null model is the task's default), the
+        task and the preset environment; not how often the server polls for answers, which changes no result."""
+        arguments = [k for k in component_arguments(type(self)) if k != "task_check_period"]
+        return {"controller": type(self).__name__, **{k: getattr(self, k) for k in arguments}, "task": self.task,
                 "preset_env": os.environ.get("FAIRFL_PRESET", "")}
 
     def _log_tensorboard(self, round_num, per_site, train_metrics):
-        from torch.utils.tensorboard import (
-            SummaryWriter,  # imported late: tensorboard is slow to import
-        )
+        from torch.utils.tensorboard import SummaryWriter  # imported late: tensorboard is slow to import
 
         for site in sorted(set(per_site or {}) | set(train_metrics)):
             if site not in self.writers:

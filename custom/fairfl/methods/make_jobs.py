@@ -8,10 +8,10 @@ runs them."""
 from __future__ import annotations
 
 import importlib
-import inspect
 import json
 import os
 
+from fairfl.jobconfig import component_arguments
 from fairfl.methods import JOBS, Job
 
 EXECUTOR = "fairfl.flare.executor.FairflExecutor"
@@ -30,19 +30,6 @@ def load_class(path: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-def own_arguments(cls: type) -> dict:
-    """{argument: default} of the constructors of `cls` and its fairfl bases (not NVFlare's): base arguments first,
-    each with the most derived class's default; tuples as JSON lists."""
-    defaults = {}
-    for klass in reversed(cls.__mro__):
-        if klass.__module__.startswith("fairfl.") and "__init__" in vars(klass):
-            for name, parameter in inspect.signature(vars(klass)["__init__"]).parameters.items():
-                if parameter.default is not inspect.Parameter.empty:
-                    defaults[name] = list(parameter.default) if isinstance(parameter.default, tuple) \
-                        else parameter.default
-    return defaults
-
-
 def _with_changes(defaults: dict, changes, where: str) -> dict:
     unknown = sorted(set(changes) - set(defaults))
     if unknown:
@@ -52,8 +39,8 @@ def _with_changes(defaults: dict, changes, where: str) -> dict:
 
 def job_configs(job: Job) -> dict:
     """{path inside the job folder: JSON-able content} of `job`: meta.json and the server and client configs."""
-    server = _with_changes(own_arguments(load_class(job.controller)), job.server, job.controller)
-    client = _with_changes(own_arguments(load_class(EXECUTOR)), job.client, EXECUTOR)
+    server = _with_changes(component_arguments(load_class(job.controller)), job.server, job.controller)
+    client = _with_changes(component_arguments(load_class(EXECUTOR)), job.client, EXECUTOR)
     return {
         "meta.json": {"name": job.name, "resource_spec": {}, "deploy_map": {"app": ["@ALL"]},
                       "min_clients": MIN_CLIENTS},

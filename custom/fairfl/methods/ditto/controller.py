@@ -33,8 +33,6 @@ class DittoController(FairRoundController):
             raise ValueError(f"ditto_lambda must be >= 0, got {ditto_lambda}")
         self.ditto_lambda = float(ditto_lambda)
 
-    def config(self) -> dict:
-        return {**super().config(), "ditto_lambda": self.ditto_lambda}
 
     def train_meta(self, round_num) -> dict:
         return {protocol.DITTO_LAMBDA: self.ditto_lambda}

@@ -45,8 +45,6 @@ class FedCEController(FairRoundController):
     def method(self) -> str:
         return f"fedce_{self.combine}"
 
-    def config(self) -> dict:
-        return {**super().config(), "combine": self.combine}
 
     def train_meta(self, round_num) -> dict:
         if not self.contribution.weights:

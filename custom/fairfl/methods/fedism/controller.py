@@ -39,36 +39,33 @@ class FedISMController(FairRoundController):
         super().__init__(**kwargs)
         if not isinstance(saga, bool):
             raise ValueError(f"saga must be true or false, got {saga!r}")
-        self.saga_enabled = saga
+        self.saga = saga
         search_distance(1, 1, rho_max, tau)  # checks rho_max and tau
         self.rho_max, self.tau, self.variant = float(rho_max), float(tau), check_variant(variant)
         self.q, self.beta, self.gsam_alpha = float(q), float(beta), float(gsam_alpha)
-        self.saga = SagaState(variant=self.variant, q=self.q, beta=self.beta)
+        self.saga_state = SagaState(variant=self.variant, q=self.q, beta=self.beta)
 
     @property
     def method(self) -> str:
         """fedism (fixed rho, sharpness weights: the published FedISM), fedism_l, fedismplus_s, fedismplus_l; salt
         (SALT with FedAvg weights and FedISM+'s growing rho), salt_fixed_rho (the same at FedISM's fixed rho)."""
-        if not self.saga_enabled:
+        if not self.saga:
             return "salt" if self.tau else "salt_fixed_rho"
         if self.tau == 0:
             return "fedism" if self.variant == "S" else "fedism_l"
         return f"fedismplus_{self.variant.lower()}"
 
-    def config(self) -> dict:
-        return {**super().config(), "rho_max": self.rho_max, "tau": self.tau, "variant": self.variant, "q": self.q,
-                "beta": self.beta, "gsam_alpha": self.gsam_alpha, "saga": self.saga_enabled}
 
     def rho(self, round_num: int) -> float:
         return search_distance(round_num + 1, self.num_rounds, self.rho_max, self.tau)
 
     def train_meta(self, round_num) -> dict:
         rho = self.rho(round_num)
-        probe = {protocol.SHARPNESS_RHO: rho} if self.saga_enabled else {}
+        probe = {protocol.SHARPNESS_RHO: rho} if self.saga else {}
         return {protocol.SALT_RHO: rho, protocol.SALT_ALPHA: self.gsam_alpha, **probe}
 
     def aggregate(self, round_num, global_state, updates, rejected):
-        if not self.saga_enabled:  # the SALT-only ablation: FedAvg's aggregation
+        if not self.saga:  # the SALT-only ablation: FedAvg's aggregation
             new_state, extras = super().aggregate(round_num, global_state, updates, rejected)
             return new_state, {**extras, "rho": self.rho(round_num)}
 
@@ -79,16 +76,16 @@ class FedISMController(FairRoundController):
         reports = self.accepted_reports(round_num, updates, rejected, protocol.SHARPNESS, problem_of, "sharpness report")
         if not reports:
             return global_state, {"rho": self.rho(round_num)}
-        saga = self.saga.update(reports)
+        saga = self.saga_state.update(reports)
         weights = self.bounded({s: v["weight"] for s, v in saga.items()})
-        self.saga.weights.update(weights)  # Eq. 18's w_{t-1} next round: the weights used
+        self.saga_state.weights.update(weights)  # Eq. 18's w_{t-1} next round: the weights used
         keys = ("loss", "perturbed_loss", "sharpness", "grad_norm")
         return self.average_updates(updates, weights), {
             "weights": weights, "rho": self.rho(round_num), "raw_weights": {s: v["raw"] for s, v in saga.items()},
             "sharpness": {s: {k: float(reports[s][k]) for k in keys if k in reports[s]} for s in sorted(reports)}}
 
     def method_state(self) -> dict:
-        return self.saga.to_dict()
+        return self.saga_state.to_dict()
 
     def load_method_state(self, state: dict) -> None:
-        self.saga = SagaState.from_dict(state)
+        self.saga_state = SagaState.from_dict(state)

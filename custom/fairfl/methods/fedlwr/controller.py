@@ -38,8 +38,6 @@ class FedLWRController(FairRoundController):
         self.cka_clip = list(cka_clip) if cka_clip else None
         self._layers = None
 
-    def config(self) -> dict:
-        return {**super().config(), "cka_clip": self.cka_clip}
 
     def aggregate(self, round_num, global_state, updates, rejected):
         anchor_np, extras = super().aggregate(round_num, global_state, updates, rejected)

@@ -59,10 +59,6 @@ class FedNPRController(FedProxController):
         """fednpr, fednpr_per, fedprox_npr, fedprox_npr_per."""
         return ("fedprox_npr" if self.mu else "fednpr") + ("_per" if self.personal_head else "")
 
-    def config(self) -> dict:
-        return {**super().config(), "num_subclusters": self.num_subclusters, "npr_weight": self.npr_weight,
-                "sinkhorn_epsilon": self.sinkhorn_epsilon, "sinkhorn_iterations": self.sinkhorn_iterations,
-                "temperature": self.temperature, "npr_logits": self.npr_logits, "personal_head": self.personal_head}
 
     def site_meta(self) -> dict:
         return {protocol.PERSONAL_HEAD: self.personal_head}

@@ -41,8 +41,6 @@ class QFedAvgController(FairRoundController):
             self.method = "qfedavg_lossweighted"
         self._trainable = None
 
-    def config(self) -> dict:
-        return {**super().config(), "q": self.q, "lipschitz": self.lipschitz}
 
     def train_meta(self, round_num) -> dict:
         return {protocol.MEASURE_LOSS: True}

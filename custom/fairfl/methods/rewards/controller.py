@@ -127,8 +127,6 @@ class CFFLController(RewardController):
         self.alpha, self.reputation_threshold = float(alpha), float(reputation_threshold)
         self.removed = []
 
-    def config(self) -> dict:
-        return {**super().config(), "alpha": self.alpha, "reputation_threshold": self.reputation_threshold}
 
     def train_meta(self, round_num) -> dict:
         return {protocol.VALIDATE_TRAINED: True}
@@ -180,8 +178,6 @@ class CGSVController(RewardController):
             raise ValueError(f"alpha must be in [0, 1], beta > 0 and gamma null or > 0, got {alpha}, {beta}, {gamma}")
         self.alpha, self.beta, self.gamma = float(alpha), float(beta), gamma
 
-    def config(self) -> dict:
-        return {**super().config(), "alpha": self.alpha, "beta": self.beta, "gamma": self.gamma}
 
     def reward(self, round_num, deltas, updates, rejected):
         gamma = self.gamma or float(np.median([update_norm(d) for d in deltas.values()]))
