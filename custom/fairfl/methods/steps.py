@@ -108,10 +108,15 @@ def registered_steps() -> tuple[type[ClientStep], ...]:
     return tuple(classes)
 
 
+def applying(meta: dict, classes: tuple[type[ClientStep], ...] | None = None) -> list[type[ClientStep]]:
+    """The step classes (default: the registry's) that `meta` switches on, in their order."""
+    return [cls for cls in (registered_steps() if classes is None else classes) if cls.applies(meta)]
+
+
 def problems(meta: dict, classes: tuple[type[ClientStep], ...] | None = None) -> list[str]:
     """What is wrong with the server's settings for the steps its meta switches on: each step's own check, and two
     steps that would both replace the loss or both run their own training loop (one would silently be lost)."""
-    chosen = [cls for cls in (registered_steps() if classes is None else classes) if cls.applies(meta)]
+    chosen = applying(meta, classes)
     found = [problem for problem in (cls.check(meta) for cls in chosen) if problem]
     for what, clash in (("replace the local loss", [c for c in chosen if c.replaces_loss]),
                         ("run their own training loop", [c for c in chosen if c.train is not ClientStep.train])):
@@ -125,7 +130,7 @@ class TaskSteps:
     (`problems` has ruled out two replacing the loss or two training loops)."""
 
     def __init__(self, meta: dict, classes: tuple[type[ClientStep], ...] | None = None):
-        self.steps = [cls() for cls in (registered_steps() if classes is None else classes) if cls.applies(meta)]
+        self.steps = [cls() for cls in applying(meta, classes)]
 
     def before_start(self, ctx: StepContext) -> None:
         for step in self.steps:
