@@ -258,11 +258,9 @@ class FairflExecutor(Executor):
             device=device, state_dir=state_dir, task=self._task(meta),
             loader=lambda split, train, seed=None: self._loader(site, meta, split, train=train,
                                                                 seed=self.seed if seed is None else seed),
-            evaluate=lambda model, loader, device=None: self._evaluate(model, loader, meta, device),
             validation_score=lambda model: self._validation_score(site, model, meta, device),
             base_loss=lambda: self._loss(meta), class_counts=lambda: self._class_counts(meta),
-            train_settings=lambda: self._train_settings(meta), load_local=lambda: self._load_local(meta, state_dir),
-            log_error=self.logger.error)
+            train_settings=lambda: self._train_settings(meta), log_error=self.logger.error)
 
     def _load_local(self, meta: dict, state_dir: str):
         path = os.path.join(state_dir, protocol.LOCAL_MODEL_FILE)

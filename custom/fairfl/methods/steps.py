@@ -38,12 +38,10 @@ class StepContext:
     state_dir: str               # what the site keeps between tasks (fairfl.flare.executor)
     task: str                    # "segmentation" or "classification"
     loader: Callable             # (split, train, seed=None): the site's loader, re-seeded (None: the base seed)
-    evaluate: Callable           # (model, loader, device=None) -> the task's metrics
     validation_score: Callable   # (model) -> Dice or balanced accuracy on the validation split; None when NaN
     base_loss: Callable          # () -> the site's usual training loss (a new one per call)
     class_counts: Callable       # () -> the training split's count per class
     train_settings: Callable     # () -> TrainSettings of this task
-    load_local: Callable         # () -> the site's previous local model (its file must exist)
     log_error: Callable          # (message)
     reply: dict = field(default_factory=dict)    # reply meta to the server
     metrics: dict = field(default_factory=dict)  # training (or validation) metrics
