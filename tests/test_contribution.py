@@ -9,7 +9,7 @@ import torch
 
 from fairfl.methods.fedce.contribution import (ContributionState, combine, flatten, gradient_terms, leave_one_out_error,
                                  normalise)
-from fairfl.flare.executor import leave_one_out_model
+from fairfl.methods.fedce.client import leave_one_out_model
 from fairfl.models import build_model, initial_state, state_to_torch
 
 TINY = {"name": "unet", "in_channels": 1, "num_classes": 2, "channels": [4, 8], "strides": [2]}

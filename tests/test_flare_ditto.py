@@ -13,7 +13,9 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from fairfl.errors import DataError
 from fairfl.flare import protocol
 from fairfl.methods.ditto.controller import DittoController
-from fairfl.flare.executor import FairflExecutor, train_personal, with_proximal_term
+from fairfl.flare.executor import FairflExecutor
+from fairfl.methods.ditto.client import train_personal
+from fairfl.methods.fedprox.client import with_proximal_term
 from fairfl.models import build_model, initial_state, load_numpy_state, state_to_numpy
 from fairfl.training import TrainSettings, train_local
 

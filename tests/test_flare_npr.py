@@ -11,7 +11,9 @@ from fairfl.flare import protocol
 from fairfl.methods.fednpr.controller import FedNPRController
 from fairfl.methods.fedprox.controller import FedProxController
 from fairfl.flare.engine import SiteUpdate
-from fairfl.flare.executor import FairflExecutor, with_proximal_term
+from fairfl.flare.executor import FairflExecutor
+from fairfl.methods.steps import TaskSteps
+from fairfl.methods.fedprox.client import with_proximal_term
 from fairfl.models import build_model, head_state_keys, initial_state, state_to_torch
 
 TINY = {"dataset": "skin_imbalanced", "model_channels": [4, 8], "num_rounds": 2}
@@ -93,8 +95,8 @@ def test_executor_trains_with_npr_and_evaluates_with_its_own_head(tmp_path, cach
     own_head = {k: own[k].numpy() for k in head}
     assert any(not np.array_equal(own_head[k], params[k]) for k in head)  # the head trained
     # next round the server sends its global model (head unchanged); the site puts its own head back on it
-    model = executor._model_for(FLModel(params_type=ParamsType.FULL, params=params, meta=meta), str(tmp_path),
-                                protocol.START_FROM)
+    sent = FLModel(params_type=ParamsType.FULL, params=params, meta=meta)
+    model = executor._model_for(executor._context("site-2", sent, str(tmp_path)), TaskSteps(meta), protocol.START_FROM)
     state = model.state_dict()
     assert all(np.array_equal(state[k].numpy(), own_head[k]) for k in head)
     body = [k for k in params if k not in head and params[k].dtype.kind == "f"]

@@ -1,0 +1,103 @@
+"""Ditto's client side (Li et al., ICML 2021, Alg. 1): after the model sent is trained (and returned), the site's
+personal model v_k is trained on its usual loss + (lambda / 2) ||v - w_t||^2, w_t the model sent this round, and
+kept in the site's state dir; `validate` scores it instead of the global model."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+from fairfl.errors import DataError
+from fairfl.files import save_round_keeping_previous
+from fairfl.flare import protocol
+from fairfl.methods.fedprox.client import with_proximal_term
+from fairfl.methods.steps import ClientStep, StepContext
+from fairfl.models import build_model
+from fairfl.site_checks import check_site_state
+from fairfl.training import TrainSettings, load_tensors, train_local
+
+
+def train_personal(personal, sent, loader, settings: TrainSettings, device, loss_fn, lam: float) -> dict:
+    """Ditto's personal objective h_k(v; w_t) = loss_k(v) + (lam / 2) ||v - w_t||^2 (Li et al., ICML 2021, Eq. 2),
+    minimised in place on `personal` (v) by the repo's ordinary local loop (fairfl.training.train_local); `sent`
+    (w_t) is only read. The proximal term is NVFlare's PTFedProxLoss, the one its PTDittoHelper uses. PTDittoHelper
+    itself is not used: its training step (`local_train`) is abstract, it wants a torch `_Loss` criterion and its
+    own optimiser, and it saves `personalized_model.pt` / best-metric files in the app folder of the job run,
+    where a resumed run (run_name) would not find them; the site's state dir and train_local already do the rest.
+    Returns train_local's statistics (train_loss is the mean personal objective)."""
+    return train_local(personal, loader, settings, device, loss_fn=with_proximal_term(loss_fn, personal, lam, sent))
+
+
+def personal_versions(ctx: StepContext) -> list:
+    """[(round, model, file name)] of this site's Ditto personal models on disk, newest first (the current file, then
+    the previous round's). A file that cannot be read, is of another network or holds NaN/Inf is an error naming
+    the site and the file, never silently replaced."""
+    versions, spec = [], ctx.meta[protocol.MODEL_SPEC]
+    for name in (protocol.PERSONAL_MODEL_FILE, protocol.PREVIOUS_PERSONAL_MODEL_FILE):
+        path = os.path.join(ctx.state_dir, name)
+        if not os.path.exists(path):
+            continue
+        model = build_model(spec)
+        try:
+            saved = load_tensors(path)
+        except ValueError as e:
+            raise DataError(ctx.site, path, f"unreadable Ditto personal model ({e}); delete it to restart this "
+                                            f"site's personalisation from the global model") from e
+        if not isinstance(saved, dict) or not isinstance(saved.get("round"), int) \
+                or not isinstance(saved.get("model"), dict):
+            problem = "not a Ditto personal model ({'round': int, 'model': state dict})"
+        else:
+            problem = check_site_state(saved["model"], model.state_dict())
+        if problem:
+            raise DataError(ctx.site, path, f"the Ditto personal model does not fit this job's network {spec}: "
+                                            f"{problem}; delete it (or use another run_name) to restart this site's "
+                                            f"personalisation from the global model")
+        model.load_state_dict(saved["model"])
+        versions.append((saved["round"], model, name))
+    return sorted(versions, key=lambda version: -version[0])
+
+
+class PersonalTraining(ClientStep):
+    """The personal step, with meta[DITTO_LAMBDA]: the site's personal model (the model sent, the first time)
+    trained for the same local epochs/steps, with the same optimiser settings and batches; saved for the next round
+    and for evaluation. Reports personal_train_loss (the personal objective's mean) and personal_train_seconds.
+
+    Round r starts from the newest personal model of a round before r: when a resumed run repeats round r (the
+    server died after this site's answer but before its checkpoint), the repeat starts where the first try did, so
+    the run matches one that never stopped. For that the site keeps the previous round's model as well."""
+
+    @classmethod
+    def applies(cls, meta: dict) -> bool:
+        return protocol.DITTO_LAMBDA in meta
+
+    def before_training(self, ctx: StepContext, model) -> None:
+        self.sent = copy.deepcopy(model)  # w_t, before any probe or training touches it
+
+    def after_training(self, ctx: StepContext, model) -> None:
+        versions = personal_versions(ctx)
+        personal = next((saved for saved_round, saved, _ in versions if saved_round < ctx.round), None)
+        personal = copy.deepcopy(self.sent) if personal is None else personal
+        loader = ctx.loader("training", train=True, seed=ctx.seed)
+        with ctx.timed("personal_train_seconds"):
+            stats = train_personal(personal, self.sent, loader, ctx.train_settings(), ctx.device, ctx.base_loss(),
+                                   float(ctx.meta[protocol.DITTO_LAMBDA]))
+        current = next((saved_round for saved_round, _, name in versions if name == protocol.PERSONAL_MODEL_FILE), None)
+        save_round_keeping_previous({"round": ctx.round, "model": personal.state_dict()},
+                                    os.path.join(ctx.state_dir, protocol.PERSONAL_MODEL_FILE),
+                                    os.path.join(ctx.state_dir, protocol.PREVIOUS_PERSONAL_MODEL_FILE), current,
+                                    ctx.round)
+        ctx.metrics["personal_train_loss"] = float(stats["train_loss"])
+
+
+class PersonalEvaluation(ClientStep):
+    """`validate` with meta[EVALUATE] FROM_PERSONAL scores the site's newest personal model; before its first
+    personal step the model sent (Ditto's v_k start). Metric personal_model: 1.0 when it had one, else 0.0."""
+
+    @classmethod
+    def applies(cls, meta: dict) -> bool:
+        return meta.get(protocol.EVALUATE) == protocol.FROM_PERSONAL
+
+    def evaluated_model(self, ctx: StepContext):
+        versions = personal_versions(ctx)
+        ctx.metrics["personal_model"] = float(bool(versions))
+        return versions[0][1] if versions else None

@@ -1,0 +1,51 @@
+"""FedISM(+)'s client side: SAGA's sharpness probe of the model sent (shared with q-FedAvg's loss measurement) and
+SALT training (GSAM over the site's optimiser at the server's search distance)."""
+
+from __future__ import annotations
+
+import torch
+
+from fairfl.flare import protocol
+from fairfl.methods.fedism.sharpness import GSAM_ALPHA, dataset_loss, measure_sharpness, train_salt
+from fairfl.methods.steps import ClientStep, StepContext
+from fairfl.training import segmentation_loss
+
+
+class ProbeModelSent(ClientStep):
+    """What the server asked to measure on the model it sent, before training changes it: the sharpness and
+    perturbed loss at meta[SHARPNESS_RHO] (FedISM(+)'s SAGA) and the loss (q-FedAvg, meta[MEASURE_LOSS]), in eval
+    mode over the whole unaugmented training split. Classification measures plain cross-entropy, as the FFL4MIA code
+    does: the model's loss on the site's data, not the prior-adjusted training objective. Reports probe_seconds."""
+
+    @classmethod
+    def applies(cls, meta: dict) -> bool:
+        return protocol.SHARPNESS_RHO in meta or bool(meta.get(protocol.MEASURE_LOSS))
+
+    def before_training(self, ctx: StepContext, model) -> None:
+        with ctx.timed("probe_seconds"):
+            self.probe(ctx, model)
+
+    @staticmethod
+    def probe(ctx: StepContext, model) -> None:
+        loader = ctx.loader("training", train=False)
+        loss_fn = torch.nn.CrossEntropyLoss() if ctx.task == "classification" else segmentation_loss()
+        if protocol.SHARPNESS_RHO in ctx.meta:
+            ctx.reply[protocol.SHARPNESS] = measure_sharpness(model, loader, loss_fn,
+                                                              float(ctx.meta[protocol.SHARPNESS_RHO]), ctx.device)
+        if ctx.meta.get(protocol.MEASURE_LOSS):
+            if protocol.SHARPNESS in ctx.reply:
+                ctx.reply[protocol.GLOBAL_LOSS] = ctx.reply[protocol.SHARPNESS]["loss"]
+            else:
+                ctx.reply[protocol.GLOBAL_LOSS] = dataset_loss(model.to(ctx.device).eval(), loader, loss_fn, ctx.device)
+
+
+class SALTTraining(ClientStep):
+    """FedISM(+): trains with GSAM at meta[SALT_RHO] and alpha meta[SALT_ALPHA] (default GSAM_ALPHA)."""
+
+    @classmethod
+    def applies(cls, meta: dict) -> bool:
+        return protocol.SALT_RHO in meta
+
+    def train(self, ctx: StepContext, model, loader, settings, loss_fn, optimizer) -> dict:
+        return train_salt(model, loader, settings, ctx.device, loss_fn, rho=float(ctx.meta[protocol.SALT_RHO]),
+                          alpha=float(ctx.meta.get(protocol.SALT_ALPHA, GSAM_ALPHA)), optimizer=optimizer)

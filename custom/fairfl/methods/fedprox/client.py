@@ -1,0 +1,29 @@
+"""FedProx's client side: the proximal term added to the site's local loss."""
+
+from __future__ import annotations
+
+import copy
+
+from nvflare.app_opt.pt.fedproxloss import PTFedProxLoss
+
+from fairfl.flare import protocol
+from fairfl.methods.steps import ClientStep, StepContext
+
+
+def with_proximal_term(loss_fn, model, mu: float, reference=None):
+    """FedProx (Li et al., MLSys 2020): loss_fn plus NVFlare's proximal term (mu / 2) ||w - w_ref||^2 against a
+    frozen copy of `reference`, by default of the model as it is now (as received)."""
+    reference = copy.deepcopy(model if reference is None else reference).requires_grad_(False)
+    proximal = PTFedProxLoss(mu=mu)
+    return lambda logits, target: loss_fn(logits, target) + proximal(model, reference.to(logits.device))
+
+
+class ProximalTerm(ClientStep):
+    """Adds (mu / 2) ||w - w_sent||^2, mu = meta[PROX_MU], to whatever the local loss is (FedNPR's as well)."""
+
+    @classmethod
+    def applies(cls, meta: dict) -> bool:
+        return bool(meta.get(protocol.PROX_MU))
+
+    def loss(self, ctx: StepContext, loss_fn, model, stack):
+        return with_proximal_term(loss_fn, model, float(ctx.meta[protocol.PROX_MU]))

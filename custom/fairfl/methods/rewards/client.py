@@ -1,0 +1,17 @@
+"""CFFL's client side: the trained model's score on the site's validation split, the server's reputation signal."""
+
+from __future__ import annotations
+
+from fairfl.flare import protocol
+from fairfl.methods.steps import ClientStep, StepContext
+
+
+class ValidateTrained(ClientStep):
+    """Replies VAL_METRIC: Dice (classification: balanced accuracy) of the trained model; None when NaN."""
+
+    @classmethod
+    def applies(cls, meta: dict) -> bool:
+        return bool(meta.get(protocol.VALIDATE_TRAINED))
+
+    def after_training(self, ctx: StepContext, model) -> None:
+        ctx.reply[protocol.VAL_METRIC] = ctx.validation_score(model)

@@ -1,0 +1,173 @@
+"""A method's client side: the steps a site runs in fixed phases of its `train` and `validate` tasks.
+
+The site's executor (fairfl.flare.executor) keeps the data, the loaders, the seeding, the state dir and the task
+protocol; what a method changes at the sites is a `ClientStep` in its unit (`methods/<name>/client.py`), switched on
+per task by the server's meta (`applies`). A task runs, in this order:
+
+    before_start(ctx)                  before the start model is loaded (FedCE: the previous local model is still there)
+    received(ctx, model)               the model sent, as this site uses it (FedNPR-Per: its own head on it)
+    before_training(ctx, model)        probes on the model sent (SAGA's sharpness, q-FedAvg's loss; Ditto keeps w_t)
+    loss(ctx, loss_fn, model, stack)   the local loss: steps that replace it (FedNPR) before those adding a term (FedProx)
+    train(ctx, model, loader, settings, loss_fn, optimizer)   a training loop of the step's own (SALT); None: the usual
+    after_training(ctx, model)         the trained model (CFFL's validation score, Ditto's personal step)
+    outgoing(ctx, params, model)       what is sent back (FedNPR-Per keeps its head home)
+    evaluated_model(ctx)               `validate` only: a model of the site's own to score instead (Ditto's personal)
+
+Steps add reply meta (`ctx.reply`) and metrics (`ctx.metrics`). Every phase runs the applying steps in the registry's
+order (fairfl.methods.CLIENT_STEPS). This module imports neither torch nor FLARE."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import time
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, Callable
+
+
+@dataclass
+class StepContext:
+    """What a step may use of the task and the site: the task, this round's seed and the executor's services."""
+    site: str
+    meta: dict                   # the server's task meta
+    params: dict                 # the weights sent
+    round: int
+    seed: int                    # this site's seed for this round (training batches, prototypes)
+    device: Any
+    state_dir: str               # what the site keeps between tasks (fairfl.flare.executor)
+    task: str                    # "segmentation" or "classification"
+    loader: Callable             # (split, train, seed=None): the site's loader, re-seeded (None: the base seed)
+    validation_score: Callable   # (model) -> Dice or balanced accuracy on the validation split; None when NaN
+    base_loss: Callable          # () -> the site's usual training loss (a new one per call)
+    class_counts: Callable       # () -> the training split's count per class
+    train_settings: Callable     # () -> TrainSettings of this task
+    log_error: Callable          # (message)
+    reply: dict = field(default_factory=dict)    # reply meta to the server
+    metrics: dict = field(default_factory=dict)  # training (or validation) metrics
+
+    @contextlib.contextmanager
+    def timed(self, key: str):
+        """Adds the seconds the block takes to metrics[key] (probe_seconds, prototype_seconds, ...)."""
+        started = time.time()
+        yield
+        self.metrics[key] = self.metrics.get(key, 0.0) + time.time() - started
+
+
+class ClientStep:
+    """One method's client side. A new instance serves one task, so a step may keep what it needs between phases."""
+
+    replaces_loss = False  # True: `loss` ignores the loss it is given (runs before steps that add a term)
+
+    @classmethod
+    def applies(cls, meta: dict) -> bool:
+        """Whether the server's task meta switches this step on."""
+        return False
+
+    @classmethod
+    def check(cls, meta: dict) -> str | None:
+        """What is wrong with the server's settings for this step (checked before anything is built), or None."""
+        return None
+
+    def before_start(self, ctx: StepContext) -> None:
+        pass
+
+    def received(self, ctx: StepContext, model) -> None:
+        pass
+
+    def before_training(self, ctx: StepContext, model) -> None:
+        pass
+
+    def loss(self, ctx: StepContext, loss_fn, model, stack: contextlib.ExitStack):
+        return loss_fn
+
+    def train(self, ctx: StepContext, model, loader, settings, loss_fn, optimizer) -> dict | None:
+        return None
+
+    def after_training(self, ctx: StepContext, model) -> None:
+        pass
+
+    def outgoing(self, ctx: StepContext, params: dict, model) -> dict:
+        return params
+
+    def evaluated_model(self, ctx: StepContext):
+        return None
+
+
+@cache
+def registered_steps() -> tuple[type[ClientStep], ...]:
+    """The registry's step classes, imported on first use (they import torch)."""
+    from fairfl.methods import CLIENT_STEPS
+
+    classes = []
+    for path in CLIENT_STEPS:
+        module, name = path.rsplit(".", 1)
+        classes.append(getattr(importlib.import_module(module), name))
+    return tuple(classes)
+
+
+def applying(meta: dict, classes: tuple[type[ClientStep], ...] | None = None) -> list[type[ClientStep]]:
+    """The step classes (default: the registry's) that `meta` switches on, in their order."""
+    return [cls for cls in (registered_steps() if classes is None else classes) if cls.applies(meta)]
+
+
+def problems(meta: dict, classes: tuple[type[ClientStep], ...] | None = None) -> list[str]:
+    """What is wrong with the server's settings for the steps its meta switches on: each step's own check, and two
+    steps that would both replace the loss or both run their own training loop (one would silently be lost)."""
+    chosen = applying(meta, classes)
+    found = [problem for problem in (cls.check(meta) for cls in chosen) if problem]
+    for what, clash in (("replace the local loss", [c for c in chosen if c.replaces_loss]),
+                        ("run their own training loop", [c for c in chosen if c.train is not ClientStep.train])):
+        if len(clash) > 1:
+            found.append(f"steps {[c.__name__ for c in clash]} would all {what}; a task asks for at most one")
+    return found
+
+
+class TaskSteps:
+    """The steps one task runs: the registered steps its meta switches on, in registry order, one instance each
+    (`problems` has ruled out two replacing the loss or two training loops)."""
+
+    def __init__(self, meta: dict, classes: tuple[type[ClientStep], ...] | None = None):
+        self.steps = [cls() for cls in applying(meta, classes)]
+
+    def before_start(self, ctx: StepContext) -> None:
+        for step in self.steps:
+            step.before_start(ctx)
+
+    def received(self, ctx: StepContext, model) -> None:
+        for step in self.steps:
+            step.received(ctx, model)
+
+    def before_training(self, ctx: StepContext, model) -> None:
+        for step in self.steps:
+            step.before_training(ctx, model)
+
+    def loss(self, ctx: StepContext, loss_fn, model, stack: contextlib.ExitStack):
+        for step in sorted(self.steps, key=lambda s: not s.replaces_loss):  # stable: registry order otherwise
+            loss_fn = step.loss(ctx, loss_fn, model, stack)
+        return loss_fn
+
+    def train(self, ctx: StepContext, model, loader, settings, loss_fn, optimizer) -> dict | None:
+        """The statistics of the one step with a loop of its own; None: train with the usual loop."""
+        for step in self.steps:
+            stats = step.train(ctx, model, loader, settings, loss_fn, optimizer)
+            if stats is not None:
+                return stats
+        return None
+
+    def after_training(self, ctx: StepContext, model) -> None:
+        for step in self.steps:
+            step.after_training(ctx, model)
+
+    def outgoing(self, ctx: StepContext, params: dict, model) -> dict:
+        for step in self.steps:
+            params = step.outgoing(ctx, params, model)
+        return params
+
+    def evaluated_model(self, ctx: StepContext):
+        """The first step's own model to score, or None: the task's choice (sent or local)."""
+        for step in self.steps:
+            model = step.evaluated_model(ctx)
+            if model is not None:
+                return model
+        return None
