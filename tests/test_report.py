@@ -399,3 +399,14 @@ def test_the_mean_of_the_last_rounds_is_each_sites_own_mean_and_the_report_can_u
         with_final([plain], "mean_of_last")
     with pytest.raises(ValueError, match="final"):
         with_final([run], "best")
+
+
+def test_equal_worst_scores_name_the_same_worst_site_whatever_order_the_answers_arrived(tmp_path):
+    from fairfl.results import ResultsLog
+
+    named = []
+    for order in (["site-10", "site-2", "site-1"], ["site-1", "site-2", "site-10"], ["site-2", "site-10", "site-1"]):
+        log = ResultsLog(str(tmp_path / "results.json"), "fedavg", "segmentation", "dice", 0, order, {})
+        record = log.add_round(0, 1.0, {s: {"dice": 0.5 if s != "site-1" else 0.9} for s in order})
+        named.append(record["worst_site"])
+    assert named == ["site-2", "site-2", "site-2"]  # site-2 and site-10 tie: the first in site order

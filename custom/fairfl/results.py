@@ -68,7 +68,8 @@ class ResultsLog:
 
     def _scored(self, per_site: dict) -> dict:
         metric = self.data["metric"]
-        scores = {site: values[metric] for site, values in per_site.items() if metric in values}
+        # in site order, not the order answers arrived: equal scores name the same worst site every run
+        scores = {site: per_site[site][metric] for site in sorted(per_site, key=site_key) if metric in per_site[site]}
         summary = summarize(scores) if scores else {}
         return {"per_site": {s: per_site[s] for s in sorted(per_site, key=site_key)}, **summary}
 
