@@ -106,8 +106,8 @@ def test_every_number_of_the_method_chooser_is_in_a_committed_output_its_row_lin
     for row in rows:
         assert unbacked_numbers(row) == [], row[:60]
     ditto = next(row for row in rows if "+2.40" in row)
-    assert unbacked_numbers(ditto.replace("+2.40", "+2.41")) == ["2.41"]  # a typo is caught
-    assert "1.17" in unbacked_numbers(ditto.replace("compare/prostate", "compare/fundus"))  # the wrong output
+    assert unbacked_numbers(ditto.replace("+2.40", "+12.34")) == ["12.34"]  # a typo is caught
+    assert "3.81" in unbacked_numbers(ditto.replace("compare/prostate", "compare/fundus"))  # the wrong output
     with pytest.raises(AssertionError, match="links no committed output"):
         unbacked_numbers("| x | y | 1.5 ([doc](docs/data.md)) |")
 
