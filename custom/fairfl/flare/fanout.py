@@ -1,6 +1,6 @@
 """Sending a task to the sites and waiting for their answers: the one place that touches NVFlare's private task
 fields (`_current_failed_clients`, `_current_num_targets`, `_current_min_responses`, `_task_check_period` of
-ModelController), so an NVFlare upgrade that changes them breaks here, under tests/test_site_checks.py, and nowhere
+ModelController), so an NVFlare upgrade that changes them breaks here, under tests/core/test_site_checks.py, and nowhere
 else.
 
 The rules: a task waits until every target has answered, or `straggler_timeout` seconds after `min_responses` have,

@@ -1,5 +1,5 @@
 """Job folders written from the method registry (`fairfl make-jobs`): jobs/<job>/ is configuration only, made from
-a `Job` spec, so the committed folders cannot drift from the code (tests/test_methods.py compares them).
+a `Job` spec, so the committed folders cannot drift from the code (tests/methods/test_methods.py compares them).
 
 Every argument of the controller and of the executor is written out with its value (the constructor's default unless
 the spec changes it), so a user reads and edits a job's settings in one place, as `nvflare simulator jobs/<job>`

@@ -4,7 +4,7 @@ argument), and nothing outside the site's data and workspace is read, written or
 Each case goes through the real code path: real files written in the real formats (nibabel, PIL) and read by
 the site's executor (datalist, headers, the caching loader that decodes each file once), the real controller
 and checkpoint code, and the real `fairfl` command line (`fairfl.cli.main`). Tiny images; no simulator here
-(tests/test_simulator_jobs.py::test_bad_data_fails_fast_naming_site_and_file runs bad data through one)."""
+(tests/integration/test_simulator_jobs.py::test_bad_data_fails_fast_naming_site_and_file runs bad data through one)."""
 
 import gzip
 import json
@@ -17,6 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import REPO
 from fairfl import cli
 from fairfl.data.datalist import SPLITS, write_datalist
 from fairfl.errors import DataError
@@ -590,7 +591,7 @@ CLI_CASES = {
 
 @pytest.mark.parametrize("case", list(CLI_CASES))
 def test_bad_command_line_is_refused_naming_the_argument_and_nothing_is_lost(tmp_path, case, capsys, monkeypatch):
-    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # jobs/ as in the README
+    monkeypatch.chdir(REPO)  # jobs/ as in the README
     make_args, named = CLI_CASES[case]
     args = make_args(tmp_path)
     before = {p: p.read_text() for p in tmp_path.rglob("*") if p.is_file()}

@@ -1,6 +1,6 @@
 """Hostile site answers: every one is rejected for the round (naming the site and the field) or bounded, the round
 goes on with the others, and the server never raises. Through the controllers' real screening and aggregation,
-without the simulator (tests/test_simulator_jobs.py carries hostile sites through real runs)."""
+without the simulator (tests/integration/test_simulator_jobs.py carries hostile sites through real runs)."""
 
 import json
 import math

@@ -14,7 +14,7 @@ from fairfl.report import free_riders
 from fairfl.simulate import SIMULATOR_OUTPUT, run_simulator
 
 pytestmark = pytest.mark.slow
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: faults.py
 SIM_TIMEOUT = 600
 
 
@@ -231,7 +231,7 @@ def test_bad_data_fails_fast_naming_site_and_file(tmp_path, cache_dir):
     subprocess.run(["fairfl", "prepare-data", "--out", str(data_root), "--image-size", "32", "--num-sites", "2"],
                    check=True, capture_output=True)
     # a NaN pixel in site-2's last training image: only decoding shows it (the loader's first read, in the client);
-    # a missing file or other header-level problems fail earlier, in load_datalist (tests/test_bad_inputs.py)
+    # a missing file or other header-level problems fail earlier, in load_datalist (tests/core/test_bad_inputs.py)
     nan_image = data_root / json.loads((data_root / "site-2.json").read_text())["training"][-1]["image"]
     volume = nib.load(nan_image)
     pixels = np.asarray(volume.dataobj, dtype=np.float32)

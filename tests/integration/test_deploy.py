@@ -37,7 +37,7 @@ from fairfl.deploy.kits import AUTHORIZATION, complete_kits
 from fairfl.flare.components import ALLOW_LIST, COMPONENTS
 from fairfl.simulate import nvflare_command
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: faults.py
 TEMPLATE = os.path.join(REPO, "provisioning", "project.yml")
 JOB_TIMEOUT = 240
 PROJECT_ADMIN = "admin@coordinating-center.example.org"

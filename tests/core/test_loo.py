@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import REPO
 from fairfl import loo, simulate
 from fairfl.results import SIMULATOR_RESULTS
 
@@ -114,7 +115,7 @@ def fake_simulator(monkeypatch):
 
 
 def test_run_leave_one_out_resumes(tmp_path, fake_simulator):
-    job = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs", "fedavg")
+    job = os.path.join(REPO, "jobs", "fedavg")
     path = loo.run_leave_one_out(job, tmp_path / "loo", 3, {"num_rounds": 2})
     assert fake_simulator == [[], ["site-1"], ["site-2"], ["site-3"]]
     data = json.loads(path.read_text())
@@ -135,7 +136,7 @@ def test_run_leave_one_out_resumes(tmp_path, fake_simulator):
 
 def test_run_leave_one_out_stops_at_a_failed_run(tmp_path, monkeypatch):
     monkeypatch.setattr(simulate, "run_simulator", lambda job, ws, *args, **kwargs: simulate.SimulatorRun(ws, 1, 0.0, {}))
-    job = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs", "fedavg")
+    job = os.path.join(REPO, "jobs", "fedavg")
     with pytest.raises(RuntimeError, match="full failed:\nsimulator exit code 1"):
         loo.run_leave_one_out(job, tmp_path / "loo", 3)
     assert not (tmp_path / "loo" / "loo.json").exists()
@@ -144,7 +145,7 @@ def test_run_leave_one_out_stops_at_a_failed_run(tmp_path, monkeypatch):
 def test_command_line(tmp_path, fake_simulator, capsys):
     from fairfl import cli
 
-    job = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs", "fedavg")
+    job = os.path.join(REPO, "jobs", "fedavg")
     out = tmp_path / "loo"
     assert cli.main(["leave-one-out", job, "-n", "3", "-o", str(out), "--set", "num_rounds=2",
                      "--sites", "site-1", "site-3"]) == 0
