@@ -23,10 +23,10 @@ import time
 
 import torch
 
-from fairfl.methods.fedlwr.cka import layerwise_cka
 from fairfl.data.builtin import ensure_builtin
 from fairfl.data.datalist import load_datalist
 from fairfl.data.loaders import make_loader
+from fairfl.methods.fedlwr.cka import layerwise_cka
 from fairfl.models import DEFAULT_UNET, build_model
 from fairfl.training import configure_threads
 
@@ -44,8 +44,10 @@ def make_models(seed=0):
 
 def make_batches(samples, image_size, batch_size=8, seed=1):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(min(batch_size, samples - i), 1, image_size, image_size, generator=g)
-            for i in range(0, samples, batch_size)]
+    return [
+        torch.randn(min(batch_size, samples - i), 1, image_size, image_size, generator=g)
+        for i in range(0, samples, batch_size)
+    ]
 
 
 @torch.no_grad()
@@ -71,8 +73,13 @@ def measure_time(image_size, samples, repeats):
         forward.append(time_it(lambda: forward_only(local, anchor, batches)))
         cka.append(time_it(lambda: layerwise_cka(local, anchor, batches)))
     ratios = [c / f for c, f in zip(cka, forward)]
-    return {"forward_s_median": statistics.median(forward), "cka_s_median": statistics.median(cka),
-            "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
+    return {
+        "forward_s_median": statistics.median(forward),
+        "cka_s_median": statistics.median(cka),
+        "ratio_median": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+    }
 
 
 def _status_kib(field: str) -> int:
@@ -109,27 +116,56 @@ def batch_size_child(image_size, samples, batch_size, repeats) -> None:
         f.write("5")
     before = _status_kib("VmRSS")
     seconds = [time_it(lambda: layerwise_cka(local, anchor, batches)) for _ in range(repeats)]
-    print(json.dumps({"batch_size": batch_size, "samples": samples, "cka_s_median": statistics.median(seconds),
-                      "peak_rss_mib": _status_kib("VmHWM") / 1024, "before_probe_mib": before / 1024}))
+    print(
+        json.dumps(
+            {
+                "batch_size": batch_size,
+                "samples": samples,
+                "cka_s_median": statistics.median(seconds),
+                "peak_rss_mib": _status_kib("VmHWM") / 1024,
+                "before_probe_mib": before / 1024,
+            }
+        )
+    )
 
 
 def measure_batch_sizes(image_size, samples, batch_sizes, repeats):
     rows = []
     for b in batch_sizes:
-        out = subprocess.run([sys.executable, __file__, "--batch-size-child", str(b), "--image-size", str(image_size),
-                              "--samples", str(samples), "--repeats", str(repeats)],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--batch-size-child",
+                str(b),
+                "--image-size",
+                str(image_size),
+                "--samples",
+                str(samples),
+                "--repeats",
+                str(repeats),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
-        print(f"batch {b}: CKA probe {rows[-1]['cka_s_median'] * 1e3:.0f} ms (median of {repeats}), peak RSS "
-              f"{rows[-1]['peak_rss_mib']:.0f} MiB (before the probe {rows[-1]['before_probe_mib']:.0f} MiB)")
+        print(
+            f"batch {b}: CKA probe {rows[-1]['cka_s_median'] * 1e3:.0f} ms (median of {repeats}), peak RSS "
+            f"{rows[-1]['peak_rss_mib']:.0f} MiB (before the probe {rows[-1]['before_probe_mib']:.0f} MiB)"
+        )
     return rows
 
 
 def measure_memory(image_size, samples):
     rows = []
     for n in (samples, 4 * samples, 16 * samples):
-        out = subprocess.run([sys.executable, __file__, "--memory-child", str(n), "--image-size", str(image_size)],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, __file__, "--memory-child", str(n), "--image-size", str(image_size)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
     return rows
 
@@ -151,27 +187,42 @@ def main(argv=None):
     if args.batch_size_child:
         return batch_size_child(args.image_size, args.samples, args.batch_size_child, args.repeats)
     if args.batch_sizes:
-        result = {"image_size": args.image_size, "samples": args.samples, "threads": args.threads,
-                  "model": DEFAULT_UNET, "torch": torch.__version__, "data": "built-in prostate, site-1",
-                  "batch_sizes": measure_batch_sizes(args.image_size, args.samples, args.batch_sizes, args.repeats)}
+        result = {
+            "image_size": args.image_size,
+            "samples": args.samples,
+            "threads": args.threads,
+            "model": DEFAULT_UNET,
+            "torch": torch.__version__,
+            "data": "built-in prostate, site-1",
+            "batch_sizes": measure_batch_sizes(args.image_size, args.samples, args.batch_sizes, args.repeats),
+        }
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"cka_batch_size_{args.image_size}px.json"), "w") as f:
             json.dump(result, f, indent=1)
         return None
-    result = {"image_size": args.image_size, "samples": args.samples, "threads": args.threads,
-              "model": DEFAULT_UNET, "torch": torch.__version__,
-              "time": measure_time(args.image_size, args.samples, args.repeats),
-              "memory": measure_memory(args.image_size, args.samples)}
+    result = {
+        "image_size": args.image_size,
+        "samples": args.samples,
+        "threads": args.threads,
+        "model": DEFAULT_UNET,
+        "torch": torch.__version__,
+        "time": measure_time(args.image_size, args.samples, args.repeats),
+        "memory": measure_memory(args.image_size, args.samples),
+    }
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "cka_cost.json"), "w") as f:
         json.dump(result, f, indent=1)
     t, m = result["time"], result["memory"]
-    print(f"CKA probe / its forward passes: median {t['ratio_median']:.2f} "
-          f"(min {t['ratio_min']:.2f}, max {t['ratio_max']:.2f}; {t['cka_s_median'] * 1e3:.0f} ms vs "
-          f"{t['forward_s_median'] * 1e3:.0f} ms, {args.samples} images {args.image_size}px, {args.repeats} pairs)")
+    print(
+        f"CKA probe / its forward passes: median {t['ratio_median']:.2f} "
+        f"(min {t['ratio_min']:.2f}, max {t['ratio_max']:.2f}; {t['cka_s_median'] * 1e3:.0f} ms vs "
+        f"{t['forward_s_median'] * 1e3:.0f} ms, {args.samples} images {args.image_size}px, {args.repeats} pairs)"
+    )
     for row in m:
-        print(f"peak RSS with {row['samples']} images: {row['peak_rss_mib']:.0f} MiB "
-              f"(before the probe {row['before_probe_mib']:.0f} MiB)")
+        print(
+            f"peak RSS with {row['samples']} images: {row['peak_rss_mib']:.0f} MiB "
+            f"(before the probe {row['before_probe_mib']:.0f} MiB)"
+        )
 
 
 if __name__ == "__main__":

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from fairfl.aggregation import lwr_layer_weights, weighted_average
-from fairfl.methods.fedlwr.cka import layerwise_cka
 from fairfl.data.builtin import ensure_builtin
 from fairfl.data.datalist import load_datalist
 from fairfl.data.loaders import make_loader, segmentation_transforms
+from fairfl.methods.fedlwr.cka import layerwise_cka
 from fairfl.methods.fedlwr.controller import FedLWRController
 from fairfl.models import build_model
 from fairfl.training import load_tensors, site_seed
@@ -34,7 +34,7 @@ def datalist_order_batches(entries, batch_size):
         entries = [entries[i] for i in np.random.default_rng(0).permutation(len(entries))[:MAX_SAMPLES]]
     transform = segmentation_transforms(IMAGE_SIZE, 2, train=False)
     images = [transform(e)["image"] for e in entries]
-    return [torch.stack(images[i:i + batch_size]) for i in range(0, len(images), batch_size)]
+    return [torch.stack(images[i : i + batch_size]) for i in range(0, len(images), batch_size)]
 
 
 def random_sample_batches(entries, batch_size, seed):
@@ -51,18 +51,19 @@ def main():
     with open(os.path.join(args.workspace, "server", "simulate_job", "results.json")) as f:
         results = json.load(f)
     sites, config = results["sites"], results["config"]
-    spec = FedLWRController(model_channels=config["model_channels"],
-                            model_strides=config["model_strides"]).model_spec()
+    spec = FedLWRController(model_channels=config["model_channels"], model_strides=config["model_strides"]).model_spec()
     local = {}
     for site in sites:
         local[site] = build_model(spec)
-        local[site].load_state_dict(load_tensors(os.path.join(args.workspace, site, "simulate_job", "fairfl_site",
-                                                              "local_model.pt")))
+        local[site].load_state_dict(
+            load_tensors(os.path.join(args.workspace, site, "simulate_job", "fairfl_site", "local_model.pt"))
+        )
         local[site].eval()
     anchor = build_model(spec)
     anchor.load_state_dict(weighted_average([local[s].state_dict() for s in sites], [1.0] * len(sites)))
-    root = ensure_builtin("prostate", image_size=IMAGE_SIZE, seed=config["data_seed"], num_sites=len(sites),
-                          size_scale=2.0)
+    root = ensure_builtin(
+        "prostate", image_size=IMAGE_SIZE, seed=config["data_seed"], num_sites=len(sites), size_scale=2.0
+    )
     entries = {s: load_datalist(str(root), s, num_classes=2)["training"] for s in sites}
 
     def mean_layer_weights(batches_of):
@@ -75,11 +76,17 @@ def main():
     before = mean_layer_weights(lambda s: datalist_order_batches(entries[s], 8))
     print("datalist order, batch 8: mean layer weight " + " ".join(f"{before[s]:.3f}" for s in sites))
     for batch_size in (8, 32, 64):
-        runs = [mean_layer_weights(lambda s: random_sample_batches(entries[s], batch_size, site_seed(0, s) + r))
-                for r in range(REPEATS)]
-        print(f"random sample, batch {batch_size}: mean layer weight over {REPEATS} samples "
-              + " ".join(f"{statistics.mean(run[s] for run in runs):.3f}" for s in sites)
-              + "; sd " + " ".join(f"{statistics.stdev(run[s] for run in runs):.3f}" for s in sites), flush=True)
+        runs = [
+            mean_layer_weights(lambda s: random_sample_batches(entries[s], batch_size, site_seed(0, s) + r))
+            for r in range(REPEATS)
+        ]
+        print(
+            f"random sample, batch {batch_size}: mean layer weight over {REPEATS} samples "
+            + " ".join(f"{statistics.mean(run[s] for run in runs):.3f}" for s in sites)
+            + "; sd "
+            + " ".join(f"{statistics.stdev(run[s] for run in runs):.3f}" for s in sites),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

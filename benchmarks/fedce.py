@@ -47,8 +47,9 @@ def main(argv=None):
         for dataset in args.datasets:
             for method in args.methods:
                 job, extra = variant_job(method)
-                paths[dataset, method, seed] = run_job(job, f"{dataset}-{method}-seed{seed}",
-                                                       {"seed": seed, "dataset": dataset, **extra}, args)
+                paths[dataset, method, seed] = run_job(
+                    job, f"{dataset}-{method}-seed{seed}", {"seed": seed, "dataset": dataset, **extra}, args
+                )
         if seed != args.seeds[0]:
             continue
         for dataset in args.datasets:
@@ -57,17 +58,29 @@ def main(argv=None):
 
                 print(f"  {dataset}: leave-one-out (FedAvg, seed {seed})", flush=True)
                 loo[dataset] = run_leave_one_out(
-                    os.path.join(REPO, "jobs", "fedavg"), os.path.join(args.out, "loo", dataset), args.sites,
-                    {"num_rounds": args.rounds, "eval_every": args.eval_every, "seed": seed, "dataset": dataset})
+                    os.path.join(REPO, "jobs", "fedavg"),
+                    os.path.join(args.out, "loo", dataset),
+                    args.sites,
+                    {"num_rounds": args.rounds, "eval_every": args.eval_every, "seed": seed, "dataset": dataset},
+                )
             if not args.no_free_rider:
-                free_rider[dataset] = run_job("fedce", f"{dataset}-fedce_sum-free_rider-seed{seed}",
-                                              {"seed": seed, "dataset": dataset, "combine": "sum"},
-                                              args, n_clients=args.sites + 1,
-                                              env={FREE_RIDERS_ENV: f"site-{args.sites + 1}"})  # its own switch
+                free_rider[dataset] = run_job(
+                    "fedce",
+                    f"{dataset}-fedce_sum-free_rider-seed{seed}",
+                    {"seed": seed, "dataset": dataset, "combine": "sum"},
+                    args,
+                    n_clients=args.sites + 1,
+                    env={FREE_RIDERS_ENV: f"site-{args.sites + 1}"},
+                )  # its own switch
 
-    summary = {"command": " ".join(["python", "benchmarks/fedce.py"] + (argv if argv is not None else sys.argv[1:])),
-               "versions": versions(), "rounds": args.rounds, "seeds": args.seeds, "sites": args.sites,
-               "datasets": {}}
+    summary = {
+        "command": " ".join(["python", "benchmarks/fedce.py"] + (argv if argv is not None else sys.argv[1:])),
+        "versions": versions(),
+        "rounds": args.rounds,
+        "seeds": args.seeds,
+        "sites": args.sites,
+        "datasets": {},
+    }
     sections = []
     for dataset in args.datasets:
         runs = [paths[dataset, m, s] for m in args.methods for s in args.seeds]
@@ -88,8 +101,9 @@ def method_summary(results_paths) -> dict:
     summary = variant_summary(results_paths)
     runs = [json.load(open(p)) for p in results_paths]
     if all("contributions" in r["final"] for r in runs):
-        summary["contributions"] = {s: statistics.mean(r["final"]["contributions"].get(s, 0.0) for r in runs)
-                                    for s in runs[0]["sites"]}
+        summary["contributions"] = {
+            s: statistics.mean(r["final"]["contributions"].get(s, 0.0) for r in runs) for s in runs[0]["sites"]
+        }
     return summary
 
 
@@ -98,46 +112,78 @@ def free_rider_summary(results_path) -> dict:
     contributions = run["final"]["contributions"]
     riders = free_riders(run)
     ranked = sorted(contributions, key=contributions.get)
-    return {"free_riders": riders, "contributions": contributions, "rank_from_smallest":
-            {s: ranked.index(s) + 1 for s in riders}, "sites": len(contributions)}
+    return {
+        "free_riders": riders,
+        "contributions": contributions,
+        "rank_from_smallest": {s: ranked.index(s) + 1 for s in riders},
+        "sites": len(contributions),
+    }
 
 
 def summary_markdown(summary, sections) -> str:
-    names = {"solo": "Solo", "fedavg": "FedAvg", "fedlwr": "Fed-LWR", "fedce_sum": "FedCE (Sum.)",
-             "fedce_product": "FedCE (Multi.)"}
-    lines = ["# FedCE benchmark: Solo, FedAvg, Fed-LWR, FedCE (Sum.), FedCE (Multi.)", "",
-             f"`{summary['command']}` — {summary['sites']} sites, {summary['rounds']} rounds, seeds "
-             f"{summary['seeds']}; {summary['versions']}.", ""]
+    names = {
+        "solo": "Solo",
+        "fedavg": "FedAvg",
+        "fedlwr": "Fed-LWR",
+        "fedce_sum": "FedCE (Sum.)",
+        "fedce_product": "FedCE (Multi.)",
+    }
+    lines = [
+        "# FedCE benchmark: Solo, FedAvg, Fed-LWR, FedCE (Sum.), FedCE (Multi.)",
+        "",
+        f"`{summary['command']}` — {summary['sites']} sites, {summary['rounds']} rounds, seeds "
+        f"{summary['seeds']}; {summary['versions']}.",
+        "",
+    ]
     for dataset, report in sections:
         entry = summary["datasets"][dataset]
         methods = entry["methods"]
-        lines += [f"## {dataset}", "", report["table"], "",
-                  f"Figures, Table 2 (performance fairness against Solo), Table 3 (contributions against "
-                  f"leave-one-out) and contribution plots: [{dataset}/report.md]({dataset}/report.md)", ""]
+        lines += [
+            f"## {dataset}",
+            "",
+            report["table"],
+            "",
+            f"Figures, Table 2 (performance fairness against Solo), Table 3 (contributions against "
+            f"leave-one-out) and contribution plots: [{dataset}/report.md]({dataset}/report.md)",
+            "",
+        ]
         if "fedavg" in methods:
             avg = methods["fedavg"]
-            lines += ["Against the targets (target: std below FedAvg's with mean at least FedAvg's; differences paired by "
-                      "seed, in points, with the 95% interval of their mean):",
-                      "", "| method | std / FedAvg std | − FedAvg Std. | − FedAvg Avg. | round time / FedAvg's |",
-                      "|---|---:|---:|---:|---:|"]
+            lines += [
+                "Against the targets (target: std below FedAvg's with mean at least FedAvg's; differences paired by "
+                "seed, in points, with the 95% interval of their mean):",
+                "",
+                "| method | std / FedAvg std | − FedAvg Std. | − FedAvg Avg. | round time / FedAvg's |",
+                "|---|---:|---:|---:|---:|",
+            ]
             for m in FAIR_METHODS:
                 if m in methods:
                     v = methods[m]
-                    lines.append(f"| {names[m]} | {v['std'] / avg['std']:.2f} | {target_cell(v, avg, 'dice_std')} | "
-                                 f"{target_cell(v, avg, 'dice_avg')} | "
-                                 f"{v['round_seconds_median'] / avg['round_seconds_median']:.2f} |")
+                    lines.append(
+                        f"| {names[m]} | {v['std'] / avg['std']:.2f} | {target_cell(v, avg, 'dice_std')} | "
+                        f"{target_cell(v, avg, 'dice_avg')} | "
+                        f"{v['round_seconds_median'] / avg['round_seconds_median']:.2f} |"
+                    )
             lines.append("")
         if "loo" in entry:
-            lines += ["Leave-one-out marginal value of each site (drop of the mean test Dice, points, when FedAvg "
-                      "runs without it):", "", "| " + " | ".join(entry["loo"]) + " |",
-                      "|" + "---:|" * len(entry["loo"]),
-                      "| " + " | ".join(f"{100 * v:+.2f}" for v in entry["loo"].values()) + " |", ""]
+            lines += [
+                "Leave-one-out marginal value of each site (drop of the mean test Dice, points, when FedAvg "
+                "runs without it):",
+                "",
+                "| " + " | ".join(entry["loo"]) + " |",
+                "|" + "---:|" * len(entry["loo"]),
+                "| " + " | ".join(f"{100 * v:+.2f}" for v in entry["loo"].values()) + " |",
+                "",
+            ]
         if "free_rider" in entry:
             fr = entry["free_rider"]
             rider = fr["free_riders"][0]
-            lines += [f"Free rider ({rider} trains on one image of site-1 repeated; FedCE (Sum.), first seed): its "
-                      f"final contribution is {fr['contributions'][rider]:.3f}, rank {fr['rank_from_smallest'][rider]} "
-                      f"from the smallest of {fr['sites']} (target: 1).", ""]
+            lines += [
+                f"Free rider ({rider} trains on one image of site-1 repeated; FedCE (Sum.), first seed): its "
+                f"final contribution is {fr['contributions'][rider]:.3f}, rank {fr['rank_from_smallest'][rider]} "
+                f"from the smallest of {fr['sites']} (target: 1).",
+                "",
+            ]
     return "\n".join(lines) + "\n"
 
 

@@ -50,11 +50,20 @@ FINAL_MODEL = "SRV_FL_global_model.pt"  # the final global model in NVFlare's cr
 
 # ---------------------------------------------------------------- the two sides
 
+
 def run_fairfl(seed, args, run_dir) -> dict:
     """jobs/fedce through `nvflare simulator`; returns {"seconds", "results"} (results.json in our schema)."""
-    job_args = {"num_rounds": args.rounds, "eval_every": args.rounds, "seed": seed, "combine": args.mode,
-                "dataset": args.dataset, "model_channels": list(args.channels), "model_strides": list(args.strides),
-                "image_size": args.image_size, "synthetic_size_scale": args.size_scale}
+    job_args = {
+        "num_rounds": args.rounds,
+        "eval_every": args.rounds,
+        "seed": seed,
+        "combine": args.mode,
+        "dataset": args.dataset,
+        "model_channels": list(args.channels),
+        "model_strides": list(args.strides),
+        "image_size": args.image_size,
+        "synthetic_size_scale": args.size_scale,
+    }
     job = customize_job(os.path.join(REPO, "jobs", "fedce"), run_dir + "_job", job_args)
     run = run_simulator(job, run_dir, n_clients=args.sites)
     if not run.ok:
@@ -71,8 +80,10 @@ def unet_config(model) -> dict:
     the model's module imports (monai, torch, sympy, ...: over a thousand files) into the job's custom folder.
     Either form re-creates the model on the server, so the seeded initial weights go in as `initial_ckpt`."""
     names = ("in_channels", "out_channels", "channels", "strides", "num_res_units", "norm")
-    args = {"spatial_dims": model.dimensions,
-            **{k: list(v) if isinstance(v, tuple) else v for k, v in ((k, getattr(model, k)) for k in names)}}
+    args = {
+        "spatial_dims": model.dimensions,
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in ((k, getattr(model, k)) for k in names)},
+    }
     return {"class_path": f"{type(model).__module__}.{type(model).__name__}", "args": args}
 
 
@@ -94,15 +105,38 @@ def run_nvflare(seed, args, run_dir) -> dict:
     # final evaluation, costing NVFlare a second validation per site)
     checkpoint = os.path.relpath(checkpoint)
     state_dir = os.path.join(run_dir, "sites")
-    train_args = ["--state-dir", state_dir, "--dataset", args.dataset, "--channels", *args.channels,
-                  "--strides", *args.strides,
-                  "--image-size", args.image_size, "--data-seed", args.data_seed, "--num-sites", max(6, args.sites),
-                  "--size-scale", args.size_scale, "--seed", seed]
-    recipe = FedCERecipe(name="fedce", model=unet_config(model), initial_ckpt=checkpoint,
-                         trainable_param_names=[n for n, p in model.named_parameters() if p.requires_grad],
-                         min_clients=args.sites, num_rounds=args.rounds, train_script=CLIENT_SCRIPT,
-                         train_args=" ".join(map(str, train_args)), fedce_mode=NVFLARE_MODE[args.mode],
-                         key_metric="dice")
+    train_args = [
+        "--state-dir",
+        state_dir,
+        "--dataset",
+        args.dataset,
+        "--channels",
+        *args.channels,
+        "--strides",
+        *args.strides,
+        "--image-size",
+        args.image_size,
+        "--data-seed",
+        args.data_seed,
+        "--num-sites",
+        max(6, args.sites),
+        "--size-scale",
+        args.size_scale,
+        "--seed",
+        seed,
+    ]
+    recipe = FedCERecipe(
+        name="fedce",
+        model=unet_config(model),
+        initial_ckpt=checkpoint,
+        trainable_param_names=[n for n, p in model.named_parameters() if p.requires_grad],
+        min_clients=args.sites,
+        num_rounds=args.rounds,
+        train_script=CLIENT_SCRIPT,
+        train_args=" ".join(map(str, train_args)),
+        fedce_mode=NVFLARE_MODE[args.mode],
+        key_metric="dice",
+    )
     add_final_global_evaluation(recipe)  # NVFlare's own final evaluation: CrossSiteModelEval, global model only
     # the recipe has no public hook for a server component; NVFlare's recipe utilities use _job the same way
     recipe._job.to_server(FedCERoundRecorder(), id="fedce_round_recorder")
@@ -154,19 +188,40 @@ def nvflare_results(seed, args, run_dir, workspace, rounds_file) -> str:
     missing = [s for s in sites if not final[s]]
     if missing or len(rounds) != args.rounds:
         raise RuntimeError(f"NVFlare run incomplete: {len(rounds)} of {args.rounds} rounds; no final Dice at {missing}")
-    log = ResultsLog(os.path.join(run_dir, "results.json"), method=f"nvflare_fedce_{args.mode}",
-                     task="segmentation", metric="dice", seed=seed, sites=sites,
-                     config={"recipe": "nvflare.app_opt.pt.recipes.FedCERecipe", "fedce_mode": NVFLARE_MODE[args.mode],
-                             "num_rounds": args.rounds, "image_size": args.image_size,
-                             "model_spec": model_spec(args.dataset, args.channels, args.strides),
-                             "workspace": workspace})
+    log = ResultsLog(
+        os.path.join(run_dir, "results.json"),
+        method=f"nvflare_fedce_{args.mode}",
+        task="segmentation",
+        metric="dice",
+        seed=seed,
+        sites=sites,
+        config={
+            "recipe": "nvflare.app_opt.pt.recipes.FedCERecipe",
+            "fedce_mode": NVFLARE_MODE[args.mode],
+            "num_rounds": args.rounds,
+            "image_size": args.image_size,
+            "model_spec": model_spec(args.dataset, args.channels, args.strides),
+            "workspace": workspace,
+        },
+    )
     for record in rounds:
         k = record["round"]
         site_rounds = {s: next(r for r in logs[s]["rounds"] if r["round"] == k) for s in sites}
-        log.add_round(k, record["seconds"], weights=record["weights"], contributions=record["weights"],
-                      train={s: {"train_loss": r["train_loss"]} for s, r in site_rounds.items()},
-                      leave_one_out={s: {"dice": r["minus_dice"], "score_sent": r["minus_score_sent"],
-                                         "weight_received": r["weight_received"]} for s, r in site_rounds.items()})
+        log.add_round(
+            k,
+            record["seconds"],
+            weights=record["weights"],
+            contributions=record["weights"],
+            train={s: {"train_loss": r["train_loss"]} for s, r in site_rounds.items()},
+            leave_one_out={
+                s: {
+                    "dice": r["minus_dice"],
+                    "score_sent": r["minus_score_sent"],
+                    "weight_received": r["weight_received"],
+                }
+                for s, r in site_rounds.items()
+            },
+        )
     log.finish({s: {"dice": final[s]["dice"]} for s in sites}, contributions=rounds[-1]["weights"])
     return log.path
 
@@ -191,6 +246,7 @@ def run_side(side, seed, args) -> dict:
 
 # ---------------------------------------------------------------- comparison
 
+
 def middle_rounds(results) -> list:
     """Seconds of the rounds without process start-up (round 0) and without the final evaluation (last round);
     all rounds when there are fewer than 3."""
@@ -211,21 +267,29 @@ def compare_seed(seed, infos) -> dict:
     for a, b in zip(ours["rounds"], theirs["rounds"]):
         if a.get("weights") and b.get("weights"):
             per_round.append({"round": a["round"], **agreement(a["weights"], b["weights"])})
-    round0_loss = {s: (ours["rounds"][0]["train"][s]["train_loss"], theirs["rounds"][0]["train"][s]["train_loss"])
-                   for s in sites}
+    round0_loss = {
+        s: (ours["rounds"][0]["train"][s]["train_loss"], theirs["rounds"][0]["train"][s]["train_loss"]) for s in sites
+    }
     return {
-        "seed": seed, "first": infos["first"],
+        "seed": seed,
+        "first": infos["first"],
         "wall_seconds": {side: infos[side]["seconds"] for side in SIDES},
         "wall_ratio": infos["fairfl"]["seconds"] / infos["nvflare"]["seconds"],
-        "round_seconds_median": {"fairfl": statistics.median(middle_rounds(ours)),
-                                 "nvflare": statistics.median(middle_rounds(theirs))},
+        "round_seconds_median": {
+            "fairfl": statistics.median(middle_rounds(ours)),
+            "nvflare": statistics.median(middle_rounds(theirs)),
+        },
         "final_weights": {"fairfl": ours["final"]["contributions"], "nvflare": theirs["final"]["contributions"]},
         "final_weights_agreement": agreement(ours["final"]["contributions"], theirs["final"]["contributions"]),
-        "round_weights": {"fairfl": [r.get("weights") for r in ours["rounds"]],
-                          "nvflare": [r.get("weights") for r in theirs["rounds"]]},
+        "round_weights": {
+            "fairfl": [r.get("weights") for r in ours["rounds"]],
+            "nvflare": [r.get("weights") for r in theirs["rounds"]],
+        },
         "round_weights_agreement": per_round,
-        "dice": {"fairfl": {s: ours["final"]["per_site"][s]["dice"] for s in sites},
-                 "nvflare": {s: theirs["final"]["per_site"][s]["dice"] for s in sites}},
+        "dice": {
+            "fairfl": {s: ours["final"]["per_site"][s]["dice"] for s in sites},
+            "nvflare": {s: theirs["final"]["per_site"][s]["dice"] for s in sites},
+        },
         "round0_train_loss_max_abs_diff": max(abs(a - b) for a, b in round0_loss.values()),
         "results": {side: infos[side]["results"] for side in SIDES},
     }
@@ -238,15 +302,24 @@ def mean_sd(values) -> tuple[float, float]:
 
 def summarize_runs(args, per_seed) -> dict:
     sites = sorted(per_seed[0]["dice"]["fairfl"], key=site_key)
-    mean_weights = {side: {s: statistics.mean(p["final_weights"][side][s] for p in per_seed) for s in sites}
-                    for side in SIDES}
+    mean_weights = {
+        side: {s: statistics.mean(p["final_weights"][side][s] for p in per_seed) for s in sites} for side in SIDES
+    }
     return {
-        "command": args.command, "versions": versions(), "rounds": args.rounds, "seeds": args.seeds,
-        "sites": args.sites, "dataset": args.dataset, "mode": {"fairfl": args.mode, "nvflare": NVFLARE_MODE[args.mode]},
-        "image_size": args.image_size, "channels": args.channels, "strides": args.strides,
+        "command": args.command,
+        "versions": versions(),
+        "rounds": args.rounds,
+        "seeds": args.seeds,
+        "sites": args.sites,
+        "dataset": args.dataset,
+        "mode": {"fairfl": args.mode, "nvflare": NVFLARE_MODE[args.mode]},
+        "image_size": args.image_size,
+        "channels": args.channels,
+        "strides": args.strides,
         "wall_ratio_median": statistics.median(p["wall_ratio"] for p in per_seed),
         "round_ratio_median": statistics.median(
-            p["round_seconds_median"]["fairfl"] / p["round_seconds_median"]["nvflare"] for p in per_seed),
+            p["round_seconds_median"]["fairfl"] / p["round_seconds_median"]["nvflare"] for p in per_seed
+        ),
         "final_weights_mean": mean_weights,
         "final_weights_mean_agreement": agreement(mean_weights["fairfl"], mean_weights["nvflare"]),
         "final_weights_pearson_per_seed": [p["final_weights_agreement"]["pearson"] for p in per_seed],
@@ -258,45 +331,72 @@ def summary_markdown(summary, table) -> str:
     per_seed = summary["per_seed"]
     sites = list(summary["final_weights_mean"]["fairfl"])
     fmt = lambda v: "–" if v is None or v != v else f"{v:.4f}"  # noqa: E731
-    lines = ["# FedCE peer comparison: NVFlare's FedCERecipe vs jobs/fedce", "",
-             f"`{summary['command']}` — {summary['sites']} sites of built-in {summary['dataset']} data, "
-             f"{summary['rounds']} rounds, seeds {summary['seeds']}, combine `{summary['mode']['fairfl']}` "
-             f"(NVFlare `fedce_mode=\"{summary['mode']['nvflare']}\"`), images {summary['image_size']}², U-Net "
-             f"channels {summary['channels']} strides {summary['strides']}; {summary['versions']}.", "",
-             "## Wall time (whole simulator run, seconds)", "",
-             "| seed | first | jobs/fedce | FedCERecipe | ratio ours/NVFlare | median round, ours "
-             "| median round, NVFlare |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# FedCE peer comparison: NVFlare's FedCERecipe vs jobs/fedce",
+        "",
+        f"`{summary['command']}` — {summary['sites']} sites of built-in {summary['dataset']} data, "
+        f"{summary['rounds']} rounds, seeds {summary['seeds']}, combine `{summary['mode']['fairfl']}` "
+        f'(NVFlare `fedce_mode="{summary["mode"]["nvflare"]}"`), images {summary["image_size"]}², U-Net '
+        f"channels {summary['channels']} strides {summary['strides']}; {summary['versions']}.",
+        "",
+        "## Wall time (whole simulator run, seconds)",
+        "",
+        "| seed | first | jobs/fedce | FedCERecipe | ratio ours/NVFlare | median round, ours | median round, NVFlare |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
     for p in per_seed:
-        lines.append(f"| {p['seed']} | {p['first']} | {p['wall_seconds']['fairfl']:.1f} "
-                     f"| {p['wall_seconds']['nvflare']:.1f} "
-                     f"| {p['wall_ratio']:.3f} | {p['round_seconds_median']['fairfl']:.2f} "
-                     f"| {p['round_seconds_median']['nvflare']:.2f} |")
-    lines += ["", f"**Median wall-time ratio ours/NVFlare: {summary['wall_ratio_median']:.3f}** (target <= 1.0); "
-              f"median per-round ratio {summary['round_ratio_median']:.3f} (rounds 1..R-2: no process start-up, "
-              f"no final evaluation). "
-              "Single runs on a machine that other processes may share at the same time: the per-seed ratios show "
-              "the spread.", "",
-              "## Final test Dice (%)", "",
-              "FedCE (Sum.) / FedCE (Multi.): jobs/fedce; nvflare_fedce_sum / nvflare_fedce_product: FedCERecipe. "
-              "Mean ± sd over seeds; Std.: population std across sites, mean over seeds.", "", table, "",
-              "## Aggregation weights of the last round", "",
-              "Mean over seeds. Ours: `final.contributions` (Eq. 5 after the last round = the last aggregation's "
-              "weights); NVFlare: `fedce_coef` of the last aggregation, recorded on the server "
-              "(`FedCERoundRecorder`; no client ever receives it).", "",
-              "| | " + " | ".join(sites) + " |", "|---|" + "---:|" * len(sites)]
+        lines.append(
+            f"| {p['seed']} | {p['first']} | {p['wall_seconds']['fairfl']:.1f} "
+            f"| {p['wall_seconds']['nvflare']:.1f} "
+            f"| {p['wall_ratio']:.3f} | {p['round_seconds_median']['fairfl']:.2f} "
+            f"| {p['round_seconds_median']['nvflare']:.2f} |"
+        )
+    lines += [
+        "",
+        f"**Median wall-time ratio ours/NVFlare: {summary['wall_ratio_median']:.3f}** (target <= 1.0); "
+        f"median per-round ratio {summary['round_ratio_median']:.3f} (rounds 1..R-2: no process start-up, "
+        f"no final evaluation). "
+        "Single runs on a machine that other processes may share at the same time: the per-seed ratios show "
+        "the spread.",
+        "",
+        "## Final test Dice (%)",
+        "",
+        "FedCE (Sum.) / FedCE (Multi.): jobs/fedce; nvflare_fedce_sum / nvflare_fedce_product: FedCERecipe. "
+        "Mean ± sd over seeds; Std.: population std across sites, mean over seeds.",
+        "",
+        table,
+        "",
+        "## Aggregation weights of the last round",
+        "",
+        "Mean over seeds. Ours: `final.contributions` (Eq. 5 after the last round = the last aggregation's "
+        "weights); NVFlare: `fedce_coef` of the last aggregation, recorded on the server "
+        "(`FedCERoundRecorder`; no client ever receives it).",
+        "",
+        "| | " + " | ".join(sites) + " |",
+        "|---|" + "---:|" * len(sites),
+    ]
     for side, name in (("fairfl", "jobs/fedce"), ("nvflare", "FedCERecipe")):
         lines.append(f"| {name} | " + " | ".join(f"{summary['final_weights_mean'][side][s]:.3f}" for s in sites) + " |")
     mean_agreement = summary["final_weights_mean_agreement"]
-    lines += ["", f"Pearson correlation of the mean weights: **{fmt(mean_agreement['pearson'])}** "
-              f"(cosine {fmt(mean_agreement['cosine'])}, Euclidean distance {fmt(mean_agreement['euclidean'])}); "
-              f"per seed: {', '.join(fmt(v) for v in summary['final_weights_pearson_per_seed'])}.", "",
-              "Per seed, and the correlation of each round's weights (rounds 0, 1, ..., R-1):", ""]
+    lines += [
+        "",
+        f"Pearson correlation of the mean weights: **{fmt(mean_agreement['pearson'])}** "
+        f"(cosine {fmt(mean_agreement['cosine'])}, Euclidean distance {fmt(mean_agreement['euclidean'])}); "
+        f"per seed: {', '.join(fmt(v) for v in summary['final_weights_pearson_per_seed'])}.",
+        "",
+        "Per seed, and the correlation of each round's weights (rounds 0, 1, ..., R-1):",
+        "",
+    ]
     for p in per_seed:
-        lines += [f"- seed {p['seed']}: ours " + ", ".join(f"{p['final_weights']['fairfl'][s]:.3f}" for s in sites)
-                  + "; NVFlare " + ", ".join(f"{p['final_weights']['nvflare'][s]:.3f}" for s in sites)
-                  + "; Pearson per round: " + " ".join(fmt(r["pearson"]) for r in p["round_weights_agreement"])
-                  + f"; round-0 train loss max |diff| {p['round0_train_loss_max_abs_diff']:.2e}"]
+        lines += [
+            f"- seed {p['seed']}: ours "
+            + ", ".join(f"{p['final_weights']['fairfl'][s]:.3f}" for s in sites)
+            + "; NVFlare "
+            + ", ".join(f"{p['final_weights']['nvflare'][s]:.3f}" for s in sites)
+            + "; Pearson per round: "
+            + " ".join(fmt(r["pearson"]) for r in p["round_weights_agreement"])
+            + f"; round-0 train loss max |diff| {p['round0_train_loss_max_abs_diff']:.2e}"
+        ]
     lines += ["", DIFFERENCES]
     return "\n".join(lines) + "\n"
 
@@ -350,8 +450,12 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--sites", type=int, default=6)
-    parser.add_argument("--mode", choices=list(NVFLARE_MODE), default="sum",
-                        help="our combine; NVFlare's fedce_mode is plus (sum) or times (product)")
+    parser.add_argument(
+        "--mode",
+        choices=list(NVFLARE_MODE),
+        default="sum",
+        help="our combine; NVFlare's fedce_mode is plus (sum) or times (product)",
+    )
     parser.add_argument("--dataset", default="prostate")
     parser.add_argument("--data-seed", type=int, default=0)
     parser.add_argument("--image-size", type=int, default=64)
@@ -365,8 +469,9 @@ def main(argv=None):
     args.command = " ".join(["python", "benchmarks/fedce_peer.py"] + (argv if argv is not None else sys.argv[1:]))
     os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
     # generate the built-in data now, so that neither side's time includes it
-    ensure_builtin(args.dataset, args.image_size, seed=args.data_seed, num_sites=max(6, args.sites),
-                   size_scale=args.size_scale)
+    ensure_builtin(
+        args.dataset, args.image_size, seed=args.data_seed, num_sites=max(6, args.sites), size_scale=args.size_scale
+    )
 
     infos = {}
     for seed in args.seeds:

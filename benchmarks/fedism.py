@@ -18,8 +18,16 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fairness import (REPO, per_seed_final, run_job, step_shares, target_cell, variant_summary,  # noqa: E402
-                      versions, write_summary)
+from fairness import (
+    REPO,
+    per_seed_final,
+    run_job,
+    step_shares,
+    target_cell,
+    variant_summary,  # noqa: E402
+    versions,
+    write_summary,
+)
 
 from fairfl.methods import display_name, variant_job  # noqa: E402
 from fairfl.report import make_report  # noqa: E402
@@ -45,23 +53,32 @@ def main(argv=None):
         for method in args.methods:
             job, extra = variant_job(method)
             print(f"seed {seed}: {display_name(method)}", flush=True)
-            paths[method, seed] = run_job(job, f"{args.dataset}-{method}-seed{seed}",
-                                          {"seed": seed, "dataset": args.dataset, **extra}, args)
+            paths[method, seed] = run_job(
+                job, f"{args.dataset}-{method}-seed{seed}", {"seed": seed, "dataset": args.dataset, **extra}, args
+            )
 
     runs = [paths[m, s] for m in args.methods for s in args.seeds]
     report = make_report(runs, os.path.join(args.out, args.dataset))
     methods = {m: method_summary([paths[m, s] for s in args.seeds]) for m in args.methods}
-    summary = {"command": " ".join(["python", "benchmarks/fedism.py"] + (argv if argv is not None else sys.argv[1:])),
-               "versions": versions(), "dataset": args.dataset, "rounds": args.rounds, "seeds": args.seeds,
-               "sites": args.sites, "methods": methods, "quality_shift": report["quality_shift"]}
+    summary = {
+        "command": " ".join(["python", "benchmarks/fedism.py"] + (argv if argv is not None else sys.argv[1:])),
+        "versions": versions(),
+        "dataset": args.dataset,
+        "rounds": args.rounds,
+        "seeds": args.seeds,
+        "sites": args.sites,
+        "methods": methods,
+        "quality_shift": report["quality_shift"],
+    }
     write_summary(args.out, summary, summary_markdown(summary, report))
 
 
 def method_summary(results_paths) -> dict:
     """fairness.variant_summary plus the median probe share (methods that measure sharpness or loss)."""
     summary = variant_summary(results_paths)
-    summary["per_seed"].update({f"{metric}_avg": per_seed_final(results_paths, metric, "avg")
-                                for metric in ("corrupted_auc", "clean_auc")})
+    summary["per_seed"].update(
+        {f"{metric}_avg": per_seed_final(results_paths, metric, "avg") for metric in ("corrupted_auc", "clean_auc")}
+    )
     shares = sum((step_shares(p, "probe_seconds") for p in results_paths), [])
     if shares:
         summary["probe_share_median"] = statistics.median(shares)
@@ -70,33 +87,57 @@ def method_summary(results_paths) -> dict:
 
 def summary_markdown(summary, report) -> str:
     methods, shift = summary["methods"], summary["quality_shift"]
-    lines = ["# FedISM+ benchmark: FedAvg, q-FedAvg, FedISM, FedISM+ (S), FedISM+ (L)", "",
-             f"`{summary['command']}` — {summary['dataset']}, {summary['sites']} sites, {summary['rounds']} rounds, "
-             f"seeds {summary['seeds']}; {summary['versions']}.", "",
-             "## Tables II-IV: clean and corrupted test sets", "", report["tables"]["quality_shift"], "",
-             f"Per-site AUC on each site's own-quality test set, figures: [{summary['dataset']}/report.md]"
-             f"({summary['dataset']}/report.md)", ""]
+    lines = [
+        "# FedISM+ benchmark: FedAvg, q-FedAvg, FedISM, FedISM+ (S), FedISM+ (L)",
+        "",
+        f"`{summary['command']}` — {summary['dataset']}, {summary['sites']} sites, {summary['rounds']} rounds, "
+        f"seeds {summary['seeds']}; {summary['versions']}.",
+        "",
+        "## Tables II-IV: clean and corrupted test sets",
+        "",
+        report["tables"]["quality_shift"],
+        "",
+        f"Per-site AUC on each site's own-quality test set, figures: [{summary['dataset']}/report.md]"
+        f"({summary['dataset']}/report.md)",
+        "",
+    ]
     if "fedavg" in shift:
-        lines += ["Against the targets (target for FedISM+: corrupted AUC at least +3 over FedAvg, clean AUC no more "
-                  "than 1 lower, Std. AUC lower; differences paired by seed, in points, with the 95% interval of "
-                  "their mean):", "",
-                  "| method | corrupted AUC - FedAvg | clean AUC - FedAvg | Std. AUC - FedAvg |", "|---|---:|---:|---:|"]
+        lines += [
+            "Against the targets (target for FedISM+: corrupted AUC at least +3 over FedAvg, clean AUC no more "
+            "than 1 lower, Std. AUC lower; differences paired by seed, in points, with the 95% interval of "
+            "their mean):",
+            "",
+            "| method | corrupted AUC - FedAvg | clean AUC - FedAvg | Std. AUC - FedAvg |",
+            "|---|---:|---:|---:|",
+        ]
         for method in shift:
             if method != "fedavg" and method in methods and "fedavg" in methods:
-                lines.append(f"| {display_name(method)} | "
-                             + " | ".join(target_cell(methods[method], methods["fedavg"], key)
-                                          for key in ("corrupted_auc_avg", "clean_auc_avg", "auc_std")) + " |")
+                lines.append(
+                    f"| {display_name(method)} | "
+                    + " | ".join(
+                        target_cell(methods[method], methods["fedavg"], key)
+                        for key in ("corrupted_auc_avg", "clean_auc_avg", "auc_std")
+                    )
+                    + " |"
+                )
         lines.append("")
-    lines += ["## Cost", "", "| method | median round time (s) | / FedAvg's | probe share of the train task |",
-              "|---|---:|---:|---:|"]
+    lines += [
+        "## Cost",
+        "",
+        "| method | median round time (s) | / FedAvg's | probe share of the train task |",
+        "|---|---:|---:|---:|",
+    ]
     base = methods.get("fedavg", {}).get("round_seconds_median")
     for method, v in methods.items():
         ratio = f"{v['round_seconds_median'] / base:.2f}" if base else "–"
         share = f"{100 * v['probe_share_median']:.1f}%" if "probe_share_median" in v else "–"
         lines.append(f"| {display_name(method)} | {v['round_seconds_median']:.2f} | {ratio} | {share} |")
-    lines += ["", "Round time: median over the rounds without evaluation (round 0, process start-up, excluded), "
-              "all seeds. Probe share: per site and round, the sharpness (or loss) measurement's seconds over those "
-              "of the measurement plus local training, median."]
+    lines += [
+        "",
+        "Round time: median over the rounds without evaluation (round 0, process start-up, excluded), "
+        "all seeds. Probe share: per site and round, the sharpness (or loss) measurement's seconds over those "
+        "of the measurement plus local training, median.",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -20,8 +20,16 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fairness import (REPO, per_seed_final, run_job, step_shares, target_cell, variant_summary,  # noqa: E402
-                      versions, write_summary)
+from fairness import (
+    REPO,
+    per_seed_final,
+    run_job,
+    step_shares,
+    target_cell,
+    variant_summary,  # noqa: E402
+    versions,
+    write_summary,
+)
 
 from fairfl.fairness import summarize  # noqa: E402
 from fairfl.methods import display_name, variant_job  # noqa: E402
@@ -51,18 +59,28 @@ def main(argv=None):
                 job, extra = variant_job(method, dataset)
                 print(f"seed {seed}: {display_name(method)} on {dataset}", flush=True)
                 job_args = {"seed": seed, "dataset": dataset, **extra}
-                paths[dataset, method, seed] = run_job(job, f"{dataset}-{method}-seed{seed}", job_args, args,
-                                                       n_clients=sites)
+                paths[dataset, method, seed] = run_job(
+                    job, f"{dataset}-{method}-seed{seed}", job_args, args, n_clients=sites
+                )
 
-    summary = {"command": " ".join(["python", "benchmarks/fednpr.py"] + (argv if argv is not None else sys.argv[1:])),
-               "versions": versions(), "rounds": args.rounds, "seeds": args.seeds, "datasets": {}}
+    summary = {
+        "command": " ".join(["python", "benchmarks/fednpr.py"] + (argv if argv is not None else sys.argv[1:])),
+        "versions": versions(),
+        "rounds": args.rounds,
+        "seeds": args.seeds,
+        "datasets": {},
+    }
     tables = {}
     for dataset in args.datasets:
         runs = {m: [paths[dataset, m, s] for s in args.seeds] for m in args.methods}
-        tables[dataset] = {metric: make_report(sum(runs.values(), []), os.path.join(args.out, dataset, metric),
-                                               metric=metric)["table"] for metric in METRICS}
-        summary["datasets"][dataset] = {"sites": DATASETS[dataset], "methods": {
-            m: method_summary(p) for m, p in runs.items()}}
+        tables[dataset] = {
+            metric: make_report(sum(runs.values(), []), os.path.join(args.out, dataset, metric), metric=metric)["table"]
+            for metric in METRICS
+        }
+        summary["datasets"][dataset] = {
+            "sites": DATASETS[dataset],
+            "methods": {m: method_summary(p) for m, p in runs.items()},
+        }
     write_summary(args.out, summary, summary_markdown(summary, tables))
 
 
@@ -76,8 +94,10 @@ def method_summary(results_paths) -> dict:
     """Per metric (bACC, bAUC): mean and sd over seeds of the mean and of the std across sites; the median round
     time and, for FedNPR, the median share of the prototype step in the train task and the median NPR/BSM gradient
     ratio (per site and round: does the regulariser act?)."""
-    summary = {"round_seconds_median": variant_summary(results_paths)["round_seconds_median"],
-               "per_seed": {f"{metric}_avg": per_seed_final(results_paths, metric, "avg") for metric in METRICS}}
+    summary = {
+        "round_seconds_median": variant_summary(results_paths)["round_seconds_median"],
+        "per_seed": {f"{metric}_avg": per_seed_final(results_paths, metric, "avg") for metric in METRICS},
+    }
     for metric in METRICS:
         stats = [final_stats(p, metric) for p in results_paths]
         for key in ("mean", "std"):
@@ -87,43 +107,68 @@ def method_summary(results_paths) -> dict:
     shares = sum((step_shares(p, "prototype_seconds") for p in results_paths), [])
     if shares:
         summary["prototype_share_median"] = statistics.median(shares)
-    ratios = [m["npr_grad_ratio"] for p in results_paths for r in json.load(open(p))["rounds"]
-              for m in (r.get("train") or {}).values() if "npr_grad_ratio" in m]
+    ratios = [
+        m["npr_grad_ratio"]
+        for p in results_paths
+        for r in json.load(open(p))["rounds"]
+        for m in (r.get("train") or {}).values()
+        if "npr_grad_ratio" in m
+    ]
     if ratios:
         summary["npr_grad_ratio_median"] = statistics.median(ratios)
     return summary
 
 
 def summary_markdown(summary, tables) -> str:
-    lines = ["# FedNPR benchmark: Solo, FedAvg, FedProx, FedNPR, FedNPR-Per, FedProx + NPR", "",
-             f"`{summary['command']}` — {summary['rounds']} rounds, seeds {summary['seeds']}; {summary['versions']}.",
-             ""]
+    lines = [
+        "# FedNPR benchmark: Solo, FedAvg, FedProx, FedNPR, FedNPR-Per, FedProx + NPR",
+        "",
+        f"`{summary['command']}` — {summary['rounds']} rounds, seeds {summary['seeds']}; {summary['versions']}.",
+        "",
+    ]
     for dataset, entry in summary["datasets"].items():
         methods = entry["methods"]
         lines += [f"## {dataset} ({entry['sites']} sites)", ""]
         for metric, short in METRICS.items():
-            lines += [f"### {short} per site (%)", "", tables[dataset][metric], "",
-                      f"Figures: [{dataset}/{metric}/report.md]({dataset}/{metric}/report.md)", ""]
-        lines += ["Mean over sites (%), mean ± sd over seeds, and the cost of the prototype step:", "",
-                  "| method | bACC | bAUC | Std. bACC | round time (s) | prototype share of the train task | "
-                  "NPR/BSM gradient |", "|---|---:|---:|---:|---:|---:|---:|"]
+            lines += [
+                f"### {short} per site (%)",
+                "",
+                tables[dataset][metric],
+                "",
+                f"Figures: [{dataset}/{metric}/report.md]({dataset}/{metric}/report.md)",
+                "",
+            ]
+        lines += [
+            "Mean over sites (%), mean ± sd over seeds, and the cost of the prototype step:",
+            "",
+            "| method | bACC | bAUC | Std. bACC | round time (s) | prototype share of the train task | "
+            "NPR/BSM gradient |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for method, v in methods.items():
             share = f"{100 * v['prototype_share_median']:.1f}%" if "prototype_share_median" in v else "–"
             ratio = f"{v['npr_grad_ratio_median']:.3g}" if "npr_grad_ratio_median" in v else "–"
-            lines.append(f"| {display_name(method)} | {100 * v['balanced_accuracy_mean']:.2f} ± "
-                         f"{100 * v['balanced_accuracy_mean_sd']:.2f} | {100 * v['auc_mean']:.2f} ± "
-                         f"{100 * v['auc_mean_sd']:.2f} | {100 * v['balanced_accuracy_std']:.2f} | "
-                         f"{v['round_seconds_median']:.2f} | {share} | {ratio} |")
+            lines.append(
+                f"| {display_name(method)} | {100 * v['balanced_accuracy_mean']:.2f} ± "
+                f"{100 * v['balanced_accuracy_mean_sd']:.2f} | {100 * v['auc_mean']:.2f} ± "
+                f"{100 * v['auc_mean_sd']:.2f} | {100 * v['balanced_accuracy_std']:.2f} | "
+                f"{v['round_seconds_median']:.2f} | {share} | {ratio} |"
+            )
         if {"fedavg", "fednpr", "fednpr_per"} <= set(methods):
             cell = lambda a, b: target_cell(methods[a], methods[b], "balanced_accuracy_avg")  # noqa: E731
-            lines += ["", f"Targets (paired by seed, points, 95% interval): FedNPR − FedAvg bACC "
-                          f"{cell('fednpr', 'fedavg')} (target ≥ +2); FedNPR-Per − FedNPR "
-                          f"{cell('fednpr_per', 'fednpr')} (target > 0)."]
+            lines += [
+                "",
+                f"Targets (paired by seed, points, 95% interval): FedNPR − FedAvg bACC "
+                f"{cell('fednpr', 'fedavg')} (target ≥ +2); FedNPR-Per − FedNPR "
+                f"{cell('fednpr_per', 'fednpr')} (target > 0).",
+            ]
         lines.append("")
-    lines += ["Round time: median over the rounds without evaluation (round 0 excluded), all seeds. Prototype share: "
-              "per site and round, the prototype step's seconds over those of the step plus local training, median "
-              "(target ≤ 15%). NPR/BSM gradient: ||d(lambda NPR)/dz|| / ||d BSM/dz|| at the head's input z, median over "
-              "sites and rounds (near 0: the regulariser does nothing)."]
+    lines += [
+        "Round time: median over the rounds without evaluation (round 0 excluded), all seeds. Prototype share: "
+        "per site and round, the prototype step's seconds over those of the step plus local training, median "
+        "(target ≤ 15%). NPR/BSM gradient: ||d(lambda NPR)/dz|| / ||d BSM/dz|| at the head's input z, median over "
+        "sites and rounds (near 0: the regulariser does nothing)."
+    ]
     return "\n".join(lines) + "\n"
 
 

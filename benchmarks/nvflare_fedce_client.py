@@ -35,7 +35,7 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_opt.pt.fedce import FedCEConstants
 
 ROUNDS_FILE = "fedce_rounds.json"  # in the server's run directory
-SITE_LOG = "fedce_site.json"       # in <state dir>/<site>/
+SITE_LOG = "fedce_site.json"  # in <state dir>/<site>/
 LOCAL_MODEL = "local_model.pt"
 
 
@@ -65,8 +65,15 @@ class FedCERoundRecorder(FLComponent):
             result = fl_ctx.get_prop(AppConstants.AGGREGATION_RESULT)
             weights = dict(sorted(((result.meta or {}).get(FedCEConstants.CONTRIBUTION_WEIGHTS) or {}).items()))
             now = time.time()
-            self._rounds.append({"round": fl_ctx.get_prop(AppConstants.CURRENT_ROUND), "started": self._started,
-                                 "aggregated": now, "seconds": now - self._started, "weights": weights})
+            self._rounds.append(
+                {
+                    "round": fl_ctx.get_prop(AppConstants.CURRENT_ROUND),
+                    "started": self._started,
+                    "aggregated": now,
+                    "seconds": now - self._started,
+                    "weights": weights,
+                }
+            )
             run_dir = fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id())
             write_json(os.path.join(run_dir, ROUNDS_FILE), self._rounds)
         elif event_type == EventType.END_RUN and not self._rounds:
@@ -75,13 +82,19 @@ class FedCERoundRecorder(FLComponent):
 
 # ---------------------------------------------------------------- the site's training script
 
+
 def model_spec(dataset: str, channels, strides) -> dict:
     """The U-Net spec our FedCEController sends its sites (FairRoundController.model_spec)."""
     from fairfl.data.builtin import builtin_dataset
 
     info = builtin_dataset(dataset)
-    return {"name": "unet", "in_channels": info.in_channels, "num_classes": info.num_classes,
-            "channels": list(channels), "strides": list(strides)}
+    return {
+        "name": "unet",
+        "in_channels": info.in_channels,
+        "num_classes": info.num_classes,
+        "channels": list(channels),
+        "strides": list(strides),
+    }
 
 
 def parse_args(argv=None):
@@ -109,8 +122,8 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # no effect once torch is loaded; the driver sets it too
-    import torch
     import nvflare.client as flare
+    import torch
     from nvflare.apis.fl_constant import FLMetaKey
     from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
     from nvflare.app_opt.pt.fedce import PTFedCEHelper
@@ -119,8 +132,16 @@ def main(argv=None):
     from fairfl.data.datalist import load_datalist
     from fairfl.data.loaders import make_loader
     from fairfl.models import build_model
-    from fairfl.training import (TrainSettings, configure_threads, evaluate_dice, save_model, seed_everything,
-                                 select_device, site_seed, train_local)
+    from fairfl.training import (
+        TrainSettings,
+        configure_threads,
+        evaluate_dice,
+        save_model,
+        seed_everything,
+        select_device,
+        site_seed,
+        train_local,
+    )
 
     flare.init()
     site = flare.get_site_name()
@@ -128,15 +149,25 @@ def main(argv=None):
     device = select_device(args.device)
     spec = model_spec(args.dataset, args.channels, args.strides)
     num_classes = spec["num_classes"]
-    root = ensure_builtin(args.dataset, args.image_size, seed=args.data_seed, num_sites=args.num_sites,
-                          size_scale=args.size_scale)
+    root = ensure_builtin(
+        args.dataset, args.image_size, seed=args.data_seed, num_sites=args.num_sites, size_scale=args.size_scale
+    )
     datalist = load_datalist(root, site, num_classes=num_classes)
-    loaders = {split: make_loader(datalist[split], image_size=args.image_size, num_classes=num_classes,
-                                  batch_size=args.batch_size, train=split == "training", seed=args.seed,
-                                  in_channels=spec["in_channels"])
-               for split in ("training", "validation", "testing")}
-    settings = TrainSettings(lr=args.lr, weight_decay=args.weight_decay, batch_size=args.batch_size,
-                             local_epochs=args.local_epochs)
+    loaders = {
+        split: make_loader(
+            datalist[split],
+            image_size=args.image_size,
+            num_classes=num_classes,
+            batch_size=args.batch_size,
+            train=split == "training",
+            seed=args.seed,
+            in_channels=spec["in_channels"],
+        )
+        for split in ("training", "validation", "testing")
+    }
+    settings = TrainSettings(
+        lr=args.lr, weight_decay=args.weight_decay, batch_size=args.batch_size, local_epochs=args.local_epochs
+    )
     state_dir = os.path.join(args.state_dir, site)
     os.makedirs(state_dir, exist_ok=True)
     log_path, local_path = os.path.join(state_dir, SITE_LOG), os.path.join(state_dir, LOCAL_MODEL)
@@ -188,14 +219,30 @@ def main(argv=None):
         stats = train_local(model, loader, settings, device)
         save_model(model, local_path)
         trained = model.state_dict()
-        diff = {name: (value.detach().cpu() - initial[name].cpu()) if value.is_floating_point()
-                else torch.zeros_like(value, device="cpu") for name, value in trained.items()}
-        result = FLModel(params=diff, params_type=ParamsType.DIFF, metrics={"train_loss": stats["train_loss"]},
-                         meta={FLMetaKey.NUM_STEPS_CURRENT_ROUND: stats["steps"]})
+        diff = {
+            name: (value.detach().cpu() - initial[name].cpu())
+            if value.is_floating_point()
+            else torch.zeros_like(value, device="cpu")
+            for name, value in trained.items()
+        }
+        result = FLModel(
+            params=diff,
+            params_type=ParamsType.DIFF,
+            metrics={"train_loss": stats["train_loss"]},
+            meta={FLMetaKey.NUM_STEPS_CURRENT_ROUND: stats["steps"]},
+        )
         PTFedCEHelper.set_minus_model_score(result, score)
         log["rounds"] = [r for r in log["rounds"] if r["round"] != current_round] + [
-            {"round": current_round, "weight_received": weight, "minus_dice": minus_dice, "minus_score_sent": score,
-             "train_loss": stats["train_loss"], "steps": stats["steps"], "seconds": time.time() - started}]
+            {
+                "round": current_round,
+                "weight_received": weight,
+                "minus_dice": minus_dice,
+                "minus_score_sent": score,
+                "train_loss": stats["train_loss"],
+                "steps": stats["steps"],
+                "seconds": time.time() - started,
+            }
+        ]
         write_json(log_path, log)
         flare.send(result)
 

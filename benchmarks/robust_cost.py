@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from fairfl.methods.fedavg.controller import FedAvgController
 from fairfl.flare.engine import SiteUpdate
+from fairfl.methods.fedavg.controller import FedAvgController
 from fairfl.models import initial_state, state_to_torch
 
 
@@ -26,9 +26,14 @@ def main():
     torch.set_num_threads(args.threads)
     spec = FedAvgController().model_spec()
     state = state_to_torch(initial_state(spec, 0))
-    updates = {f"site-{i + 1}": SiteUpdate({k: v + 0.01 * torch.randn(v.shape) if v.is_floating_point() else v
-                                            for k, v in state.items()}, 10 * (i + 1), {})
-               for i in range(args.sites)}
+    updates = {
+        f"site-{i + 1}": SiteUpdate(
+            {k: v + 0.01 * torch.randn(v.shape) if v.is_floating_point() else v for k, v in state.items()},
+            10 * (i + 1),
+            {},
+        )
+        for i in range(args.sites)
+    }
     weights = {s: 1.0 / args.sites for s in updates}
     parameters = sum(v.numel() for v in state.values() if v.is_floating_point())
     for mode in ("none", "median", "trimmed_mean"):
@@ -39,8 +44,18 @@ def main():
             started = time.perf_counter()
             controller.average_updates(updates, weights)
             times.append(time.perf_counter() - started)
-        print(json.dumps({"mode": mode, "sites": args.sites, "parameters": parameters, "threads": args.threads,
-                          "median_s": round(statistics.median(times), 5), "min_s": round(min(times), 5)}))
+        print(
+            json.dumps(
+                {
+                    "mode": mode,
+                    "sites": args.sites,
+                    "parameters": parameters,
+                    "threads": args.threads,
+                    "median_s": round(statistics.median(times), 5),
+                    "min_s": round(min(times), 5),
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

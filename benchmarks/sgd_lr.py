@@ -38,12 +38,20 @@ def main():
             test = make_loader(data["testing"], 64, 2, 8, train=False, seed=0, site=site)
             started = time.time()
             for _ in range(EPOCHS):
-                stats = train_local(model, train, TrainSettings(lr=lr, weight_decay=1e-4, optimizer=optimizer),
-                                    torch.device("cpu"))
-            rows.append({"site": site, "optimizer": optimizer, "lr": lr, "epochs": EPOCHS,
-                         "final_train_loss": round(stats["train_loss"], 4),
-                         "test_dice": round(100 * evaluate_dice(model, test, 2, torch.device("cpu"))["dice"], 2),
-                         "seconds": round(time.time() - started, 1)})
+                stats = train_local(
+                    model, train, TrainSettings(lr=lr, weight_decay=1e-4, optimizer=optimizer), torch.device("cpu")
+                )
+            rows.append(
+                {
+                    "site": site,
+                    "optimizer": optimizer,
+                    "lr": lr,
+                    "epochs": EPOCHS,
+                    "final_train_loss": round(stats["train_loss"], 4),
+                    "test_dice": round(100 * evaluate_dice(model, test, 2, torch.device("cpu"))["dice"], 2),
+                    "seconds": round(time.time() - started, 1),
+                }
+            )
     print(json.dumps({"torch": torch.__version__, "runs": rows}, indent=1))
 
 

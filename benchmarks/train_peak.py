@@ -37,8 +37,17 @@ def main():
         optimizer.zero_grad()
         loss_fn(model(images), masks).backward()
         optimizer.step()
-    print(json.dumps({"image_size": args.image_size, "batch_size": args.batch_size, "torch": torch.__version__,
-                      "before_mib": round(before / 1024, 1), "peak_mib": round(resident_kib("VmHWM") / 1024, 1)}))
+    print(
+        json.dumps(
+            {
+                "image_size": args.image_size,
+                "batch_size": args.batch_size,
+                "torch": torch.__version__,
+                "before_mib": round(before / 1024, 1),
+                "peak_mib": round(resident_kib("VmHWM") / 1024, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Set up if needed, then run the whole test suite (what .ci/run calls). Extra arguments go to pytest.
+# Set up if needed, check lint and formatting, then run the whole test suite (what .ci/run calls). Extra arguments
+# go to pytest.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$ROOT/scripts/setup.sh"
 cd "$ROOT"
+# lint and format first (ruff.toml): seconds, and a failure names the file and line
+ruff check custom tests benchmarks
+ruff format --check custom tests benchmarks
 exec python -m pytest -q "$@"

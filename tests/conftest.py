@@ -48,8 +48,8 @@ def extra_test_entries(base: Path, scaled: Path) -> dict:
         before, after = json.loads(path.read_text()), json.loads((Path(scaled) / path.name).read_text())
         assert list(before) == list(after), path.name
         for split, entries in before.items():
-            assert after[split][:len(entries)] == entries, (path.name, split)
-            grown = after[split][len(entries):]
+            assert after[split][: len(entries)] == entries, (path.name, split)
+            grown = after[split][len(entries) :]
             assert not grown or split.startswith("testing"), (path.name, split)
             for entry in entries:
                 for file in (entry["image"], entry["label"]):

@@ -167,8 +167,9 @@ def layerwise_average(
     normalised = {}
     for layer, per_site in layer_weights.items():
         if set(per_site) != set(sites):
-            raise ValueError(f"layerwise_average: weights of {layer} are for {sorted(per_site)}, "
-                             f"states for {sorted(sites)}")
+            raise ValueError(
+                f"layerwise_average: weights of {layer} are for {sorted(per_site)}, states for {sorted(sites)}"
+            )
         normalised[layer] = _normalised([per_site[s] for s in sites], f"weights of {layer}")
     out = {}
     for key, ref in anchor.items():
@@ -203,9 +204,9 @@ def robust_average(states: Sequence[Mapping[str, torch.Tensor]], mode: str, trim
             continue
         ordered = torch.stack([s[key].to(first.dtype) for s in states]).sort(dim=0).values
         if mode == "median":
-            middle = ordered[(count - 1) // 2: count // 2 + 1]
+            middle = ordered[(count - 1) // 2 : count // 2 + 1]
         else:
-            middle = ordered[trim: count - trim]
+            middle = ordered[trim : count - trim]
         out[key] = middle.double().mean(dim=0).to(first.dtype)
     return out
 
@@ -229,8 +230,10 @@ def cap_shares(weights: Mapping[str, float], max_share: float, min_sites: int = 
         free = [s for s in sites if s not in capped]
         left = 1.0 - max_share * len(capped)
         mass = math.fsum(float(weights[s]) for s in free)
-        out = {s: (max_share if s in capped else
-                   (float(weights[s]) / mass * left if mass > 0.0 else left / len(free))) for s in sites}
+        out = {
+            s: (max_share if s in capped else (float(weights[s]) / mass * left if mass > 0.0 else left / len(free)))
+            for s in sites
+        }
         over = {s for s in free if out[s] > max_share * (1.0 + 1e-12)}
         if not over:
             return {s: v * total for s, v in out.items()}

@@ -38,17 +38,16 @@ JOBS = REPO / "jobs"
 # the papers' comparisons: which metrics (the first is the run's own), which papers, how many sites; the methods
 # and claims of each come from the method registry (fairfl.methods)
 FAMILIES = {
-    "segmentation": {
-        "metrics": ["dice"],
-        "papers": "Fed-LWR Tables 1-2, FedCE Tables 1-3"},
+    "segmentation": {"metrics": ["dice"], "papers": "Fed-LWR Tables 1-2, FedCE Tables 1-3"},
     "quality_shift": {
         "metrics": ["auc"],
         "papers": "FedISM+ Tables II-IV",
-        "sites": 20},  # the paper's 20 clients, the last 20% corrupted
-    "imbalanced": {
-        "metrics": ["balanced_accuracy", "auc"],
-        "papers": "FedNPR Table III"},
+        "sites": 20,
+    },  # the paper's 20 clients, the last 20% corrupted
+    "imbalanced": {"metrics": ["balanced_accuracy", "auc"], "papers": "FedNPR Table III"},
 }
+
+
 def family(dataset: str) -> str:
     data = builtin_dataset(dataset)
     if data.task == "segmentation":
@@ -57,11 +56,18 @@ def family(dataset: str) -> str:
 
 
 def job_arguments(dataset: str, method: str, seed: int, rounds: int, eval_every: int, extra: dict) -> dict:
-    return {"num_rounds": rounds, "eval_every": eval_every, "seed": seed, "dataset": dataset,
-            **variant_job(method, dataset)[1], **extra}
+    return {
+        "num_rounds": rounds,
+        "eval_every": eval_every,
+        "seed": seed,
+        "dataset": dataset,
+        **variant_job(method, dataset)[1],
+        **extra,
+    }
 
 
 # ---------------------------------------------------------------- statistics of finished runs
+
 
 def final_stat(run: dict, metric: str, statistic: str) -> float | None:
     """A run's final Avg. or Std. across sites of `metric`, in percent; None when it has no final metric."""
@@ -75,8 +81,10 @@ def final_stat(run: dict, metric: str, statistic: str) -> float | None:
 def per_site_mean(runs: list, metric: str) -> dict:
     """{site: final metric (%) averaged over the runs (seeds)}."""
     sites = sorted({s for r in runs for s in _scores(r.get("final"), metric)}, key=_site_key)
-    return {s: statistics.mean(_scores(r["final"], metric)[s] for r in runs if s in _scores(r["final"], metric))
-            for s in sites}
+    return {
+        s: statistics.mean(_scores(r["final"], metric)[s] for r in runs if s in _scores(r["final"], metric))
+        for s in sites
+    }
 
 
 def stat_by_seed(runs: list, metric: str, statistic: str) -> dict:
@@ -108,14 +116,25 @@ def check_claims(claims: list, runs_by_method: dict) -> list[dict]:
         differences = {seed: round(d, 9) for seed, d in paired_differences(*values).items()}
         interval = mean_interval(differences.values())
         sites_a, sites_b = per_site_mean(a, claim.metric), per_site_mean(b, claim.metric)
-        checked.append({"paper": claim.paper, "claim": claim.text(), "method": claim.method,
-                        "baseline": claim.baseline, "metric": claim.metric, "statistic": claim.statistic,
-                        "margin": claim.margin, "value": list(_mean_sd(values[0].values())),
-                        "baseline_value": list(_mean_sd(values[1].values())),
-                        "difference": interval.as_json()["mean"], "differences": differences,
-                        "interval": interval.as_json(), "verdict": claim.judge(interval),
-                        "seeds": [len(values[0]), len(values[1])],
-                        "per_site_difference": {s: sites_a[s] - sites_b[s] for s in sites_a if s in sites_b}})
+        checked.append(
+            {
+                "paper": claim.paper,
+                "claim": claim.text(),
+                "method": claim.method,
+                "baseline": claim.baseline,
+                "metric": claim.metric,
+                "statistic": claim.statistic,
+                "margin": claim.margin,
+                "value": list(_mean_sd(values[0].values())),
+                "baseline_value": list(_mean_sd(values[1].values())),
+                "difference": interval.as_json()["mean"],
+                "differences": differences,
+                "interval": interval.as_json(),
+                "verdict": claim.judge(interval),
+                "seeds": [len(values[0]), len(values[1])],
+                "per_site_difference": {s: sites_a[s] - sites_b[s] for s in sites_a if s in sites_b},
+            }
+        )
     return checked
 
 
@@ -141,8 +160,14 @@ def mean_weights(runs: list) -> dict:
         sums = {}
         for record in run.get("rounds") or []:
             layers = record.get("layer_weights")
-            shares = ({s: statistics.mean(w[s] for w in layers.values() if s in w)
-                       for s in {s for w in layers.values() for s in w}} if layers else record.get("weights") or {})
+            shares = (
+                {
+                    s: statistics.mean(w[s] for w in layers.values() if s in w)
+                    for s in {s for w in layers.values() for s in w}
+                }
+                if layers
+                else record.get("weights") or {}
+            )
             for site, share in shares.items():
                 if isinstance(share, (int, float)):
                     sums.setdefault(site, []).append(share)
@@ -178,16 +203,19 @@ def round_seconds_median(runs: list) -> float | None:
 
 # ---------------------------------------------------------------- markdown
 
+
 def _value(stat) -> str:
     mean, sd = stat
     return f"{mean:.2f}" if sd is None else f"{mean:.2f} ± {sd:.2f}"
 
 
-CLAIMS_RULE = ("Each claim as the paper states it for its method, judged on the paired per-seed differences "
-               "(method − baseline, same seed) of the final value: their mean and its 95% interval (Student t, "
-               "n − 1 degrees of freedom over the n paired seeds). A claim **holds** when the whole interval "
-               "satisfies it, **fails** when none of it does, and is **inconclusive** otherwise (always with one "
-               "seed); measured and baseline are mean ± sd over seeds.")
+CLAIMS_RULE = (
+    "Each claim as the paper states it for its method, judged on the paired per-seed differences "
+    "(method − baseline, same seed) of the final value: their mean and its 95% interval (Student t, "
+    "n − 1 degrees of freedom over the n paired seeds). A claim **holds** when the whole interval "
+    "satisfies it, **fails** when none of it does, and is **inconclusive** otherwise (always with one "
+    "seed); measured and baseline are mean ± sd over seeds."
+)
 
 
 def _interval_cell(c: dict) -> str:
@@ -200,76 +228,135 @@ def claims_markdown(checked: list) -> list[str]:
     if not checked:
         return []
     verdicts = {FAILS: "**fails**"}
-    lines = [CLAIMS_RULE, "", "| paper | claim | measured | baseline | difference, 95% interval (points) "
-             "| paired seeds | verdict |", "|---|---|---:|---:|---:|---:|---|"]
+    lines = [
+        CLAIMS_RULE,
+        "",
+        "| paper | claim | measured | baseline | difference, 95% interval (points) | paired seeds | verdict |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
     for c in checked:
         seeds = c["interval"]["n"] if c.get("interval") else "–"
-        lines.append(f"| {c['paper']} | {c['claim']} | {_value(c['value'])} | {_value(c['baseline_value'])} | "
-                     f"{_interval_cell(c)} | {seeds} | {verdicts.get(c['verdict'], c['verdict'])} |")
+        lines.append(
+            f"| {c['paper']} | {c['claim']} | {_value(c['value'])} | {_value(c['baseline_value'])} | "
+            f"{_interval_cell(c)} | {seeds} | {verdicts.get(c['verdict'], c['verdict'])} |"
+        )
     missed = [c for c in checked if c["verdict"] != HOLDS]
     if missed and any(c["per_site_difference"] for c in missed):
-        lines += ["", "Where a claim did not hold, per site (final value of the method minus the baseline's, "
-                  "points, mean over seeds; for a Std. claim the site's own metric):", ""]
+        lines += [
+            "",
+            "Where a claim did not hold, per site (final value of the method minus the baseline's, "
+            "points, mean over seeds; for a Std. claim the site's own metric):",
+            "",
+        ]
         sites = sorted({s for c in missed for s in c["per_site_difference"]}, key=_site_key)
         lines += ["| claim | " + " | ".join(sites) + " |", "|---|" + "---:|" * len(sites)]
         for c in missed:
-            lines.append(f"| {c['claim']} | " + " | ".join(
-                f"{c['per_site_difference'][s]:+.2f}" if s in c["per_site_difference"] else "–" for s in sites) + " |")
+            lines.append(
+                f"| {c['claim']} | "
+                + " | ".join(
+                    f"{c['per_site_difference'][s]:+.2f}" if s in c["per_site_difference"] else "–" for s in sites
+                )
+                + " |"
+            )
     return lines
 
 
 def summary_markdown(summary: dict, reports: dict) -> str:
-    lines = [f"# Benchmark: {summary['dataset']} ({summary['family'].replace('_', ' ')}; {summary['papers']})", "",
-             f"`{summary['command']}`", "",
-             f"{summary['sites']} sites, {summary['rounds']} rounds (evaluated every {summary['eval_every']}), seeds "
-             f"{summary['seeds']}{'; data root ' + summary['data_root'] if summary['data_root'] else ''}; "
-             f"{summary['versions']}. Final results in %, mean ± sd over seeds; Avg.: mean over sites; Std.: "
-             f"population std across sites.", ""]
+    lines = [
+        f"# Benchmark: {summary['dataset']} ({summary['family'].replace('_', ' ')}; {summary['papers']})",
+        "",
+        f"`{summary['command']}`",
+        "",
+        f"{summary['sites']} sites, {summary['rounds']} rounds (evaluated every {summary['eval_every']}), seeds "
+        f"{summary['seeds']}{'; data root ' + summary['data_root'] if summary['data_root'] else ''}; "
+        f"{summary['versions']}. Final results in %, mean ± sd over seeds; Avg.: mean over sites; Std.: "
+        f"population std across sites.",
+        "",
+    ]
     for metric, report in reports.items():
-        lines += [f"## {_label(metric)} per site", "", report["table"], "",
-                  f"Convergence, per-site figures and the CSV: [{metric}/report.md]({metric}/report.md)", ""]
+        lines += [
+            f"## {_label(metric)} per site",
+            "",
+            report["table"],
+            "",
+            f"Convergence, per-site figures and the CSV: [{metric}/report.md]({metric}/report.md)",
+            "",
+        ]
     for metric, errors in (summary.get("test_split_errors") or {}).items():
         if errors:
-            lines += [f"Standard error of each site's final {_label(metric)} on its own test split (points, "
-                      f"`fairfl.uncertainty`: patients as clusters for Dice; mean over all runs). A per-site "
-                      f"difference of a few times this is still not evidence, and with few patients the error is "
-                      f"itself rough (a 95% interval from G patients takes t(G − 1) errors: 12.7 with 2, 4.3 "
-                      f"with 3).", "",
-                      "| " + " | ".join(errors) + " |", "|" + "---:|" * len(errors),
-                      "| " + " | ".join(f"{v:.2f}" for v in errors.values()) + " |", ""]
+            lines += [
+                f"Standard error of each site's final {_label(metric)} on its own test split (points, "
+                f"`fairfl.uncertainty`: patients as clusters for Dice; mean over all runs). A per-site "
+                f"difference of a few times this is still not evidence, and with few patients the error is "
+                f"itself rough (a 95% interval from G patients takes t(G − 1) errors: 12.7 with 2, 4.3 "
+                f"with 3).",
+                "",
+                "| " + " | ".join(errors) + " |",
+                "|" + "---:|" * len(errors),
+                "| " + " | ".join(f"{v:.2f}" for v in errors.values()) + " |",
+                "",
+            ]
     first = reports[summary["metrics"][0]]
-    for key, title in (("quality_shift", "Clean and corrupted test sets"),
-                       ("performance_fairness", "Performance fairness against Solo"),
-                       ("contributions", "Client contributions"),
-                       ("contribution_agreement", "Contribution estimates against leave-one-out")):
+    for key, title in (
+        ("quality_shift", "Clean and corrupted test sets"),
+        ("performance_fairness", "Performance fairness against Solo"),
+        ("contributions", "Client contributions"),
+        ("contribution_agreement", "Contribution estimates against leave-one-out"),
+    ):
         if first["tables"][key]:
             lines += [f"## {title}", "", first["tables"][key], ""]
     weights = {m: w for m, w in (summary.get("mean_weights") or {}).items() if w}
     if weights:
         sites = sorted({s for w in weights.values() for s in w}, key=_site_key)
-        lines += ["## Aggregation weight per site", "", "Each site's weight in the aggregation, averaged over the "
-                  "rounds and then the seeds (Fed-LWR: its layer weights, first averaged over the layers; FedAvg: "
-                  "its share of the training samples).", "", "| method | " + " | ".join(sites) + " |",
-                  "|---|" + "---:|" * len(sites)]
-        lines += [f"| {_name(m)} | " + " | ".join(f"{w[s]:.3f}" if s in w else "–" for s in sites) + " |"
-                  for m, w in weights.items()]
+        lines += [
+            "## Aggregation weight per site",
+            "",
+            "Each site's weight in the aggregation, averaged over the "
+            "rounds and then the seeds (Fed-LWR: its layer weights, first averaged over the layers; FedAvg: "
+            "its share of the training samples).",
+            "",
+            "| method | " + " | ".join(sites) + " |",
+            "|---|" + "---:|" * len(sites),
+        ]
+        lines += [
+            f"| {_name(m)} | " + " | ".join(f"{w[s]:.3f}" if s in w else "–" for s in sites) + " |"
+            for m, w in weights.items()
+        ]
         lines.append("")
     diagnostics = {m: d for m, d in (summary.get("diagnostics") or {}).items() if d}
     if diagnostics:
-        lines += ["## What the methods' sites reported", "", "Medians over sites, rounds and seeds of the training "
-                  "records.", "", "| method | quantity | median |", "|---|---|---:|"]
-        lines += [f"| {_name(m)} | {DIAGNOSTICS[key]} | {value:.3g} |" for m, d in diagnostics.items()
-                  for key, value in d.items()]
+        lines += [
+            "## What the methods' sites reported",
+            "",
+            "Medians over sites, rounds and seeds of the training records.",
+            "",
+            "| method | quantity | median |",
+            "|---|---|---:|",
+        ]
+        lines += [
+            f"| {_name(m)} | {DIAGNOSTICS[key]} | {value:.3g} |"
+            for m, d in diagnostics.items()
+            for key, value in d.items()
+        ]
         lines.append("")
-    lines += ["## Round time", "", "Median seconds of the rounds without evaluation (round 0 left out), all seeds, as "
-              "each run recorded them; ratio to FedAvg's. The runs go one after another, so the ratios hold when "
-              "nothing else shared the machine meanwhile (kept runs keep the times of when they ran).", "",
-              "| method | seconds | / FedAvg |", "|---|---:|---:|"]
+    lines += [
+        "## Round time",
+        "",
+        "Median seconds of the rounds without evaluation (round 0 left out), all seeds, as "
+        "each run recorded them; ratio to FedAvg's. The runs go one after another, so the ratios hold when "
+        "nothing else shared the machine meanwhile (kept runs keep the times of when they ran).",
+        "",
+        "| method | seconds | / FedAvg |",
+        "|---|---:|---:|",
+    ]
     base = summary["round_seconds"].get("fedavg")
     for method, seconds in summary["round_seconds"].items():
         if seconds is not None:
-            lines.append(f"| {_name(method)} | {seconds:.2f} | {seconds / base:.2f} |" if base else
-                         f"| {_name(method)} | {seconds:.2f} | – |")
+            lines.append(
+                f"| {_name(method)} | {seconds:.2f} | {seconds / base:.2f} |"
+                if base
+                else f"| {_name(method)} | {seconds:.2f} | – |"
+            )
     return "\n".join(lines + claims_section(summary["claims"])) + "\n"
 
 
@@ -282,6 +369,7 @@ def claims_section(checked: list) -> list[str]:
 
 
 # ---------------------------------------------------------------- judging the claims again from the outputs
+
 
 def runs_from_csv(files) -> dict:
     """{method: [run records with their final per-site values]} rebuilt from `fairfl report` results.csv files
@@ -322,11 +410,20 @@ def rejudge(out) -> dict:
     claims = check_claims(family_claims(summary["family"]), runs)
     key = lambda c: (c["method"], c["baseline"], c["metric"], c["statistic"])  # noqa: E731
     judged = {key(c) for c in claims}
-    claims += [{**c, "differences": {}, "interval": None, "verdict": INCONCLUSIVE}
-               for c in summary.get("claims", []) if key(c) not in judged]
+    claims += [
+        {**c, "differences": {}, "interval": None, "verdict": INCONCLUSIVE}
+        for c in summary.get("claims", [])
+        if key(c) not in judged
+    ]
     # the outputs' own order first (a rejudge changes verdicts, not the layout), then the registry's
-    order = list(dict.fromkeys([*(key(c) for c in summary.get("claims", [])),
-                                *((c.method, c.baseline, c.metric, c.statistic) for c in family_claims(summary["family"]))]))
+    order = list(
+        dict.fromkeys(
+            [
+                *(key(c) for c in summary.get("claims", [])),
+                *((c.method, c.baseline, c.metric, c.statistic) for c in family_claims(summary["family"])),
+            ]
+        )
+    )
     summary["claims"] = sorted(claims, key=lambda c: order.index(key(c)) if key(c) in order else len(order))
     for c in summary["claims"]:
         c.pop("holds", None)
@@ -338,17 +435,31 @@ def rejudge(out) -> dict:
 
 # ---------------------------------------------------------------- running
 
+
 def versions() -> str:
     import monai
     import nvflare
     import torch
 
-    return (f"nvflare {nvflare.__version__}, torch {torch.__version__}, monai {monai.__version__}, "
-            f"{os.cpu_count()} CPU cores" + (f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""))
+    return (
+        f"nvflare {nvflare.__version__}, torch {torch.__version__}, monai {monai.__version__}, "
+        f"{os.cpu_count()} CPU cores" + (f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "")
+    )
 
 
-def run_benchmark(dataset: str, methods: list, seeds: list, rounds: int, eval_every: int, sites: int, out,
-                  extra: dict | None = None, loo: bool = False, command: str = "", log=print) -> dict:
+def run_benchmark(
+    dataset: str,
+    methods: list,
+    seeds: list,
+    rounds: int,
+    eval_every: int,
+    sites: int,
+    out,
+    extra: dict | None = None,
+    loo: bool = False,
+    command: str = "",
+    log=print,
+) -> dict:
     """Run (or keep) every (seed, method) run, then write the outputs; returns the summary dict."""
     unknown = sorted(set(methods) - set(VARIANTS))
     if unknown:
@@ -364,8 +475,12 @@ def run_benchmark(dataset: str, methods: list, seeds: list, rounds: int, eval_ev
         log(f"[{number}/{len(plan)}] {_name(method)}, seed {seed}{eta}", flush=True)
         started = time.time()
         finished_before = (workspace / SIMULATOR_RESULTS).is_file()
-        results = run_unless_finished(JOBS / variant_job(method)[0], workspace, sites,
-                                      job_arguments(dataset, method, seed, rounds, eval_every, extra))
+        results = run_unless_finished(
+            JOBS / variant_job(method)[0],
+            workspace,
+            sites,
+            job_arguments(dataset, method, seed, rounds, eval_every, extra),
+        )
         if not (finished_before and results.get("final")):
             took.append(time.time() - started)
         paths[seed, method] = workspace / SIMULATOR_RESULTS
@@ -374,25 +489,43 @@ def run_benchmark(dataset: str, methods: list, seeds: list, rounds: int, eval_ev
         from fairfl.loo import run_leave_one_out
 
         log(f"leave-one-out values (FedAvg, seed {seeds[0]}): {sites + 1} runs", flush=True)
-        loo_file = run_leave_one_out(JOBS / "fedavg", out / "loo", sites,
-                                     job_arguments(dataset, "fedavg", seeds[0], rounds, eval_every, extra))
+        loo_file = run_leave_one_out(
+            JOBS / "fedavg", out / "loo", sites, job_arguments(dataset, "fedavg", seeds[0], rounds, eval_every, extra)
+        )
     metrics = FAMILIES[kind]["metrics"]
     all_paths = [paths[s, m] for m in methods for s in seeds]
     reports = {metric: make_report(all_paths, out / metric, metric=metric, loo=loo_file) for metric in metrics}
     runs_by_method = {m: [json.loads(paths[s, m].read_text()) for s in seeds] for m in methods}
-    summary = {"command": command, "versions": versions(), "dataset": dataset, "family": kind,
-               "papers": FAMILIES[kind]["papers"], "methods": methods, "seeds": list(seeds), "rounds": rounds,
-               "eval_every": eval_every, "sites": sites, "data_root": extra.get("data_root", ""), "extra": extra,
-               "metrics": metrics,
-               "results": {m: {metric: {stat: _mean_sd(v for v in (final_stat(r, metric, stat) for r in runs)
-                                                       if v is not None)
-                                        for stat in ("avg", "std")} for metric in metrics}
-                           for m, runs in runs_by_method.items()},
-               "round_seconds": {m: round_seconds_median(runs) for m, runs in runs_by_method.items()},
-               "test_split_errors": {metric: test_split_errors(runs_by_method, metric) for metric in metrics},
-               "mean_weights": {m: mean_weights(runs) for m, runs in runs_by_method.items()},
-               "diagnostics": {m: train_diagnostics(runs) for m, runs in runs_by_method.items()},
-               "claims": check_claims(family_claims(kind), runs_by_method)}
+    summary = {
+        "command": command,
+        "versions": versions(),
+        "dataset": dataset,
+        "family": kind,
+        "papers": FAMILIES[kind]["papers"],
+        "methods": methods,
+        "seeds": list(seeds),
+        "rounds": rounds,
+        "eval_every": eval_every,
+        "sites": sites,
+        "data_root": extra.get("data_root", ""),
+        "extra": extra,
+        "metrics": metrics,
+        "results": {
+            m: {
+                metric: {
+                    stat: _mean_sd(v for v in (final_stat(r, metric, stat) for r in runs) if v is not None)
+                    for stat in ("avg", "std")
+                }
+                for metric in metrics
+            }
+            for m, runs in runs_by_method.items()
+        },
+        "round_seconds": {m: round_seconds_median(runs) for m, runs in runs_by_method.items()},
+        "test_split_errors": {metric: test_split_errors(runs_by_method, metric) for metric in metrics},
+        "mean_weights": {m: mean_weights(runs) for m, runs in runs_by_method.items()},
+        "diagnostics": {m: train_diagnostics(runs) for m, runs in runs_by_method.items()},
+        "claims": check_claims(family_claims(kind), runs_by_method),
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "SUMMARY.md").write_text(summary_markdown(summary, reports))
     log(f"summary: {out / 'SUMMARY.md'}", flush=True)
@@ -400,35 +533,71 @@ def run_benchmark(dataset: str, methods: list, seeds: list, rounds: int, eval_ev
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dataset", metavar="TASK", choices=sorted(BUILTIN_DATASETS),
-                        help=f"built-in dataset of the task: {', '.join(sorted(BUILTIN_DATASETS))}")
-    parser.add_argument("--methods", nargs="+", choices=list(VARIANTS), metavar="METHOD",
-                        help="default: the methods the task's papers compare (segmentation: "
-                             f"{' '.join(family_methods('segmentation'))}; quality shift: "
-                             f"{' '.join(family_methods('quality_shift'))}; imbalanced: "
-                             f"{' '.join(family_methods('imbalanced'))})")
+    parser.add_argument(
+        "dataset",
+        metavar="TASK",
+        choices=sorted(BUILTIN_DATASETS),
+        help=f"built-in dataset of the task: {', '.join(sorted(BUILTIN_DATASETS))}",
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=list(VARIANTS),
+        metavar="METHOD",
+        help="default: the methods the task's papers compare (segmentation: "
+        f"{' '.join(family_methods('segmentation'))}; quality shift: "
+        f"{' '.join(family_methods('quality_shift'))}; imbalanced: "
+        f"{' '.join(family_methods('imbalanced'))})",
+    )
     from fairfl.cli import at_least
 
     parser.add_argument("--seeds", type=at_least(0), nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=at_least(1), default=20)
     parser.add_argument("--eval-every", type=at_least(0), default=5)
-    parser.add_argument("--sites", type=at_least(2), help="number of sites (default: the papers' for the task: 6, ich_imbalanced "
-                                                  "10, quality shift 20)")
+    parser.add_argument(
+        "--sites",
+        type=at_least(2),
+        help="number of sites (default: the papers' for the task: 6, ich_imbalanced 10, quality shift 20)",
+    )
     parser.add_argument("--data-root", default="", help="sites read this folder (datalists <site>.json) instead")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="job arguments for every run (JSON values), e.g. image_size=32 model_channels=[8,16]")
-    parser.add_argument("--loo", action="store_true",
-                        help="also run FedAvg leaving each site out (sites + 1 runs) for the contribution table")
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="job arguments for every run (JSON values), e.g. image_size=32 model_channels=[8,16]",
+    )
+    parser.add_argument(
+        "--loo",
+        action="store_true",
+        help="also run FedAvg leaving each site out (sites + 1 runs) for the contribution table",
+    )
     parser.add_argument("--out", help="output folder (default: benchmarks/results/compare/<TASK>)")
-    parser.add_argument("--rejudge", action="store_true",
-                        help="run nothing: judge the claims again from the outputs already in the output folder "
-                             "(summary.json, <metric>/results.csv) and rewrite their claims")
+    parser.add_argument(
+        "--rejudge",
+        action="store_true",
+        help="run nothing: judge the claims again from the outputs already in the output folder "
+        "(summary.json, <metric>/results.csv) and rewrite their claims",
+    )
 
 
 def canonical_command(dataset, methods, seeds, rounds, eval_every, sites, data_root, assignments, loo, out) -> str:
     """The command that reruns this benchmark, every setting spelled out."""
-    parts = ["fairfl", "benchmark", dataset, "--methods", *methods, "--seeds", *map(str, seeds), "--rounds", str(rounds),
-             "--eval-every", str(eval_every), "--sites", str(sites)]
+    parts = [
+        "fairfl",
+        "benchmark",
+        dataset,
+        "--methods",
+        *methods,
+        "--seeds",
+        *map(str, seeds),
+        "--rounds",
+        str(rounds),
+        "--eval-every",
+        str(eval_every),
+        "--sites",
+        str(sites),
+    ]
     parts += ["--data-root", data_root] if data_root else []
     parts += ["--set", *assignments] if assignments else []
     parts += ["--loo"] if loo else []
@@ -452,11 +621,22 @@ def run(args) -> int:
             return 1
         print("\n".join(claims_markdown(claims)))
         return 0
-    command = canonical_command(args.dataset, methods, args.seeds, args.rounds, args.eval_every, sites, args.data_root,
-                                args.set, args.loo, args.out)
+    command = canonical_command(
+        args.dataset,
+        methods,
+        args.seeds,
+        args.rounds,
+        args.eval_every,
+        sites,
+        args.data_root,
+        args.set,
+        args.loo,
+        args.out,
+    )
     try:
-        run_benchmark(args.dataset, methods, args.seeds, args.rounds, args.eval_every, sites, out, extra, args.loo,
-                      command)
+        run_benchmark(
+            args.dataset, methods, args.seeds, args.rounds, args.eval_every, sites, out, extra, args.loo, command
+        )
     except (RuntimeError, ValueError, OSError) as e:
         print(f"fairfl benchmark: {e}", file=sys.stderr)
         return 1
@@ -465,8 +645,9 @@ def run(args) -> int:
 
 # ---------------------------------------------------------------- the results in README.md and docs/, generated
 
-GENERATED = re.compile(r"^(<!-- generated from (?P<source>[^\n]+?) -->\n)(?P<body>.*?)^(<!-- end generated -->)$",
-                       re.S | re.M)
+GENERATED = re.compile(
+    r"^(<!-- generated from (?P<source>[^\n]+?) -->\n)(?P<body>.*?)^(<!-- end generated -->)$", re.S | re.M
+)
 LINK = re.compile(r"(!?\[[^\]]*\]\()(?!https?:|/|#)([^)]+)\)")
 
 
@@ -479,9 +660,15 @@ def section(markdown: str, title: str | None) -> str:
     for i, line in enumerate(lines):
         level = len(line) - len(line.lstrip("#"))
         if level and line[level:].strip() == title:
-            end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("#")
-                        and len(lines[j]) - len(lines[j].lstrip("#")) <= level), len(lines))
-            return "\n".join(lines[i + 1:end]).strip("\n") + "\n"
+            end = next(
+                (
+                    j
+                    for j in range(i + 1, len(lines))
+                    if lines[j].startswith("#") and len(lines[j]) - len(lines[j].lstrip("#")) <= level
+                ),
+                len(lines),
+            )
+            return "\n".join(lines[i + 1 : end]).strip("\n") + "\n"
     raise ValueError(f"no section {title!r}")
 
 

@@ -109,11 +109,16 @@ def classification_metrics(labels, probs) -> dict:
         warnings.filterwarnings("ignore", message="y_pred contains classes not in y_true")
         balanced = balanced_accuracy_score(labels, predictions)
     per_class = per_class_auc(labels, probs)
-    errors = {"balanced_accuracy_se": balanced_accuracy_se(labels, predictions),
-              "auc_se": macro_auc_se(labels, per_class)}
-    return {"accuracy": float(accuracy_score(labels, predictions)), "balanced_accuracy": float(balanced),
-            "auc": mean_auc(per_class),
-            **{k: v for k, v in errors.items() if v is not None}}
+    errors = {
+        "balanced_accuracy_se": balanced_accuracy_se(labels, predictions),
+        "auc_se": macro_auc_se(labels, per_class),
+    }
+    return {
+        "accuracy": float(accuracy_score(labels, predictions)),
+        "balanced_accuracy": float(balanced),
+        "auc": mean_auc(per_class),
+        **{k: v for k, v in errors.items() if v is not None},
+    }
 
 
 @torch.no_grad()

@@ -15,6 +15,7 @@ from pathlib import Path
 # --- argument checks: argparse reports a bad value as "argument --x: ..." with exit code 2 -------------------------
 def at_least(low: int, at_most: int | None = None):
     """An argparse type: an integer >= low (and <= at_most)."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -25,11 +26,13 @@ def at_least(low: int, at_most: int | None = None):
         if at_most is not None and value > at_most:
             raise argparse.ArgumentTypeError(f"must be at most {at_most}, got {value}")
         return value
+
     return parse
 
 
 def number_in(low: float, high: float, low_open: bool = False):
     """An argparse type: a finite number in [low, high] ((low, high] with low_open)."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -38,6 +41,7 @@ def number_in(low: float, high: float, low_open: bool = False):
         if not (low < value if low_open else low <= value) or not value <= high:
             raise argparse.ArgumentTypeError(f"must be in {'(' if low_open else '['}{low:g}, {high:g}], got {text}")
         return value
+
     return parse
 
 
@@ -98,8 +102,9 @@ def _run(args) -> int:
         return 2
     # the simulator empties its workspace: only a previous simulator workspace, and only with --force
     problem = refuse_to_overwrite(workspace, args.force, "workspace", is_simulator_workspace)
-    problem = problem or (overrides and refuse_to_overwrite(job_copy, args.force, "job copy",
-                                                            lambda folder: is_job_copy(str(folder))))
+    problem = problem or (
+        overrides and refuse_to_overwrite(job_copy, args.force, "job copy", lambda folder: is_job_copy(str(folder)))
+    )
     if problem:
         print(f"fairfl run: {problem}", file=sys.stderr)
         return 1
@@ -110,28 +115,35 @@ def _run(args) -> int:
             print(f"fairfl run: error: argument --set: {e}", file=sys.stderr)
             return 2
         print(f"job with {overrides}: {job}")
-    print(f"running {job} in the NVFlare simulator with {args.n_clients} sites; workspace {workspace}"
-          + (f"; free riders {', '.join(args.free_riders)}" if args.free_riders else ""), flush=True)
+    print(
+        f"running {job} in the NVFlare simulator with {args.n_clients} sites; workspace {workspace}"
+        + (f"; free riders {', '.join(args.free_riders)}" if args.free_riders else ""),
+        flush=True,
+    )
     run = run_simulator(job, workspace, args.n_clients, args.threads, env=env)
     if not run.ok:
         print(run.describe_failure(), file=sys.stderr)
         return 1
     report = make_report([run.results_path], os.path.join(workspace, "report"))
-    print(f"\nfinished in {run.seconds:.0f} s\nresults:     {run.results_path}\nreport:      {report['report']}\n"
-          f"tensorboard: tensorboard --logdir {os.path.join(os.path.dirname(run.results_path), 'tb_events')}\n"
-          f"logs:        {workspace}/<site>/log.txt")
+    print(
+        f"\nfinished in {run.seconds:.0f} s\nresults:     {run.results_path}\nreport:      {report['report']}\n"
+        f"tensorboard: tensorboard --logdir {os.path.join(os.path.dirname(run.results_path), 'tb_events')}\n"
+        f"logs:        {workspace}/<site>/log.txt"
+    )
     return 0
 
 
 MIN_IMAGE_SIZE = 16  # the smallest image the networks take (the U-Net halves it three times)
 
 # the generator of each built-in dataset, for `prepare-data --out` ("module:function", imported when used)
-GENERATORS = {"prostate": "fairfl.data.synthetic_prostate:generate_prostate_sites",
-              "fundus": "fairfl.data.synthetic_fundus:generate_fundus_sites",
-              "skin": "fairfl.data.synthetic_classification:generate_skin_sites",
-              "ich": "fairfl.data.synthetic_classification:generate_ich_sites",
-              "skin_imbalanced": "fairfl.data.imbalanced:generate_skin_imbalanced_sites",
-              "ich_imbalanced": "fairfl.data.imbalanced:generate_ich_imbalanced_sites"}
+GENERATORS = {
+    "prostate": "fairfl.data.synthetic_prostate:generate_prostate_sites",
+    "fundus": "fairfl.data.synthetic_fundus:generate_fundus_sites",
+    "skin": "fairfl.data.synthetic_classification:generate_skin_sites",
+    "ich": "fairfl.data.synthetic_classification:generate_ich_sites",
+    "skin_imbalanced": "fairfl.data.imbalanced:generate_skin_imbalanced_sites",
+    "ich_imbalanced": "fairfl.data.imbalanced:generate_ich_imbalanced_sites",
+}
 
 
 def _import(target: str):
@@ -155,12 +167,23 @@ def _prepare_data(args) -> int:
         return 1
     try:  # the generators refuse settings they cannot make data for (too small images, too few images a site)
         if args.out:
-            root = _import(GENERATORS[args.dataset])(args.out, num_sites=args.num_sites, image_size=args.image_size,
-                                                     seed=args.seed, size_scale=args.size_scale,
-                                                     test_scale=args.test_scale)
+            root = _import(GENERATORS[args.dataset])(
+                args.out,
+                num_sites=args.num_sites,
+                image_size=args.image_size,
+                seed=args.seed,
+                size_scale=args.size_scale,
+                test_scale=args.test_scale,
+            )
         else:
-            root = ensure_builtin(args.dataset, image_size=args.image_size, seed=args.seed, num_sites=args.num_sites,
-                                  size_scale=args.size_scale, test_scale=args.test_scale)
+            root = ensure_builtin(
+                args.dataset,
+                image_size=args.image_size,
+                seed=args.seed,
+                num_sites=args.num_sites,
+                size_scale=args.size_scale,
+                test_scale=args.test_scale,
+            )
     except ValueError as e:
         print(f"fairfl prepare-data: {e}", file=sys.stderr)
         return 1
@@ -171,6 +194,7 @@ def _prepare_data(args) -> int:
 def _converter(target: str, options=()):
     """A subcommand handler for a dataset converter `convert(src, dst, seed=..., site_names=..., **options)`;
     `options` names the arguments passed on when given. Bad data: the error (site and file) and exit code 1."""
+
     def convert(args) -> int:
         extra = {k: getattr(args, k) for k in options if getattr(args, k) is not None}
         problem = refuse_to_overwrite(args.dst, False, "output folder")  # converters never write over data
@@ -178,13 +202,15 @@ def _converter(target: str, options=()):
             print(f"fairfl {args.command}: {problem.split(' or give --force')[0]}", file=sys.stderr)
             return 1
         try:
-            summary = _import(target)(args.src, args.dst, seed=args.seed,
-                                      site_names="flare" if args.rename_sites else None, **extra)
+            summary = _import(target)(
+                args.src, args.dst, seed=args.seed, site_names="flare" if args.rename_sites else None, **extra
+            )
         except ValueError as e:  # DataError included: it names the site and the file
             print(f"fairfl {args.command}: {e}", file=sys.stderr)
             return 1
         print(json.dumps(summary, indent=1, default=str))
         return 0
+
     return convert
 
 
@@ -193,16 +219,26 @@ def _leave_one_out(args) -> int:
     from fairfl.loo import load_loo, marginal_table, run_leave_one_out
 
     out = args.out or os.path.join("workspaces", "loo-" + os.path.basename(os.path.abspath(args.job)))
-    print(f"leave-one-out of {args.job} with {args.n_clients} sites in {out}: one run with every site, then one "
-          f"without each of {', '.join(args.sites) if args.sites else 'them'}", flush=True)
+    print(
+        f"leave-one-out of {args.job} with {args.n_clients} sites in {out}: one run with every site, then one "
+        f"without each of {', '.join(args.sites) if args.sites else 'them'}",
+        flush=True,
+    )
     try:
-        path = run_leave_one_out(os.path.abspath(args.job), out, args.n_clients, parse_assignments(args.set),
-                                 sites=args.sites, threads=args.threads)
+        path = run_leave_one_out(
+            os.path.abspath(args.job),
+            out,
+            args.n_clients,
+            parse_assignments(args.set),
+            sites=args.sites,
+            threads=args.threads,
+        )
     except (RuntimeError, ValueError) as e:
         print(f"fairfl leave-one-out: {e}", file=sys.stderr)
         return 1
-    print(f"\n{marginal_table(load_loo(path))}\n\nleave-one-out: {path}\n"
-          f"compare with: fairfl report RUNS... --loo {path}")
+    print(
+        f"\n{marginal_table(load_loo(path))}\n\nleave-one-out: {path}\ncompare with: fairfl report RUNS... --loo {path}"
+    )
     return 0
 
 
@@ -225,8 +261,13 @@ def _export_job(args) -> int:
 def _add_simulator_arguments(parser) -> None:
     parser.add_argument("-n", "--n-clients", type=at_least(1), default=6)
     parser.add_argument("-t", "--threads", type=at_least(1), default=None, help="client processes at once (default n)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="change a job argument (JSON value), e.g. --set num_rounds=50; repeatable")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change a job argument (JSON value), e.g. --set num_rounds=50; repeatable",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,9 +281,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", type=job_folder, help="job folder, e.g. jobs/fedlwr")
     p.add_argument("-w", "--workspace", help="simulator workspace (default workspaces/<job name>)")
     p.add_argument("--force", action="store_true", help="replace the workspace (and job copy) of an earlier run")
-    p.add_argument("--free-riders", type=site_names, default=[],
-                   metavar="SITE[,SITE]", help="these sites are free riders (FedCE's Fig. 4): sets the sites' own "
-                                               "FAIRFL_FREE_RIDERS in the simulator's environment")
+    p.add_argument(
+        "--free-riders",
+        type=site_names,
+        default=[],
+        metavar="SITE[,SITE]",
+        help="these sites are free riders (FedCE's Fig. 4): sets the sites' own "
+        "FAIRFL_FREE_RIDERS in the simulator's environment",
+    )
     _add_simulator_arguments(p)
     p.set_defaults(func=_run)
 
@@ -251,24 +297,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write here instead of the cache (not into a non-empty folder without --force)")
     p.add_argument("--force", action="store_true", help="write into a non-empty --out folder (same names replaced)")
     p.add_argument("--image-size", type=at_least(MIN_IMAGE_SIZE), default=64)
-    p.add_argument("--num-sites", type=at_least(1), help="as many as the run will have (default 6, or the dataset's minimum: ich_imbalanced 10)")
+    p.add_argument(
+        "--num-sites",
+        type=at_least(1),
+        help="as many as the run will have (default 6, or the dataset's minimum: ich_imbalanced 10)",
+    )
     p.add_argument("--seed", type=at_least(0), default=0)
     # the jobs' `synthetic_size_scale`: with another value the jobs would not find this data in the cache
-    p.add_argument("--size-scale", type=number_in(0, 100, low_open=True), default=None,
-                   help="scales the number of cases per site (default: the jobs' synthetic_size_scale for the "
-                        "dataset's task, segmentation 2.0, classification 1.0)")
-    p.add_argument("--test-scale", type=number_in(1, MAX_TEST_SCALE), default=1.0,
-                   help="test splits hold this many times their items, training and validation unchanged (the "
-                        "server's test_scale; default 1)")
+    p.add_argument(
+        "--size-scale",
+        type=number_in(0, 100, low_open=True),
+        default=None,
+        help="scales the number of cases per site (default: the jobs' synthetic_size_scale for the "
+        "dataset's task, segmentation 2.0, classification 1.0)",
+    )
+    p.add_argument(
+        "--test-scale",
+        type=number_in(1, MAX_TEST_SCALE),
+        default=1.0,
+        help="test splits hold this many times their items, training and validation unchanged (the "
+        "server's test_scale; default 1)",
+    )
     p.set_defaults(func=_prepare_data)
 
     for name, target, what, src_help in (
-            ("convert-prostate", "fairfl.data.convert_prostate:convert_prostate",
-             "the multi-site prostate MRI layout to 2-D datalists",
-             "folder with <site>/Image/<case>.nii.gz and <site>/Mask/<case>.nii.gz"),
-            ("convert-fundus", "fairfl.data.convert_fundus:convert_fundus",
-             "the multi-site retinal fundus layout (optic disc and cup) to datalists",
-             "folder of the multi-site fundus data, one folder per site")):
+        (
+            "convert-prostate",
+            "fairfl.data.convert_prostate:convert_prostate",
+            "the multi-site prostate MRI layout to 2-D datalists",
+            "folder with <site>/Image/<case>.nii.gz and <site>/Mask/<case>.nii.gz",
+        ),
+        (
+            "convert-fundus",
+            "fairfl.data.convert_fundus:convert_fundus",
+            "the multi-site retinal fundus layout (optic disc and cup) to datalists",
+            "folder of the multi-site fundus data, one folder per site",
+        ),
+    ):
         p = sub.add_parser(name, help=f"convert {what}")
         p.add_argument("src", type=existing_folder, help=src_help)
         p.add_argument("dst", help="output data root (<site>.json datalists); must not exist or be empty")
@@ -278,42 +343,74 @@ def build_parser() -> argparse.ArgumentParser:
 
     # classification: Dirichlet sites with a quality shift (FedISM+) or, for ISIC, one site per source (FedNPR)
     for name, target, what, extra in (
-            ("convert-isic", "fairfl.data.convert_isic:convert_isic",
-             "the ISIC 2019 training release (images + ground-truth CSV) to per-site datalists", ("sites",)),
-            ("convert-rsna-ich", "fairfl.data.convert_rsna_ich:convert_rsna_ich",
-             "the RSNA intracranial hemorrhage layout (PNG slices + label CSV) to per-site datalists",
-             ("include_none", "max_images"))):
+        (
+            "convert-isic",
+            "fairfl.data.convert_isic:convert_isic",
+            "the ISIC 2019 training release (images + ground-truth CSV) to per-site datalists",
+            ("sites",),
+        ),
+        (
+            "convert-rsna-ich",
+            "fairfl.data.convert_rsna_ich:convert_rsna_ich",
+            "the RSNA intracranial hemorrhage layout (PNG slices + label CSV) to per-site datalists",
+            ("include_none", "max_images"),
+        ),
+    ):
         p = sub.add_parser(name, help=f"convert {what}")
-        p.add_argument("src", type=existing_folder, help="source folder in the public layout (see the converter's docstring)")
+        p.add_argument(
+            "src", type=existing_folder, help="source folder in the public layout (see the converter's docstring)"
+        )
         p.add_argument("dst", help="output data root (<site>.json datalists); must not exist or be empty")
         p.add_argument("--seed", type=at_least(0), default=0)
         p.add_argument("--rename-sites", action="store_true", help="name source sites site-1..site-N")
         if "sites" in extra:
-            p.add_argument("--sites", choices=["dirichlet", "source"],
-                           help="dirichlet (default; FedISM+) or one site per source hospital (FedNPR, FLamby)")
+            p.add_argument(
+                "--sites",
+                choices=["dirichlet", "source"],
+                help="dirichlet (default; FedISM+) or one site per source hospital (FedNPR, FLamby)",
+            )
         if "include_none" in extra:
-            p.add_argument("--include-none", action="store_true", default=None,
-                           help="keep slices without hemorrhage as a sixth class")
+            p.add_argument(
+                "--include-none",
+                action="store_true",
+                default=None,
+                help="keep slices without hemorrhage as a sixth class",
+            )
             p.add_argument("--max-images", type=at_least(1), help="a seeded random subset (FedISM+: 25000)")
         p.add_argument("--num-sites", type=at_least(1), help="Dirichlet sites (default 20)")
         p.add_argument("--alpha", type=number_in(0, 1e6, low_open=True), help="Dirichlet concentration (default 1.0)")
-        p.add_argument("--image-size", type=at_least(MIN_IMAGE_SIZE), help="resize to square PNGs (default: copy the files)")
-        p.add_argument("--corrupted-fraction", type=number_in(0, 1),
-                       help="share of the sites with corrupted images, the last ones (FedISM+: 0.2; needs "
-                            "--image-size)")
+        p.add_argument(
+            "--image-size", type=at_least(MIN_IMAGE_SIZE), help="resize to square PNGs (default: copy the files)"
+        )
+        p.add_argument(
+            "--corrupted-fraction",
+            type=number_in(0, 1),
+            help="share of the sites with corrupted images, the last ones (FedISM+: 0.2; needs --image-size)",
+        )
         p.add_argument("--corruption", choices=["noise", "blur"], help="Gaussian noise (default) or motion blur")
         p.add_argument("--severity", type=int, choices=range(1, 6), help="corruption severity 1-5 (default 3)")
         options = (*extra, "num_sites", "alpha", "image_size", "corrupted_fraction", "corruption", "severity")
         p.set_defaults(func=_converter(target, options), command=name)
 
-    p = sub.add_parser("leave-one-out", help="leave-one-out client values: the job with every site, then without "
-                                             "each site (FedCE paper, Table 3)")
-    p.add_argument("job", nargs="?", type=job_folder, default=os.path.join("jobs", "fedavg"),
-                   help="job folder (default jobs/fedavg)")
+    p = sub.add_parser(
+        "leave-one-out",
+        help="leave-one-out client values: the job with every site, then without each site (FedCE paper, Table 3)",
+    )
+    p.add_argument(
+        "job",
+        nargs="?",
+        type=job_folder,
+        default=os.path.join("jobs", "fedavg"),
+        help="job folder (default jobs/fedavg)",
+    )
     p.add_argument("-o", "--out", help="output folder: runs/ and loo.json (default workspaces/loo-<job name>)")
     _add_simulator_arguments(p)
-    p.add_argument("--sites", nargs="+", metavar="SITE",
-                   help="leave out only these sites, one at a time (default: every site); give the job before it")
+    p.add_argument(
+        "--sites",
+        nargs="+",
+        metavar="SITE",
+        help="leave out only these sites, one at a time (default: every site); give the job before it",
+    )
     p.set_defaults(func=_leave_one_out)
 
     p = sub.add_parser("report", help="paper-style table and figures from one or more runs")
@@ -321,12 +418,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=report.run)
 
     from fairfl import benchmark
-    p = sub.add_parser("benchmark", help="every method of a task's papers side by side: tables, figures, claims",
-                       description=benchmark.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    p = sub.add_parser(
+        "benchmark",
+        help="every method of a task's papers side by side: tables, figures, claims",
+        description=benchmark.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     benchmark.add_arguments(p)
     p.set_defaults(func=benchmark.run)
-    p = sub.add_parser("update-readme", help="rewrite the generated result blocks of README.md and docs/ from the "
-                                             "benchmark outputs")
+    p = sub.add_parser(
+        "update-readme", help="rewrite the generated result blocks of README.md and docs/ from the benchmark outputs"
+    )
     p.add_argument("files", nargs="*", metavar="FILE", help="Markdown files (default: README.md and docs/**/*.md)")
     p.add_argument("--check", action="store_true", help="change nothing; fail if a block is out of date")
     p.set_defaults(func=benchmark.update_readme_command)
@@ -343,6 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_export_job)
 
     from fairfl.deploy.commands import add_commands
+
     add_commands(sub)
     return parser
 

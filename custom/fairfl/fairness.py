@@ -39,6 +39,7 @@ def summarize(per_site: Mapping[str, float], higher_is_better: bool = True) -> d
 
 # ---------------------------------------------------------------- comparing two per-site vectors (FedCE paper)
 
+
 def performance_fairness(method_scores: Mapping[str, float], solo_scores: Mapping[str, float]) -> dict:
     """How closely a method's per-site performance follows Solo's (FedCE paper, Table 2).
 
@@ -77,8 +78,13 @@ def contribution_agreement(estimates: Mapping[str, float], loo_values: Mapping[s
     else:
         euclidean = float(np.linalg.norm(normalise_abs(estimate) - normalise_abs(loo)))
         cosine = float(estimate @ loo / (np.linalg.norm(estimate) * np.linalg.norm(loo)))
-    return {"pearson": pearson, "p_value": p_value, "euclidean": euclidean, "cosine": cosine,
-            "note": "; ".join(notes) or None}
+    return {
+        "pearson": pearson,
+        "p_value": p_value,
+        "euclidean": euclidean,
+        "cosine": cosine,
+        "note": "; ".join(notes) or None,
+    }
 
 
 def normalise_abs(values: np.ndarray) -> np.ndarray:

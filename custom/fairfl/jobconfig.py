@@ -14,8 +14,13 @@ from fairfl.site_settings import MOVED_ARGUMENTS
 
 SERVER_CONFIG = os.path.join("app", "config", "config_fed_server.json")
 CLIENT_CONFIG = os.path.join("app", "config", "config_fed_client.json")
-JSON_KINDS = ((bool, "true/false"), ((int, float), "a number"), (str, "a string"), (list, "a list"),
-              (dict, "an object"))
+JSON_KINDS = (
+    (bool, "true/false"),
+    ((int, float), "a number"),
+    (str, "a string"),
+    (list, "a list"),
+    (dict, "an object"),
+)
 
 
 def component_arguments(cls: type) -> dict:
@@ -26,8 +31,9 @@ def component_arguments(cls: type) -> dict:
         if klass.__module__.startswith("fairfl.") and "__init__" in vars(klass):
             for name, parameter in inspect.signature(vars(klass)["__init__"]).parameters.items():
                 if parameter.default is not inspect.Parameter.empty:
-                    defaults[name] = list(parameter.default) if isinstance(parameter.default, tuple) \
-                        else parameter.default
+                    defaults[name] = (
+                        list(parameter.default) if isinstance(parameter.default, tuple) else parameter.default
+                    )
     return defaults
 
 
@@ -63,8 +69,11 @@ def is_job_copy(folder: str) -> bool:
         top = set(os.listdir(folder))
     except OSError:
         return False
-    return top <= {"meta.json", "app"} and "meta.json" in top and all(
-        os.path.isfile(os.path.join(folder, name)) for name in (SERVER_CONFIG, CLIENT_CONFIG))
+    return (
+        top <= {"meta.json", "app"}
+        and "meta.json" in top
+        and all(os.path.isfile(os.path.join(folder, name)) for name in (SERVER_CONFIG, CLIENT_CONFIG))
+    )
 
 
 def customize_job(src: str, dst: str, args: dict | None = None, client_config: dict | None = None) -> str:
@@ -74,8 +83,9 @@ def customize_job(src: str, dst: str, args: dict | None = None, client_config: d
     ValueError naming it, and nothing is written (a typo must not silently run the defaults). `dst` may exist
     only as an empty folder or an earlier job copy (`is_job_copy`), which is replaced; anything else is refused,
     never deleted. client_config: top-level keys to set in the client config (e.g. task_result_filters)."""
-    if os.path.lexists(dst) and not (os.path.isdir(dst) and not os.path.islink(dst)
-                                     and (not os.listdir(dst) or is_job_copy(dst))):
+    if os.path.lexists(dst) and not (
+        os.path.isdir(dst) and not os.path.islink(dst) and (not os.listdir(dst) or is_job_copy(dst))
+    ):
         raise ValueError(f"{dst} exists and is not a job copy written by fairfl: refusing to replace it")
     parent = os.path.dirname(os.path.abspath(dst))
     os.makedirs(parent, exist_ok=True)
@@ -115,13 +125,18 @@ def set_arguments(configs: dict, args: dict, job: str) -> dict:
                 if key in component.get("args", {}):
                     default = component["args"][key]
                     if None not in (default, value) and _kind(default) != _kind(value):
-                        raise ValueError(f"{key}={json.dumps(value)}: job {job} expects {_kind(default)} "
-                                         f"(it has {json.dumps(default)})")
+                        raise ValueError(
+                            f"{key}={json.dumps(value)}: job {job} expects {_kind(default)} "
+                            f"(it has {json.dumps(default)})"
+                        )
                     component["args"][key] = value
                     unused.discard(key)
     if unused:
-        moved = "".join(f"; {key} is the site's own setting {MOVED_ARGUMENTS[key]} (its environment)"
-                        for key in sorted(unused) if key in MOVED_ARGUMENTS)
+        moved = "".join(
+            f"; {key} is the site's own setting {MOVED_ARGUMENTS[key]} (its environment)"
+            for key in sorted(unused)
+            if key in MOVED_ARGUMENTS
+        )
         raise ValueError(f"job {job} has no argument(s) {sorted(unused)}{moved}")
     return configs
 

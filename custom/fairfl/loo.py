@@ -36,8 +36,10 @@ def final_scores(results: dict, metric: str, sites: list, who: str) -> dict:
     per_site = (results.get("final") or {}).get("per_site") or {}
     missing = [s for s in sites if metric not in per_site.get(s, {})]
     if missing:
-        raise ValueError(f"{who}: no final {metric} for {', '.join(missing)}"
-                         + ("" if results.get("final") else " (the run did not finish)"))
+        raise ValueError(
+            f"{who}: no final {metric} for {', '.join(missing)}"
+            + ("" if results.get("final") else " (the run did not finish)")
+        )
     return {s: float(per_site[s][metric]) for s in sites}
 
 
@@ -72,8 +74,13 @@ def marginal_values(full_results: dict, without_results: dict, metric: str | Non
         if differing or results.get("method") != full_results.get("method"):
             raise ValueError(f"{who} differs from the full run in {differing or ['method']}: not comparable")
         without[site] = _mean_over_sites(final_scores(results, metric, sites, who))
-    return {"sites": sites, "metric": metric, "full": full, "without": without,
-            "marginal": {site: full["mean"] - w["mean"] for site, w in without.items()}}
+    return {
+        "sites": sites,
+        "metric": metric,
+        "full": full,
+        "without": without,
+        "marginal": {site: full["mean"] - w["mean"] for site, w in without.items()},
+    }
 
 
 def load_loo(path) -> dict:
@@ -97,18 +104,32 @@ def marginal_table(loo: dict) -> str:
     sites = list(loo["marginal"])
     marginal = np.array([loo["marginal"][s] for s in sites])
     shares = [f"{v:+.3f}" for v in normalise_abs(marginal)] if marginal.any() else ["–"] * len(sites)
-    rows = [[f"mean {loo['metric']} without the site (%)", *(f"{100 * loo['without'][s]['mean']:.2f}" for s in sites)],
-            ["marginal value (points)", *(f"{100 * v:+.2f}" for v in marginal)],
-            ["normalised: marginal / sum of absolute marginals", *shares]]
-    lines = [f"Full federation: mean {loo['metric']} {100 * loo['full']['mean']:.2f}% over {len(loo['sites'])} sites.",
-             "", "| | " + " | ".join(sites) + " |", "|---|" + "---:|" * len(sites)]
+    rows = [
+        [f"mean {loo['metric']} without the site (%)", *(f"{100 * loo['without'][s]['mean']:.2f}" for s in sites)],
+        ["marginal value (points)", *(f"{100 * v:+.2f}" for v in marginal)],
+        ["normalised: marginal / sum of absolute marginals", *shares],
+    ]
+    lines = [
+        f"Full federation: mean {loo['metric']} {100 * loo['full']['mean']:.2f}% over {len(loo['sites'])} sites.",
+        "",
+        "| | " + " | ".join(sites) + " |",
+        "|---|" + "---:|" * len(sites),
+    ]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 # ---------------------------------------------------------------- running the jobs
 
-def run_leave_one_out(job, out_dir, n_clients: int, overrides: dict | None = None, sites=None,
-                      threads: int | None = None, metric: str | None = None) -> Path:
+
+def run_leave_one_out(
+    job,
+    out_dir,
+    n_clients: int,
+    overrides: dict | None = None,
+    sites=None,
+    threads: int | None = None,
+    metric: str | None = None,
+) -> Path:
     """Run `job` with all `n_clients` sites and once without each of `sites` (default: all of them), then write
     `<out_dir>/loo.json` and return its path. Workspaces: `<out_dir>/runs/full`, `.../without-site-k`."""
     all_sites = [f"site-{k}" for k in range(1, n_clients + 1)]  # the simulator's client names for -n
@@ -124,8 +145,13 @@ def run_leave_one_out(job, out_dir, n_clients: int, overrides: dict | None = Non
         job_args = {**overrides, "exclude_sites": [] if key == FULL_RUN else [key]}
         runs[key] = run_unless_finished(job, workspace, n_clients, job_args, threads)
     full = runs.pop(FULL_RUN)
-    loo = {"job": str(job), "overrides": overrides, "n_clients": n_clients, **marginal_values(full, runs, metric),
-           "workspaces": {key: str(path) for key, path in workspaces.items()}}
+    loo = {
+        "job": str(job),
+        "overrides": overrides,
+        "n_clients": n_clients,
+        **marginal_values(full, runs, metric),
+        "workspaces": {key: str(path) for key, path in workspaces.items()},
+    }
     path = out / LOO_FILE
     write_json_atomic(str(path), loo)
     return path

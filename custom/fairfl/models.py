@@ -13,31 +13,58 @@ from monai.networks.layers import get_norm_layer
 from monai.networks.nets import UNet, resnet18
 
 # CPU-sized default: a four-level MONAI U-Net. The paper preset uses the five-level one (16..256).
-DEFAULT_UNET = {"name": "unet", "in_channels": 1, "num_classes": 2, "channels": [16, 32, 64, 128],
-                "strides": [2, 2, 2], "num_res_units": 2, "norm": "instance"}
+DEFAULT_UNET = {
+    "name": "unet",
+    "in_channels": 1,
+    "num_classes": 2,
+    "channels": [16, 32, 64, 128],
+    "strides": [2, 2, 2],
+    "num_res_units": 2,
+    "norm": "instance",
+}
 
 # Classification (FedISM+): MONAI's ResNet-18, never pretrained (the paper starts from ImageNet weights; a
 # FLARE job cannot download them and medical images are grey). conv1_stride 2 is He et al.'s stem (MONAI's
 # default, 1, costs 4x the compute at 224 px). Batch norm as in the paper; see NORMS for the other choices.
-DEFAULT_RESNET18 = {"name": "resnet18", "in_channels": 1, "num_classes": 2, "norm": "batch", "norm_groups": 32,
-                    "conv1_stride": 2}
+DEFAULT_RESNET18 = {
+    "name": "resnet18",
+    "in_channels": 1,
+    "num_classes": 2,
+    "norm": "batch",
+    "norm_groups": 32,
+    "conv1_stride": 2,
+}
 # A small CNN so that CPU runs finish: per entry of `channels` a 3x3 convolution with stride 2, norm (not in the
 # last block) and ReLU; then global average pooling and a linear classifier. Group norm by default: batch-norm
 # running statistics averaged over clean and corrupted sites are no site's statistics, and eval-mode accuracy
 # suffers (FedBN's observation).
-DEFAULT_CNN = {"name": "cnn", "in_channels": 1, "num_classes": 2, "channels": [16, 32, 64], "norm": "group",
-               "norm_groups": 8}
+DEFAULT_CNN = {
+    "name": "cnn",
+    "in_channels": 1,
+    "num_classes": 2,
+    "channels": [16, 32, 64],
+    "norm": "group",
+    "norm_groups": 8,
+}
 DEFAULTS = {"unet": DEFAULT_UNET, "resnet18": DEFAULT_RESNET18, "cnn": DEFAULT_CNN}
 NORMS = ("batch", "group", "instance")  # classification networks; group uses gcd(channels, norm_groups) groups
 
 
 # what a spec may hold, and each value's range: the spec comes from the server, so a site checks it before
 # building anything (a 65536-channel CNN or a billion classes would take hundreds of GB)
-SPEC_INTS = {"in_channels": (1, 64), "num_classes": (1, 100_000), "num_res_units": (0, 16), "norm_groups": (1, 4096),
-             "conv1_stride": (1, 4)}
+SPEC_INTS = {
+    "in_channels": (1, 64),
+    "num_classes": (1, 100_000),
+    "num_res_units": (0, 16),
+    "norm_groups": (1, 4096),
+    "conv1_stride": (1, 4),
+}
 SPEC_LISTS = {"channels": (1, 8192, 10), "strides": (1, 4, 9)}  # (low, high, most entries)
-SPEC_KEYS = {"unet": {"channels", "strides", "num_res_units", "norm"}, "cnn": {"channels", "norm", "norm_groups"},
-             "resnet18": {"norm", "norm_groups", "conv1_stride"}}
+SPEC_KEYS = {
+    "unet": {"channels", "strides", "num_res_units", "norm"},
+    "cnn": {"channels", "norm", "norm_groups"},
+    "resnet18": {"norm", "norm_groups", "conv1_stride"},
+}
 
 
 def check_model_spec(spec, max_parameters: int) -> str | None:
@@ -57,8 +84,11 @@ def check_model_spec(spec, max_parameters: int) -> str | None:
             return f"{key} {value!r} is not an integer in {list(SPEC_INTS[key])}"
         if key in SPEC_LISTS:
             low, high, most = SPEC_LISTS[key]
-            if not isinstance(value, list) or not 1 <= len(value) <= most \
-                    or not all(is_int_in(v, low, high) for v in value):
+            if (
+                not isinstance(value, list)
+                or not 1 <= len(value) <= most
+                or not all(is_int_in(v, low, high) for v in value)
+            ):
                 return f"{key} {value!r} is not a list of 1 to {most} integers in [{low}, {high}]"
         if key == "norm" and value not in NORMS:
             return f"norm {value!r} is not one of {', '.join(NORMS)}"
@@ -87,14 +117,25 @@ def build_model(spec: dict) -> torch.nn.Module:
         raise ValueError(f"unknown model name {name!r}; known: {', '.join(map(repr, DEFAULTS))}")
     spec = {**DEFAULTS[name], **(spec or {})}
     if name == "unet":
-        return UNet(spatial_dims=2, in_channels=spec["in_channels"], out_channels=spec["num_classes"],
-                    channels=tuple(spec["channels"]), strides=tuple(spec["strides"]),
-                    num_res_units=spec["num_res_units"], norm=spec["norm"])
+        return UNet(
+            spatial_dims=2,
+            in_channels=spec["in_channels"],
+            out_channels=spec["num_classes"],
+            channels=tuple(spec["channels"]),
+            strides=tuple(spec["strides"]),
+            num_res_units=spec["num_res_units"],
+            norm=spec["norm"],
+        )
     if spec["norm"] not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}, got {spec['norm']!r}")
     if name == "resnet18":
-        model = resnet18(pretrained=False, spatial_dims=2, n_input_channels=spec["in_channels"],
-                         num_classes=spec["num_classes"], conv1_t_stride=spec["conv1_stride"])
+        model = resnet18(
+            pretrained=False,
+            spatial_dims=2,
+            n_input_channels=spec["in_channels"],
+            num_classes=spec["num_classes"],
+            conv1_t_stride=spec["conv1_stride"],
+        )
         return _replace_batch_norms(model, spec)
     layers, width = [], spec["in_channels"]
     for i, channels in enumerate(spec["channels"]):

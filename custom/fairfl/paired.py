@@ -16,6 +16,7 @@ HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
 @dataclass(frozen=True)
 class Interval:
     """Mean of the paired differences and its two-sided `confidence` interval [low, high]; n paired seeds."""
+
     mean: float
     low: float
     high: float
@@ -33,16 +34,25 @@ class Interval:
     def as_json(self) -> dict:
         """JSON-safe (no NaN or infinity: None instead)."""
         finite = lambda v: v if math.isfinite(v) else None  # noqa: E731
-        return {"mean": finite(self.mean), "low": finite(self.low), "high": finite(self.high), "n": self.n,
-                "confidence": self.confidence}
+        return {
+            "mean": finite(self.mean),
+            "low": finite(self.low),
+            "high": finite(self.high),
+            "n": self.n,
+            "confidence": self.confidence,
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> Interval:
         """The inverse of as_json (None: NaN for the mean, the unbounded side for low and high)."""
         value = lambda key, default: default if data[key] is None else float(data[key])  # noqa: E731
-        return cls(value("mean", math.nan), value("low", -math.inf if data["n"] == 1 else math.nan),
-                   value("high", math.inf if data["n"] == 1 else math.nan), int(data["n"]),
-                   float(data.get("confidence", 0.95)))
+        return cls(
+            value("mean", math.nan),
+            value("low", -math.inf if data["n"] == 1 else math.nan),
+            value("high", math.inf if data["n"] == 1 else math.nan),
+            int(data["n"]),
+            float(data.get("confidence", 0.95)),
+        )
 
 
 def _number(value) -> float | None:

@@ -11,16 +11,30 @@ import os
 PRESETS = {
     "cpu": {},
     # The Fed-LWR paper: 200 rounds, 384x384 slices, U-Net, one local epoch.
-    "paper": {"num_rounds": 200, "image_size": 384, "model_channels": [16, 32, 64, 128, 256],
-              "model_strides": [2, 2, 2, 2], "local_epochs": 1, "local_steps": 0},
+    "paper": {
+        "num_rounds": 200,
+        "image_size": 384,
+        "model_channels": [16, 32, 64, 128, 256],
+        "model_strides": [2, 2, 2, 2],
+        "local_epochs": 1,
+        "local_steps": 0,
+    },
 }
 # (preset, task) -> overrides, where a task's differ from PRESETS[preset]
 TASK_PRESETS = {
     # FedISM+ Sec. IV-A: ResNet-18 (batch norm; never pretrained here) at 224x224, batch 32, Adam lr 3e-4,
     # betas (0.9, 0.999), weight decay 5e-4, one local epoch, 300 rounds
-    ("paper", "classification"): {"num_rounds": 300, "image_size": 224, "model": "resnet18", "model_norm": "batch",
-                                  "batch_size": 32, "lr": 3e-4, "weight_decay": 5e-4, "local_epochs": 1,
-                                  "local_steps": 0},
+    ("paper", "classification"): {
+        "num_rounds": 300,
+        "image_size": 224,
+        "model": "resnet18",
+        "model_norm": "batch",
+        "batch_size": 32,
+        "lr": 3e-4,
+        "weight_decay": 5e-4,
+        "local_epochs": 1,
+        "local_steps": 0,
+    },
 }
 
 
@@ -30,11 +44,23 @@ TASK_DEFAULTS = {
     # the segmentation papers' Adam settings at CPU size
     # augmentation: mirroring and quarter turns are label-preserving for axial prostate slices, fundus photographs
     # (the disc/cup masks turn with the image) and dermoscopy/CT lesion classes; intensity jitter mimics scanners
-    "segmentation": {"batch_size": 8, "lr": 1e-3, "weight_decay": 1e-4, "synthetic_size_scale": 2.0,
-                     "model_channels": [16, 32, 64, 128], "augmentation": ["flip", "rotate90", "intensity"]},
+    "segmentation": {
+        "batch_size": 8,
+        "lr": 1e-3,
+        "weight_decay": 1e-4,
+        "synthetic_size_scale": 2.0,
+        "model_channels": [16, 32, 64, 128],
+        "augmentation": ["flip", "rotate90", "intensity"],
+    },
     # FedISM+ Sec. IV-A: batch 32, Adam lr 3e-4, weight decay 5e-4; a three-block CNN at CPU size
-    "classification": {"batch_size": 32, "lr": 3e-4, "weight_decay": 5e-4, "synthetic_size_scale": 1.0,
-                       "model_channels": [16, 32, 64], "augmentation": ["flip", "rotate90", "intensity"]},
+    "classification": {
+        "batch_size": 32,
+        "lr": 3e-4,
+        "weight_decay": 5e-4,
+        "synthetic_size_scale": 1.0,
+        "model_channels": [16, 32, 64],
+        "augmentation": ["flip", "rotate90", "intensity"],
+    },
 }
 
 

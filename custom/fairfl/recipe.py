@@ -43,8 +43,10 @@ def job_folder(job: str) -> Path:
         if all((folder / name).is_file() for name in (META, SERVER_CONFIG, CLIENT_CONFIG)):
             return folder
     known = sorted(p.name for p in JOBS.iterdir() if (p / META).is_file()) if JOBS.is_dir() else []
-    raise ValueError(f"no job {job!r}: give a job folder ({META}, {SERVER_CONFIG}, {CLIENT_CONFIG}) or one of "
-                     f"{', '.join(known) or 'the jobs of a fairfl checkout'}")
+    raise ValueError(
+        f"no job {job!r}: give a job folder ({META}, {SERVER_CONFIG}, {CLIENT_CONFIG}) or one of "
+        f"{', '.join(known) or 'the jobs of a fairfl checkout'}"
+    )
 
 
 def _read_object(path) -> dict:
@@ -66,8 +68,9 @@ def job_configuration(job: str) -> tuple[dict, dict, dict]:
         from fairfl.methods.make_jobs import job_configs
 
         configs = job_configs(JOBS[job])
-        return tuple(configs[name] for name in ("app/config/config_fed_server.json",
-                                                "app/config/config_fed_client.json", META))
+        return tuple(
+            configs[name] for name in ("app/config/config_fed_server.json", "app/config/config_fed_client.json", META)
+        )
     folder = job_folder(job)
     return tuple(_read_object(folder / name) for name in (SERVER_CONFIG, CLIENT_CONFIG, META))
 
@@ -76,8 +79,9 @@ def with_arguments(job: str, server: dict, client: dict, arguments: dict) -> tup
     """The two configs with `arguments` set by `fairfl run --set`'s rules (fairfl.jobconfig.set_arguments): on every
     fairfl component, server or client, that has the argument; an argument none has, or a value of another JSON
     kind than the job's, is a ValueError naming it."""
-    configs = set_arguments({SERVER_CONFIG: copy.deepcopy(server), CLIENT_CONFIG: copy.deepcopy(client)},
-                            arguments, job)
+    configs = set_arguments(
+        {SERVER_CONFIG: copy.deepcopy(server), CLIENT_CONFIG: copy.deepcopy(client)}, arguments, job
+    )
     return configs[SERVER_CONFIG], configs[CLIENT_CONFIG]
 
 
@@ -114,13 +118,19 @@ class FairflRecipe(Recipe):
         server, client, meta = job_configuration(job)
         server, client = with_arguments(job, server, client, arguments)
         if meta.get("deploy_map", ONE_APP_FOR_ALL) != ONE_APP_FOR_ALL:
-            raise ValueError(f"job {job}: the recipe runs one app on every site, not the deploy_map "
-                             f"{json.dumps(meta['deploy_map'])}")
-        other_meta = {k: v for k, v in meta.items() if k not in ("name", "min_clients", "mandatory_clients",
-                                                                 "deploy_map")}
+            raise ValueError(
+                f"job {job}: the recipe runs one app on every site, not the deploy_map {json.dumps(meta['deploy_map'])}"
+            )
+        other_meta = {
+            k: v for k, v in meta.items() if k not in ("name", "min_clients", "mandatory_clients", "deploy_map")
+        }
         try:
-            fed_job = FedJob(name=meta.get("name"), min_clients=meta.get("min_clients", 1),
-                             mandatory_clients=meta.get("mandatory_clients"), meta_props=other_meta)
+            fed_job = FedJob(
+                name=meta.get("name"),
+                min_clients=meta.get("min_clients", 1),
+                mandatory_clients=meta.get("mandatory_clients"),
+                meta_props=other_meta,
+            )
         except (TypeError, ValueError) as e:
             raise ValueError(f"job {job}, {META}: {e}") from None
         fed_job.set_app_packages(["fairfl"])  # a fairfl object added to the recipe later is not copied either
@@ -135,8 +145,10 @@ class FairflRecipe(Recipe):
             config = app.app_config
             clash = [key for key in config.additional_params if getattr(config, key, None)]
             if clash:
-                raise ValueError(f"{target}: {', '.join(clash)} added through the Job API would be replaced by the "
-                                 f"job's own {', '.join(clash)}")
+                raise ValueError(
+                    f"{target}: {', '.join(clash)} added through the Job API would be replaced by the "
+                    f"job's own {', '.join(clash)}"
+                )
 
     def run(self, env, server_exec_params=None, client_exec_params=None):
         if isinstance(env, SimEnv):  # else SimEnv writes NVFlare's default allow-list, which refuses our classes
@@ -156,18 +168,29 @@ def build_parser() -> argparse.ArgumentParser:
     from fairfl.cli import at_least
 
     parser = argparse.ArgumentParser(
-        prog="python -m fairfl.recipe", description="Run a fairfl job in NVFlare's simulator through the recipe API "
+        prog="python -m fairfl.recipe",
+        description="Run a fairfl job in NVFlare's simulator through the recipe API "
         "(SimEnv); the results land in WORKSPACE_ROOT/<job name>/server/simulate_job/results.json.",
         epilog="NVFlare's own --export [--export-dir DIR] writes the job folder DIR/<job name> (default ./fl_job) "
-               "instead of running it.")
+        "instead of running it.",
+    )
     parser.add_argument("job", help="a job in jobs/ (fedavg, fedlwr, ...) or a job folder")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="change a job argument (JSON value), e.g. --set num_rounds=50; repeatable")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change a job argument (JSON value), e.g. --set num_rounds=50; repeatable",
+    )
     parser.add_argument("-n", "--n-clients", type=at_least(1), default=6, help="simulated sites (default 6)")
     parser.add_argument("-t", "--threads", type=at_least(1), help="client processes at once (default n)")
-    parser.add_argument("-w", "--workspace-root", type=folder_or_new, default="workspaces",
-                        help="SimEnv's workspace_root: the run's workspace is WORKSPACE_ROOT/<job name> "
-                             "(default workspaces)")
+    parser.add_argument(
+        "-w",
+        "--workspace-root",
+        type=folder_or_new,
+        default="workspaces",
+        help="SimEnv's workspace_root: the run's workspace is WORKSPACE_ROOT/<job name> (default workspaces)",
+    )
     parser.add_argument("--force", action="store_true", help="replace the workspace of an earlier run")
     return parser
 
@@ -193,8 +216,9 @@ def main(argv=None) -> int:
         recipe = FairflRecipe(args.job, **parse_assignments(args.set))
     except ValueError as e:  # no such job, key=value malformed, an argument the job lacks or of the wrong kind
         parser.error(str(e))
-    env = SimEnv(num_clients=args.n_clients, num_threads=args.threads,
-                 workspace_root=os.path.abspath(args.workspace_root))
+    env = SimEnv(
+        num_clients=args.n_clients, num_threads=args.threads, workspace_root=os.path.abspath(args.workspace_root)
+    )
     workspace = os.path.join(env.workspace_root, recipe.name)  # NVFLARE_SIMULATOR_WORKSPACE_ROOT wins, as in SimEnv
     exporting = _peek_recipe_args()[0]  # NVFlare took --export from the command line when the recipe API loaded
     problem = None if exporting else _workspace_problem(workspace, args.force)

@@ -27,14 +27,23 @@ from fairfl.methods import display_name
 from fairfl.results import RESULTS_FILE, SCHEMA_VERSION, SIMULATOR_RESULTS
 
 METHOD_ORDER = ("solo", "fedavg")  # then the others alphabetically
-METRIC_LABEL = {"dice": "Dice", "auc": "AUC", "acc": "Accuracy", "accuracy": "Accuracy",
-                "balanced_accuracy": "Balanced accuracy", "corrupted_auc": "AUC (corrupted)",
-                "corrupted_accuracy": "Accuracy (corrupted)",
-                "corrupted_balanced_accuracy": "Balanced accuracy (corrupted)", "clean_auc": "AUC (clean)",
-                "clean_accuracy": "Accuracy (clean)", "clean_balanced_accuracy": "Balanced accuracy (clean)"}
+METRIC_LABEL = {
+    "dice": "Dice",
+    "auc": "AUC",
+    "acc": "Accuracy",
+    "accuracy": "Accuracy",
+    "balanced_accuracy": "Balanced accuracy",
+    "corrupted_auc": "AUC (corrupted)",
+    "corrupted_accuracy": "Accuracy (corrupted)",
+    "corrupted_balanced_accuracy": "Balanced accuracy (corrupted)",
+    "clean_auc": "AUC (clean)",
+    "clean_accuracy": "Accuracy (clean)",
+    "clean_balanced_accuracy": "Balanced accuracy (clean)",
+}
 
 
 # ---------------------------------------------------------------- loading
+
 
 def find_results(path) -> list[Path]:
     """The results.json files of a file, a run directory, an NVFlare simulator workspace, or any folder (recursive)."""
@@ -48,8 +57,9 @@ def find_results(path) -> list[Path]:
             return [candidate]
     found = sorted(path.rglob(RESULTS_FILE))
     if not found:
-        raise FileNotFoundError(f"{path}: no {RESULTS_FILE} in it or below it "
-                                f"(expected a run directory or an NVFlare simulator workspace)")
+        raise FileNotFoundError(
+            f"{path}: no {RESULTS_FILE} in it or below it (expected a run directory or an NVFlare simulator workspace)"
+        )
     return found
 
 
@@ -79,6 +89,7 @@ def _load(file: Path) -> dict:
 
 
 # ---------------------------------------------------------------- statistics
+
 
 def _metric(runs, metric=None) -> str:
     """The metric to report: the one asked for, else the one all runs use."""
@@ -124,12 +135,19 @@ def _variant(run) -> str:
     """What besides the method makes runs of it incomparable: a local optimiser other than Adam, a kept optimiser
     state, its free riders and left-out sites ("" if none)."""
     config = run.get("config") or {}
-    parts = [label for label, applies in ((str(config.get("local_optimizer", "")).upper(),
-                                           config.get("local_optimizer", "adam") != "adam"),
-                                          ("optimiser state kept", bool(config.get("keep_optimizer_state"))))
-             if applies]
-    parts += [prefix + ", ".join(sites) for sites, prefix in ((free_riders(run), "free riders: "),
-                                                              (_left_out(run), "without ")) if sites]
+    parts = [
+        label
+        for label, applies in (
+            (str(config.get("local_optimizer", "")).upper(), config.get("local_optimizer", "adam") != "adam"),
+            ("optimiser state kept", bool(config.get("keep_optimizer_state"))),
+        )
+        if applies
+    ]
+    parts += [
+        prefix + ", ".join(sites)
+        for sites, prefix in ((free_riders(run), "free riders: "), (_left_out(run), "without "))
+        if sites
+    ]
     return f" ({'; '.join(parts)})" if parts else ""
 
 
@@ -140,9 +158,11 @@ def _group(run) -> str:
 
 def _by_method(runs) -> dict[str, list[dict]]:
     """Runs grouped by method and variant: Solo, FedAvg, then the others alphabetically; seeds in order."""
+
     def key(run):
         m = run["method"]
         return (METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER), m, _variant(run), run["seed"])
+
     groups = {}
     for run in sorted(runs, key=key):
         groups.setdefault(_group(run), []).append(run)
@@ -156,7 +176,7 @@ def _name(group: str) -> str:
 
 
 def _label(metric: str) -> str:
-    """"dice" -> "Dice", "dice_cup" -> "Dice (cup)"."""
+    """ "dice" -> "Dice", "dice_cup" -> "Dice (cup)"."""
     base, _, region = metric.partition("_")
     if metric not in METRIC_LABEL and region and base in METRIC_LABEL:
         return f"{METRIC_LABEL[base]} ({region})"
@@ -165,20 +185,26 @@ def _label(metric: str) -> str:
 
 # ---------------------------------------------------------------- table and CSV
 
+
 def _finished(runs, metric) -> list[dict]:
     """The runs whose final evaluation has the metric."""
     return [r for r in runs if _scores(r["final"], metric)]
 
 
 def _notes(runs, metric) -> list[str]:
-    notes = [f"Note: skipped {r['file']} ({_name(_group(r))}, seed {r['seed']}): "
-             + ("no final evaluation (the run did not finish)." if not r["final"] else f"no final {metric}.")
-             for r in runs if not _scores(r["final"], metric)]
+    notes = [
+        f"Note: skipped {r['file']} ({_name(_group(r))}, seed {r['seed']}): "
+        + ("no final evaluation (the run did not finish)." if not r["final"] else f"no final {metric}.")
+        for r in runs
+        if not _scores(r["final"], metric)
+    ]
     for method, group in _by_method(_finished(runs, metric)).items():
         seeds = [r["seed"] for r in group]
         for seed in sorted({s for s in seeds if seeds.count(s) > 1}):
-            notes.append(f"Note: {_name(method)} has {seeds.count(seed)} runs with seed {seed}; they are counted "
-                         f"as separate seeds (different settings?).")
+            notes.append(
+                f"Note: {_name(method)} has {seeds.count(seed)} runs with seed {seed}; they are counted "
+                f"as separate seeds (different settings?)."
+            )
     return notes
 
 
@@ -192,8 +218,11 @@ def _cell(stat, bold=False, digits=2) -> str:
 
 def _markdown(header, rows) -> list[str]:
     """Lines of a markdown table: the first column left-aligned, the others right-aligned."""
-    return ["| " + " | ".join(header) + " |", "|" + "---|" + "---:|" * (len(header) - 1),
-            *("| " + " | ".join(row) + " |" for row in rows)]
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" + "---:|" * (len(header) - 1),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
 
 
 def paper_table(runs, metric=None) -> str:
@@ -207,16 +236,27 @@ def paper_table(runs, metric=None) -> str:
     for method, group in groups.items():
         per_run = [_scores(r["final"], metric) for r in group]
         summaries = [_avg_std(s) for s in per_run]
-        rows[method] = ([_mean_sd(s[site] for s in per_run if site in s) for site in sites]
-                        + [_mean_sd(a for a, _ in summaries), _mean_sd(sd for _, sd in summaries)])
+        rows[method] = [_mean_sd(s[site] for s in per_run if site in s) for site in sites] + [
+            _mean_sd(a for a, _ in summaries),
+            _mean_sd(sd for _, sd in summaries),
+        ]
     best_avg = max(round(row[-2][0], 2) for row in rows.values())
     best_std = min(round(row[-1][0], 2) for row in rows.values())
     with_seeds = any(len(g) > 1 for g in groups.values())
     header = ["Method", *sites, "Avg.", "Std."] + (["Seeds"] if with_seeds else [])
-    lines = _markdown(header, ([_name(method), *map(_cell, site_cells), _cell(avg, round(avg[0], 2) == best_avg),
-                                _cell(std, round(std[0], 2) == best_std)]
-                               + ([str(len(groups[method]))] if with_seeds else [])
-                               for method, (*site_cells, avg, std) in rows.items()))
+    lines = _markdown(
+        header,
+        (
+            [
+                _name(method),
+                *map(_cell, site_cells),
+                _cell(avg, round(avg[0], 2) == best_avg),
+                _cell(std, round(std[0], 2) == best_std),
+            ]
+            + ([str(len(groups[method]))] if with_seeds else [])
+            for method, (*site_cells, avg, std) in rows.items()
+        ),
+    )
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
@@ -230,13 +270,15 @@ def write_csv(runs, path, metric=None) -> Path:
             scores = _scores(run["final"], metric)
             avg, std = _avg_std(scores)
             rows = [*scores.items(), ("mean", avg), ("std", std), ("worst", min(scores.values()))]
-            writer.writerows([run["method"], _variant(run).strip(" ()"), run["seed"], site, metric, f"{value:.4f}",
-                              run["file"]]
-                             for site, value in rows)
+            writer.writerows(
+                [run["method"], _variant(run).strip(" ()"), run["seed"], site, metric, f"{value:.4f}", run["file"]]
+                for site, value in rows
+            )
     return Path(path)
 
 
 # ---------------------------------------------------------------- FedCE paper: fairness and contribution tables
+
 
 def _mean_per_site(dicts) -> dict:
     """{site: mean over the dicts that have it} of per-site values, e.g. one dict per seed."""
@@ -258,7 +300,7 @@ def _best(values, pick):
 
 
 def _pearson_cell(stat, best=None) -> str:
-    """"r (p)" as in the papers' tables, e.g. "0.982 (4.6e-04)"."""
+    """ "r (p)" as in the papers' tables, e.g. "0.982 (4.6e-04)"."""
     if not np.isfinite(stat["pearson"]):
         return "–"
     return f"{_number(stat['pearson'], '.3f', best)} ({stat['p_value']:.1e})"
@@ -277,7 +319,9 @@ def _quality_row(run) -> dict | None:
     row = {}
     for short, metric in (("ACC", "accuracy"), ("AUC", "auc")):
         clean, corrupted = (_avg_std(_scores(final, f"{q}_{metric}"))[0] for q in ("clean", "corrupted"))
-        row.update({f"Clean {short}": clean, f"Corrupted {short}": corrupted, f"Average {short}": (clean + corrupted) / 2})
+        row.update(
+            {f"Clean {short}": clean, f"Corrupted {short}": corrupted, f"Average {short}": (clean + corrupted) / 2}
+        )
     row["Std. AUC"] = _avg_std(_scores(final, "auc"))[1]
     return row
 
@@ -295,8 +339,10 @@ def quality_shift_table(runs) -> tuple[str, dict]:
     columns = [f"{q} {m}" for q, _ in QUALITY_COLUMNS for m in ("ACC", "AUC")] + ["Std. AUC"]
     stats = {g: {c: _mean_sd(r[c] for r in rows) for c in columns} for g, rows in groups.items()}
     best = {c: (min if c == "Std. AUC" else max)(round(v[c][0], 2) for v in stats.values()) for c in columns}
-    lines = _markdown(["Method", *columns], ([_name(g), *(_cell(v[c], round(v[c][0], 2) == best[c]) for c in columns)]
-                                             for g, v in stats.items()))
+    lines = _markdown(
+        ["Method", *columns],
+        ([_name(g), *(_cell(v[c], round(v[c][0], 2) == best[c]) for c in columns)] for g, v in stats.items()),
+    )
     return "\n".join(lines), stats
 
 
@@ -304,7 +350,8 @@ QUALITY_SHIFT_TEXT = (
     "As FedISM+'s Tables II-III and IV, in %: accuracy (ACC) and macro one-vs-rest AUC on the clean test set and on "
     "the same images corrupted as the corrupted sites' are, and their average; Std. AUC: population std across "
     "sites of the AUC each site measures on the test set of its own image quality (the papers' client-level "
-    "testing). Mean ± sd over seeds; best in bold.")
+    "testing). Mean ± sd over seeds; best in bold."
+)
 
 
 def _left_out(run) -> list:
@@ -314,8 +361,12 @@ def _left_out(run) -> list:
 def free_riders(run) -> list:
     """The sites that reported themselves free riders (training metric `free_rider`; their own test switch), or
     that an older results file lists under config `free_riders`."""
-    reported = {site for record in run.get("rounds") or [] for site, metrics in (record.get("train") or {}).items()
-                if (metrics or {}).get("free_rider")}
+    reported = {
+        site
+        for record in run.get("rounds") or []
+        for site, metrics in (record.get("train") or {}).items()
+        if (metrics or {}).get("free_rider")
+    }
     return sorted(reported | set((run.get("config") or {}).get("free_riders") or []), key=_site_key)
 
 
@@ -348,16 +399,28 @@ def performance_fairness_table(runs, metric=None) -> tuple[str, dict]:
         if set(scores) != set(solo):
             notes.append(f"Note: {_name(key)} is not compared: its sites differ from {_name(reference)}'s.")
             continue
-        stats[key] = {**performance_fairness(scores, solo), "reference": reference, "seeds": len(group),
-                      "reference_seeds": len(groups[reference])}
+        stats[key] = {
+            **performance_fairness(scores, solo),
+            "reference": reference,
+            "seeds": len(group),
+            "reference_seeds": len(groups[reference]),
+        }
         if stats[key]["note"]:
             notes.append(f"Note: {_name(key)}: {stats[key]['note']}.")
     if not stats:
         return "\n".join(["No method to compare with Solo.", *notes]), {}
     best_r = _best((v["pearson"] for v in stats.values()), max)
     best_d = _best((v["euclidean"] for v in stats.values()), min)
-    rows = ([_name(key), _pearson_cell(v, best_r), _number(v["euclidean"], ".2f", best_d),
-             _name(v["reference"]), f"{v['seeds']} / {v['reference_seeds']}"] for key, v in stats.items())
+    rows = (
+        [
+            _name(key),
+            _pearson_cell(v, best_r),
+            _number(v["euclidean"], ".2f", best_d),
+            _name(v["reference"]),
+            f"{v['seeds']} / {v['reference_seeds']}",
+        ]
+        for key, v in stats.items()
+    )
     lines = _markdown(["Method", "Pearson r (p)", "Euclidean distance", "compared with", "seeds (method / Solo)"], rows)
     return "\n".join(lines + ([""] + notes if notes else [])), stats
 
@@ -380,12 +443,19 @@ def contribution_table(runs) -> tuple[str, dict]:
             if all(f.get("contribution_terms") for f in finals):
                 per_run[term] = [{s: t[term] for s, t in f["contribution_terms"].items() if term in t} for f in finals]
         free = set(free_riders(group[0]))
-        stats[key] = {what: {s: _mean_sd(v[s] for v in values if s in v) for s in sites}
-                      for what, values in per_run.items()}
+        stats[key] = {
+            what: {s: _mean_sd(v[s] for v in values if s in v) for s in sites} for what, values in per_run.items()
+        }
         for what, per_site in stats[key].items():
             label = "contribution" if what == "contributions" else f"{what} term"
-            rows.append([_name(key), label, *(_cell(per_site[s], digits=3) + (" †" if s in free else "")
-                                              for s in sites), str(len(group))])
+            rows.append(
+                [
+                    _name(key),
+                    label,
+                    *(_cell(per_site[s], digits=3) + (" †" if s in free else "") for s in sites),
+                    str(len(group)),
+                ]
+            )
     lines = _markdown(["Method", "estimate", *sites, "seeds"], rows)
     if any(free_riders(group[0]) for group in groups.values()):
         lines += ["", "† free rider (trains on one image repeated; should earn almost nothing)."]
@@ -400,7 +470,8 @@ def _mean_over_rounds(records: list[dict], sites) -> dict:
 def contribution_estimates(run) -> dict[str, dict]:
     """{what: {site: value}}: the client contributions a run implies, as the FedCE paper compares them.
 
-    FedCE: its final accumulated contributions; CFFL, CGSV: their final reputations. Methods without them: their aggregation weights averaged over
+    FedCE: its final accumulated contributions; CFFL, CGSV: their final reputations. Methods without them: their
+    aggregation weights averaged over
     rounds ("we take the aggregation weights as client contributions"); Fed-LWR: the layer weights it aggregates
     with, averaged over layers and rounds (its anchor weights are uniform, or FedAvg's with weighting "samples")."""
     contributions = (run["final"] or {}).get("contributions")
@@ -434,8 +505,10 @@ def contribution_agreement_table(runs, loo: dict) -> tuple[str, dict]:
         for what, estimates in per_what.items():
             mean = _mean_per_site(estimates)
             if not set(sites) <= set(mean):
-                notes.append(f"Note: {_name(key)} is not compared: it has no {what} for "
-                             f"{', '.join(sorted(set(sites) - set(mean), key=_site_key))}.")
+                notes.append(
+                    f"Note: {_name(key)} is not compared: it has no {what} for "
+                    f"{', '.join(sorted(set(sites) - set(mean), key=_site_key))}."
+                )
                 continue
             values = {s: mean[s] for s in sites}
             stats.setdefault(key, {})[what] = {**contribution_agreement(values, marginal), "seeds": len(estimates)}
@@ -445,24 +518,45 @@ def contribution_agreement_table(runs, loo: dict) -> tuple[str, dict]:
     if not stats:
         return "\n".join(["No run with a contribution estimate for these sites.", *notes]), {}
     flat = [v for per_what in stats.values() for v in per_what.values()]
-    best_r, best_d, best_c = (_best((v[k] for v in flat), pick)
-                              for k, pick in (("pearson", max), ("euclidean", min), ("cosine", max)))
-    rows = ([_name(key), what, _pearson_cell(v, best_r), _number(v["euclidean"], ".3f", best_d),
-             _number(v["cosine"], ".3f", best_c), str(v["seeds"])]
-            for key, per_what in stats.items() for what, v in per_what.items())
+    best_r, best_d, best_c = (
+        _best((v[k] for v in flat), pick) for k, pick in (("pearson", max), ("euclidean", min), ("cosine", max))
+    )
+    rows = (
+        [
+            _name(key),
+            what,
+            _pearson_cell(v, best_r),
+            _number(v["euclidean"], ".3f", best_d),
+            _number(v["cosine"], ".3f", best_c),
+            str(v["seeds"]),
+        ]
+        for key, per_what in stats.items()
+        for what, v in per_what.items()
+    )
     lines = _markdown(["Method", "estimate", "Pearson r (p)", "Euclidean distance", "cosine similarity", "seeds"], rows)
     if sum(np.abs(list(marginal.values()))) > 0:
         loo_shares = normalise_abs(np.array([marginal[s] for s in sites]))
-        lines += ["", "Per site, each vector divided by the sum of its absolute values (what the distance compares):",
-                  "", *_markdown(["", *sites], [[label, *(f"{v:+.3f}" for v in values)] for label, values
-                                                in {"leave-one-out": loo_shares, **shares}.items()])]
+        lines += [
+            "",
+            "Per site, each vector divided by the sum of its absolute values (what the distance compares):",
+            "",
+            *_markdown(
+                ["", *sites],
+                [
+                    [label, *(f"{v:+.3f}" for v in values)]
+                    for label, values in {"leave-one-out": loo_shares, **shares}.items()
+                ],
+            ),
+        ]
     return "\n".join(lines + ([""] + notes if notes else [])), stats
 
 
 # ---------------------------------------------------------------- figures
 
+
 def _figure(**kwargs):
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
+
     return Figure(layout="constrained", **kwargs)
 
 
@@ -498,14 +592,22 @@ def plot_convergence(runs, path, metric=None) -> Path | None:
         x = sorted(per_round)
         evaluated.update(x)
         for i, ax in enumerate(axes):
-            _line_with_band(ax, x, [[v[i] for v in per_round[t]] for t in x], len(group) > 1, color=colors[method],
-                            label=_name(method) + (f" ({len(group)} seeds)" if len(group) > 1 else ""),
-                            marker="o" if len(x) <= 25 else None, ms=3)
+            _line_with_band(
+                ax,
+                x,
+                [[v[i] for v in per_round[t]] for t in x],
+                len(group) > 1,
+                color=colors[method],
+                label=_name(method) + (f" ({len(group)} seeds)" if len(group) > 1 else ""),
+                marker="o" if len(x) <= 25 else None,
+                ms=3,
+            )
     if not evaluated:
         return None
     label = _label(metric)
-    for ax, title, ylabel in zip(axes, ("(a) Avg.", "(b) Std."),
-                                 (f"mean {label} over sites (%)", f"std of {label} across sites (%)")):
+    for ax, title, ylabel in zip(
+        axes, ("(a) Avg.", "(b) Std."), (f"mean {label} over sites (%)", f"std of {label} across sites (%)")
+    ):
         ax.set(title=title, xlabel="communication round", ylabel=ylabel)
         if len(evaluated) <= 12:  # a short run: a tick at each evaluated round
             ax.set_xticks(sorted(evaluated))
@@ -535,8 +637,15 @@ def plot_per_site(runs, path, metric=None) -> Path | None:
         stats = [_mean_sd(s[c] for s in per_run if c in s) or (np.nan, None) for c in columns]
         mean = np.array([m for m, _ in stats])
         sd = np.array([s or 0.0 for _, s in stats]) if len(group) > 1 else None
-        ax.bar(x + (i - (len(groups) - 1) / 2) * width, mean, width, yerr=sd, capsize=2, color=colors[method],
-               label=_name(method) + (f" ({len(group)} seeds)" if len(group) > 1 else ""))
+        ax.bar(
+            x + (i - (len(groups) - 1) / 2) * width,
+            mean,
+            width,
+            yerr=sd,
+            capsize=2,
+            color=colors[method],
+            label=_name(method) + (f" ({len(group)} seeds)" if len(group) > 1 else ""),
+        )
         low = min(low, np.nanmin(mean - (sd if sd is not None else 0)))
     ax.axvline(len(sites) - 0.5, color="grey", lw=0.8, ls=":")
     ax.set_xticks(x, columns, rotation=30 if len(columns) > 8 else 0)
@@ -581,20 +690,30 @@ def plot_layer_weights(run, path) -> Path | None:
     fig = _figure(figsize=(3.5 + 1.3 * len(sites), 1.6 + 0.24 * len(layers)))
     axes = fig.subplots(1, 2, sharey=True)
     annotate = len(layers) * len(sites) <= 400
-    for ax, grid, title in zip(axes, (final, mean),
-                               (f"round {records[-1][0]} (final)", f"mean over {len(records)} rounds")):
+    for ax, grid, title in zip(
+        axes, (final, mean), (f"round {records[-1][0]} (final)", f"mean over {len(records)} rounds")
+    ):
         image = ax.imshow(grid, cmap="RdBu_r", norm=norm, aspect="auto", interpolation="nearest")
         ax.set_xticks(range(len(sites)), sites, rotation=45, ha="right", fontsize=8)
         ax.set_title(title, fontsize=10)
         if annotate:
             for (i, j), value in np.ndenumerate(grid):
-                ax.text(j, i, f"{value:.3f}", ha="center", va="center", fontsize=6,
-                        color="white" if abs(norm(value) - 0.5) > 0.3 else "black")
+                ax.text(
+                    j,
+                    i,
+                    f"{value:.3f}",
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                    color="white" if abs(norm(value) - 0.5) > 0.3 else "black",
+                )
     axes[0].set_yticks(range(len(layers)), _short_names(layers), fontsize=7)
     axes[0].set_ylabel("layer (network order)")
     fig.colorbar(image, ax=list(axes), label="aggregation weight", shrink=0.8)
-    fig.suptitle(f"{_name(_group(run))} layer weights, seed {run['seed']}: "
-                 f"uniform 1/K = 1/{len(sites)} = {uniform:.3f} (white)", fontsize=11)
+    fig.suptitle(
+        f"{_name(_group(run))} layer weights, seed {run['seed']}: uniform 1/K = 1/{len(sites)} = {uniform:.3f} (white)",
+        fontsize=11,
+    )
     fig.savefig(path, dpi=120)
     return Path(path)
 
@@ -614,8 +733,11 @@ def plot_contributions(group: list[dict], path, title: str) -> Path | None:
     ax = fig.subplots()
     for i, site in enumerate(sorted(per_site, key=_site_key)):
         x = sorted(per_site[site])
-        style = (dict(color="black", ls="--", lw=2.4, label=f"{site} (free rider)") if site in free
-                 else dict(color=f"C{i % 10}", lw=1.4, label=site))
+        style = (
+            dict(color="black", ls="--", lw=2.4, label=f"{site} (free rider)")
+            if site in free
+            else dict(color=f"C{i % 10}", lw=1.4, label=site)
+        )
         _line_with_band(ax, x, [per_site[site][t] for t in x], len(group) > 1, **style)
     ax.axhline(1 / len(per_site), color="grey", ls=":", lw=1, label=f"uniform 1/{len(per_site)}")
     ax.set(xlabel="communication round", ylabel="contribution (sums to 1 over sites)", title=title)
@@ -628,14 +750,17 @@ def plot_contributions(group: list[dict], path, title: str) -> Path | None:
 
 # ---------------------------------------------------------------- report and command line
 
+
 def _describe(run) -> str:
     rounds = run["rounds"]
     seconds = sum(r.get("seconds", 0.0) for r in rounds)
     evaluated = sum(1 for r in rounds if r.get("per_site"))
     rejected = sum(len(r.get("rejected") or {}) for r in rounds)
-    return (f"- `{run['file']}`: {_name(_group(run))}, seed {run['seed']}, {len(rounds)} rounds "
-            f"({evaluated} evaluated), {seconds:.1f} s, {rejected} rejected site update(s)"
-            + ("" if run["final"] else ", **not finished**"))
+    return (
+        f"- `{run['file']}`: {_name(_group(run))}, seed {run['seed']}, {len(rounds)} rounds "
+        f"({evaluated} evaluated), {seconds:.1f} s, {rejected} rejected site update(s)"
+        + ("" if run["final"] else ", **not finished**")
+    )
 
 
 def _dataset(runs) -> str | None:
@@ -655,11 +780,13 @@ PERFORMANCE_FAIRNESS_TEXT = (
     "between each method's per-site final {label} (%) and Solo's. Per-site values are averaged over a method's "
     "seeds, and over Solo's, before the one comparison; p: two-sided p-value of the correlation (the paper "
     "prints r x 100). A method that helps only the sites Solo serves worst moves away from Solo and scores as "
-    "less fair by this measure.")
+    "less fair by this measure."
+)
 CONTRIBUTION_TEXT = (
     "Final contribution estimate per site (FedCE's accumulated estimate, Eq. 5; CFFL's and CGSV's final reputations; "
     "sums to 1 over sites), mean ± sd "
-    "over seeds; the gradient and data terms are each accumulated over rounds and normalised to sum 1.")
+    "over seeds; the gradient and data terms are each accumulated over rounds and normalised to sum 1."
+)
 AGREEMENT_TEXT = (
     "As the FedCE paper's Table 3: each method's contribution estimate against the leave-one-out marginal values "
     "above (`{file}`). FedCE: its final contributions; other methods: their aggregation weights averaged over "
@@ -667,7 +794,8 @@ AGREEMENT_TEXT = (
     "rounds. A method's "
     "estimate is averaged per site over its seeds, then compared once. Pearson r and cosine similarity do not "
     "depend on scale; for the Euclidean distance both vectors are divided by the sum of their absolute values "
-    "(the estimates already sum to 1). Best values in bold.")
+    "(the estimates already sum to 1). Best values in bold."
+)
 
 
 FINALS = ("last", "mean_of_last")
@@ -685,11 +813,20 @@ def with_final(runs: list, final: str) -> list:
         raise ValueError(f"no mean over the last rounds in {', '.join(missing)} (run them with average_last > 1)")
     short = [r["file"] for r in runs if len(r["final"]["mean_of_last"]["rounds"]) < r["final"]["mean_of_last"]["asked"]]
     if short:
-        raise ValueError(f"fewer rounds evaluated than average_last asks in {', '.join(short)} (a resumed run changed "
-                         f"its length)")
+        raise ValueError(
+            f"fewer rounds evaluated than average_last asks in {', '.join(short)} (a resumed run changed its length)"
+        )
     # the final record's other fields (FedCE's contributions) stay; its scores become the mean's
-    return [{**r, "final": {**r["final"], **{k: v for k, v in r["final"]["mean_of_last"].items()
-                                              if k not in ("rounds", "asked")}}} for r in runs]
+    return [
+        {
+            **r,
+            "final": {
+                **r["final"],
+                **{k: v for k, v in r["final"]["mean_of_last"].items() if k not in ("rounds", "asked")},
+            },
+        }
+        for r in runs
+    ]
 
 
 def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> dict:
@@ -712,66 +849,126 @@ def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> d
     agreement_table, agreement = contribution_agreement_table(runs, loo) if loo else ("", {})
     shift_table, shift = quality_shift_table(runs)
     write_csv(runs, out / "results.csv", metric)
-    captions = {plot_convergence(runs, out / "convergence.png", metric):
-                f"(a) Avg. and (b) Std. of {_label(metric)} across sites versus communication round",
-                plot_per_site(runs, out / "per_site.png", metric): f"Final {_label(metric)} per site"}
+    captions = {
+        plot_convergence(
+            runs, out / "convergence.png", metric
+        ): f"(a) Avg. and (b) Std. of {_label(metric)} across sites versus communication round",
+        plot_per_site(runs, out / "per_site.png", metric): f"Final {_label(metric)} per site",
+    }
     for key, group in _by_method(runs).items():
         captions[plot_contributions(group, out / f"contributions_{_slug(key)}.png", f"{_name(key)}: contributions")] = (
             f"{_name(key)}: contribution estimate per site versus round"
-            + (f", mean ± sd over {len(group)} seeds" if len(group) > 1 else ""))
+            + (f", mean ± sd over {len(group)} seeds" if len(group) > 1 else "")
+        )
     for run in runs:
         name = f"layer_weights_{run['method']}_seed{run['seed']}"
         while (out / f"{name}.png") in captions:
             name += "_"
         captions[plot_layer_weights(run, out / f"{name}.png")] = (
-            f"{_name(_group(run))} layer weights by site, seed {run['seed']} ({run['file']})")
+            f"{_name(_group(run))} layer weights by site, seed {run['seed']} ({run['file']})"
+        )
     captions.pop(None, None)
     subject = dataset or ", ".join(sorted({r.get("task", "?") for r in runs}))
-    lines = [f"# fairfl report: {subject}, {_label(metric)}", "",
-             f"{_label(metric)} (%) on each site's test set at the end of training. Avg.: mean over sites; "
-             f"Std.: population standard deviation across sites; mean ± sd over seeds where a method has several "
-             f"runs. Best Avg. and Std. in bold.", "", table, ""]
+    lines = [
+        f"# fairfl report: {subject}, {_label(metric)}",
+        "",
+        f"{_label(metric)} (%) on each site's test set at the end of training. Avg.: mean over sites; "
+        f"Std.: population standard deviation across sites; mean ± sd over seeds where a method has several "
+        f"runs. Best Avg. and Std. in bold.",
+        "",
+        table,
+        "",
+    ]
     for region, region_table in region_tables.items():
         lines += [f"### {_label(region)}", "", region_table, ""]
     if shift_table:
         lines += ["## Clean and corrupted test sets", "", QUALITY_SHIFT_TEXT, "", shift_table, ""]
     if fairness_table:
-        lines += ["## Performance fairness", "", PERFORMANCE_FAIRNESS_TEXT.format(label=_label(metric)), "",
-                  fairness_table, ""]
+        lines += [
+            "## Performance fairness",
+            "",
+            PERFORMANCE_FAIRNESS_TEXT.format(label=_label(metric)),
+            "",
+            fairness_table,
+            "",
+        ]
     if contributions_table:
         lines += ["## Client contributions", "", CONTRIBUTION_TEXT, "", contributions_table, ""]
     if loo:
-        lines += ["## Contribution estimates against leave-one-out", "", "Leave-one-out marginal values (job "
-                  f"`{loo.get('job', '?')}`): the drop of the federation's mean {loo['metric']} over all sites when "
-                  "the site is left out of training (it is still evaluated).", "", marginal_table(loo), "",
-                  AGREEMENT_TEXT.format(file=loo["file"]), "", agreement_table, ""]
-    lines += ["## Runs", "", *(_describe(r) for group in _by_method(runs).values() for r in group), "",
-              "## Figures", ""]
+        lines += [
+            "## Contribution estimates against leave-one-out",
+            "",
+            "Leave-one-out marginal values (job "
+            f"`{loo.get('job', '?')}`): the drop of the federation's mean {loo['metric']} over all sites when "
+            "the site is left out of training (it is still evaluated).",
+            "",
+            marginal_table(loo),
+            "",
+            AGREEMENT_TEXT.format(file=loo["file"]),
+            "",
+            agreement_table,
+            "",
+        ]
+    lines += [
+        "## Runs",
+        "",
+        *(_describe(r) for group in _by_method(runs).values() for r in group),
+        "",
+        "## Figures",
+        "",
+    ]
     for figure, caption in captions.items():
         lines += [f"{caption}:", "", f"![{figure.stem}]({figure.name})", ""]
     report = out / "report.md"
     report.write_text("\n".join(lines))
-    return {"report": report, "figures": list(captions), "table": table, "region_tables": region_tables,
-            "performance_fairness": fairness, "contributions": contributions, "contribution_agreement": agreement,
-            "quality_shift": shift, "loo": loo,
-            "tables": {"performance_fairness": fairness_table, "contributions": contributions_table,
-                       "contribution_agreement": agreement_table, "quality_shift": shift_table}}
+    return {
+        "report": report,
+        "figures": list(captions),
+        "table": table,
+        "region_tables": region_tables,
+        "performance_fairness": fairness,
+        "contributions": contributions,
+        "contribution_agreement": agreement,
+        "quality_shift": shift,
+        "loo": loo,
+        "tables": {
+            "performance_fairness": fairness_table,
+            "contributions": contributions_table,
+            "contribution_agreement": agreement_table,
+            "quality_shift": shift_table,
+        },
+    }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("inputs", nargs="+", metavar="WS",
-                        help="results.json file, run directory, simulator workspace, or folder searched recursively")
-    parser.add_argument("--out", help="output folder (default: <first input>/report, or beside its results file); "
-                                      "not a non-empty one without --force")
-    parser.add_argument("--force", action="store_true", help="write into a non-empty --out folder (same names "
-                                                             "replaced)")
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="WS",
+        help="results.json file, run directory, simulator workspace, or folder searched recursively",
+    )
+    parser.add_argument(
+        "--out",
+        help="output folder (default: <first input>/report, or beside its results file); "
+        "not a non-empty one without --force",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="write into a non-empty --out folder (same names replaced)"
+    )
     parser.add_argument("--metric", help="metric to report (default: the one the runs record)")
-    parser.add_argument("--loo", metavar="PATH",
-                        help="leave-one-out file (loo.json of `fairfl leave-one-out`) to compare the methods' "
-                             "contribution estimates with (the FedCE paper's Table 3)")
-    parser.add_argument("--final", choices=FINALS, default="last",
-                        help="the tables' final result: the last round's evaluation (default) or, for runs with "
-                             "average_last > 1, each site's mean over the last rounds (FedISM+'s reporting)")
+    parser.add_argument(
+        "--loo",
+        metavar="PATH",
+        help="leave-one-out file (loo.json of `fairfl leave-one-out`) to compare the methods' "
+        "contribution estimates with (the FedCE paper's Table 3)",
+    )
+    parser.add_argument(
+        "--final",
+        choices=FINALS,
+        default="last",
+        help="the tables' final result: the last round's evaluation (default) or, for runs with "
+        "average_last > 1, each site's mean over the last rounds (FedISM+'s reporting)",
+    )
 
 
 def run(args) -> int:
@@ -789,9 +986,11 @@ def run(args) -> int:
         print(f"fairfl report: {e}", file=sys.stderr)
         return 1
     print(result["table"])
-    for title, key in (("Performance fairness against Solo", "performance_fairness"),
-                       ("Client contributions", "contributions"),
-                       ("Contribution estimates against leave-one-out", "contribution_agreement")):
+    for title, key in (
+        ("Performance fairness against Solo", "performance_fairness"),
+        ("Client contributions", "contributions"),
+        ("Contribution estimates against leave-one-out", "contribution_agreement"),
+    ):
         if result["tables"][key]:
             print(f"\n{title}:\n{result['tables'][key]}")
     print(f"\nreport: {result['report']}")

@@ -25,9 +25,18 @@ class ResultsLog:
 
     def __init__(self, path: str, method: str, task: str, metric: str, seed: int, sites: list, config: dict):
         self.path = path
-        self.data = {"schema": SCHEMA_VERSION, "method": method, "task": task, "metric": metric, "seed": seed,
-                     "sites": sorted(sites, key=site_key), "config": config, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                     "rounds": [], "final": None}
+        self.data = {
+            "schema": SCHEMA_VERSION,
+            "method": method,
+            "task": task,
+            "metric": metric,
+            "seed": seed,
+            "sites": sorted(sites, key=site_key),
+            "config": config,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "rounds": [],
+            "final": None,
+        }
 
     def add_round(self, round_num: int, seconds: float, per_site: dict | None = None, **extras) -> dict:
         """per_site: {site: {metric: value, ...}} when the round was evaluated; extras: weights, rejected, ..."""
@@ -54,7 +63,9 @@ class ResultsLog:
         """Each site's metrics averaged over the evaluated rounds among the `count` rounds up to `last_round` (a site
         counts the rounds it was scored in), scored like a round, with the rounds used and `count` ("asked": fewer
         rounds than asked were evaluated when a resumed run changed its length); None when none was evaluated."""
-        records = [r for r in self.data["rounds"] if last_round - count < r["round"] <= last_round and r.get("per_site")]
+        records = [
+            r for r in self.data["rounds"] if last_round - count < r["round"] <= last_round and r.get("per_site")
+        ]
         if not records:
             return None
         values = {}

@@ -61,9 +61,16 @@ def nvflare_command() -> list:
     return [local] if os.path.exists(local) else [shutil.which("nvflare") or "nvflare"]
 
 
-def run_simulator(job: str, workspace: str, n_clients: int = 6, threads: int | None = None, env: dict = None,
-                  timeout: float | None = None, keep_workspace: bool = False,
-                  kill_after_round: int | None = None) -> SimulatorRun:
+def run_simulator(
+    job: str,
+    workspace: str,
+    n_clients: int = 6,
+    threads: int | None = None,
+    env: dict = None,
+    timeout: float | None = None,
+    keep_workspace: bool = False,
+    kill_after_round: int | None = None,
+) -> SimulatorRun:
     """Run `nvflare simulator JOB -w WORKSPACE -n N -t T` and return what it left.
 
     The workspace is emptied first unless keep_workspace (e.g. to keep a prepared `local/resources.json`).
@@ -72,13 +79,22 @@ def run_simulator(job: str, workspace: str, n_clients: int = 6, threads: int | N
     if os.path.exists(workspace) and not keep_workspace:
         shutil.rmtree(workspace)
     os.makedirs(workspace, exist_ok=True)
-    command = nvflare_command() + ["simulator", job, "-w", workspace, "-n", str(n_clients),
-                                   "-t", str(threads or n_clients)]
+    command = nvflare_command() + [
+        "simulator",
+        job,
+        "-w",
+        workspace,
+        "-n",
+        str(n_clients),
+        "-t",
+        str(threads or n_clients),
+    ]
     started = time.time()
     # the simulator empties its workspace at start, so the output is written beside it and moved in after
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+        )
         try:
             returncode = _wait(proc, workspace, timeout, kill_after_round)
         finally:
@@ -125,8 +141,9 @@ def collect_errors(workspace: str) -> dict:
     return errors
 
 
-def run_unless_finished(job: str, workspace: Path, n_clients: int, job_args: dict, threads: int | None = None,
-                        env: dict | None = None) -> dict:
+def run_unless_finished(
+    job: str, workspace: Path, n_clients: int, job_args: dict, threads: int | None = None, env: dict | None = None
+) -> dict:
     """The results dict of `job` with `job_args` run in the simulator in `workspace` (`env`: the sites' own
     settings, fairfl.site_settings, e.g. free riders).
 
@@ -141,8 +158,10 @@ def run_unless_finished(job: str, workspace: Path, n_clients: int, job_args: dic
             config = {**(job_arguments(job_copy) if is_job_copy(job_copy) else {}), **(results.get("config") or {})}
             changed = sorted(k for k, v in job_args.items() if k in config and config[k] != v)
             if changed:
-                raise ValueError(f"{workspace} holds a finished run with other settings ({', '.join(changed)}): "
-                                 f"delete it or choose another output folder")
+                raise ValueError(
+                    f"{workspace} holds a finished run with other settings ({', '.join(changed)}): "
+                    f"delete it or choose another output folder"
+                )
             print(f"  {workspace.name}: finished before, kept", flush=True)
             return results
     job_copy = customize_job(str(job), job_copy, job_args)

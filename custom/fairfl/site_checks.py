@@ -22,17 +22,21 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import torch
 
-CKA_TOLERANCE = 1e-6   # rounding allowed outside [0, 1] by check_cka
-MAX_REPORTED = 1e6     # a self-reported loss, sharpness or error above this is not a measurement of these networks
-MAX_SAMPLES = 10**7    # default cap on a site's training-set size (`max_samples`)
-MAX_METRICS = 64       # metrics one answer may carry ...
-MAX_NAME = 100         # ... and the length of their names
+CKA_TOLERANCE = 1e-6  # rounding allowed outside [0, 1] by check_cka
+MAX_REPORTED = 1e6  # a self-reported loss, sharpness or error above this is not a measurement of these networks
+MAX_SAMPLES = 10**7  # default cap on a site's training-set size (`max_samples`)
+MAX_METRICS = 64  # metrics one answer may carry ...
+MAX_NAME = 100  # ... and the length of their names
 
 
 def number_problem(value, what: str, low: float = 0.0, high: float = float("inf")) -> str | None:
     """Why a site's reported number cannot be used (not a real finite number in [low, high]), or None."""
-    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)) \
-            and math.isfinite(float(value)) and low <= float(value) <= high:
+    if (
+        isinstance(value, (int, float, np.integer, np.floating))
+        and not isinstance(value, (bool, np.bool_))
+        and math.isfinite(float(value))
+        and low <= float(value) <= high
+    ):
         return None
     return f"no valid {what} ({_short(value)})"
 
@@ -131,8 +135,7 @@ def check_cka(cka: Mapping, layers: Iterable[str]) -> str | None:
 def samples_problem(num_samples, declared: int | None, cap: int) -> str | None:
     """Why a site's training-set size cannot weigh its model: not a positive int, above `cap`, or above what the
     site `declared` in its first round (a site cannot grow its weight by claiming more data later)."""
-    if isinstance(num_samples, (bool, np.bool_)) or not isinstance(num_samples, (int, np.integer)) \
-            or num_samples <= 0:
+    if isinstance(num_samples, (bool, np.bool_)) or not isinstance(num_samples, (int, np.integer)) or num_samples <= 0:
         return f"invalid num_samples {_short(num_samples)}"
     if num_samples > cap:
         return f"num_samples {num_samples} above max_samples {cap}"
@@ -168,8 +171,12 @@ def norm_outliers(norms: Mapping[str, float], max_ratio: float) -> dict:
     median = statistics.median_low(norms.values())
     if median <= 0.0:
         return {}
-    return {s: f"update norm {n:.4g} is {n / median:.3g} times the round's median {median:.4g} "
-               f"(max_update_ratio {max_ratio:g})" for s, n in norms.items() if n > max_ratio * median}
+    return {
+        s: f"update norm {n:.4g} is {n / median:.3g} times the round's median {median:.4g} "
+        f"(max_update_ratio {max_ratio:g})"
+        for s, n in norms.items()
+        if n > max_ratio * median
+    }
 
 
 def majority(values: Mapping[str, object]):
@@ -179,5 +186,8 @@ def majority(values: Mapping[str, object]):
 
 def distance(state: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor]) -> float:
     """||state - start|| over the floating-point tensors of `start`: the size of a site's update."""
-    return math.sqrt(math.fsum(float(torch.sum((state[k].double() - t.double()) ** 2))
-                               for k, t in start.items() if t.is_floating_point()))
+    return math.sqrt(
+        math.fsum(
+            float(torch.sum((state[k].double() - t.double()) ** 2)) for k, t in start.items() if t.is_floating_point()
+        )
+    )

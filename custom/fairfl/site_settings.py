@@ -26,8 +26,11 @@ FREE_RIDER_SOURCE_ENV = "FAIRFL_FREE_RIDER_SOURCE"
 MAX_MODEL_PARAMETERS_ENV = "FAIRFL_MAX_MODEL_PARAMETERS"
 MAX_MODEL_PARAMETERS = 200_000_000  # 0.8 GB of float32 weights: far above every network the jobs use
 # executor arguments of older jobs that are now site settings: where each went
-MOVED_ARGUMENTS = {"allow_absolute_paths": ALLOW_ABSOLUTE_PATHS_ENV, "free_riders": FREE_RIDERS_ENV,
-                   "free_rider_source": FREE_RIDER_SOURCE_ENV}
+MOVED_ARGUMENTS = {
+    "allow_absolute_paths": ALLOW_ABSOLUTE_PATHS_ENV,
+    "free_riders": FREE_RIDERS_ENV,
+    "free_rider_source": FREE_RIDER_SOURCE_ENV,
+}
 SWITCH_VALUES = {"": False, "0": False, "false": False, "no": False, "1": True, "true": True, "yes": True}
 
 
@@ -64,5 +67,10 @@ def site_settings(site: str, environ=None) -> SiteSettings:
     limit = env.get(MAX_MODEL_PARAMETERS_ENV) or str(MAX_MODEL_PARAMETERS)
     if not limit.isdigit() or int(limit) < 1:
         raise refuse(MAX_MODEL_PARAMETERS_ENV, "expected a positive whole number")
-    return SiteSettings(data_root=env.get(DATA_ROOT_ENV, ""), allow_absolute_paths=SWITCH_VALUES[switch],
-                        free_rider=site in riders, free_rider_source=source, max_model_parameters=int(limit))
+    return SiteSettings(
+        data_root=env.get(DATA_ROOT_ENV, ""),
+        allow_absolute_paths=SWITCH_VALUES[switch],
+        free_rider=site in riders,
+        free_rider_source=source,
+        max_model_parameters=int(limit),
+    )

@@ -16,7 +16,6 @@ from monai.networks.utils import one_hot
 from fairfl.files import save_atomic
 from fairfl.uncertainty import clustered_mean_se
 
-
 OPTIMIZERS = ("adam", "sgd")
 
 
@@ -55,8 +54,9 @@ def check_optimizer_settings(settings) -> str | None:
 def make_optimizer(model: torch.nn.Module, settings: TrainSettings, betas: tuple[float, float] = (0.9, 0.999)):
     """The local optimiser of `settings`: Adam (betas) or SGD (momentum), with its lr and weight decay."""
     if settings.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
-                               weight_decay=settings.weight_decay)
+        return torch.optim.SGD(
+            model.parameters(), lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay
+        )
     if settings.optimizer != "adam":
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {settings.optimizer!r}")
     return torch.optim.Adam(model.parameters(), lr=settings.lr, betas=betas, weight_decay=settings.weight_decay)
@@ -74,8 +74,13 @@ def optimizer_state(optimizer: torch.optim.Optimizer, name: str, round_num: int)
 
 def _moment_problem(name: str, key: str, value, parameter: torch.Tensor) -> str | None:
     if key == "step":
-        step = float(value) if isinstance(value, (int, float, torch.Tensor)) and not isinstance(value, bool) \
-            and (not isinstance(value, torch.Tensor) or value.numel() == 1) else math.nan
+        step = (
+            float(value)
+            if isinstance(value, (int, float, torch.Tensor))
+            and not isinstance(value, bool)
+            and (not isinstance(value, torch.Tensor) or value.numel() == 1)
+            else math.nan
+        )
         return None if math.isfinite(step) and step >= 1 and step == int(step) else f"step {value!r}"
     if name == "sgd" and value is None:
         return None
@@ -106,8 +111,10 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, name: str, saved) -> 
             if problem:
                 return f"parameter {i}: {problem}"
     state = optimizer.state_dict()
-    state["state"] = {i: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in entry.items()}
-                      for i, entry in moments.items()}
+    state["state"] = {
+        i: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in entry.items()}
+        for i, entry in moments.items()
+    }
     optimizer.load_state_dict(state)
     return None
 
@@ -185,8 +192,11 @@ def evaluate_dice(model, loader, num_classes: int, device, regions: dict | None 
         pred = one_hot(model(image).argmax(dim=1, keepdim=True), num_classes)
         metric(y_pred=region_masks(pred, regions), y=region_masks(one_hot(label.long(), num_classes), regions))
         # patient ids as text: integer ids arrive collated into a tensor, whose elements would all differ
-        cases += [str(c.item() if isinstance(c, torch.Tensor) else c) for c in batch["case"]] if "case" in batch \
+        cases += (
+            [str(c.item() if isinstance(c, torch.Tensor) else c) for c in batch["case"]]
+            if "case" in batch
             else [None] * image.shape[0]
+        )
     per_region = [float(v) for v in metric.aggregate().cpu()]
     per_image = metric.get_buffer().cpu().numpy()  # [images, regions], NaN where a region has nothing to score
     metric.reset()
@@ -216,5 +226,7 @@ def load_tensors(path: str):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise ValueError(f"{path}: not a readable file of tensors and plain values "
-                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
+        raise ValueError(
+            f"{path}: not a readable file of tensors and plain values "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        ) from e

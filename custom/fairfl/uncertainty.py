@@ -76,8 +76,9 @@ def hanley_mcneil_se(auc: float, positives: int, negatives: int) -> float | None
     half_pair = 0.5 / (positives * negatives)
     auc = min(max(auc, half_pair), 1.0 - half_pair)
     q1, q2 = auc / (2.0 - auc), 2.0 * auc * auc / (1.0 + auc)
-    variance = (auc * (1.0 - auc) + (positives - 1) * (q1 - auc * auc) + (negatives - 1) * (q2 - auc * auc)) \
-        / (positives * negatives)
+    variance = (auc * (1.0 - auc) + (positives - 1) * (q1 - auc * auc) + (negatives - 1) * (q2 - auc * auc)) / (
+        positives * negatives
+    )
     return math.sqrt(max(variance, 0.0))
 
 
@@ -88,8 +89,9 @@ def macro_auc_se(labels, per_class_auc: Sequence[float]) -> float | None:
     classes = np.unique(labels)
     if classes.size < 2 or len(per_class_auc) != classes.size:
         return None
-    errors = [hanley_mcneil_se(a, int((labels == c).sum()), int((labels != c).sum()))
-              for c, a in zip(classes, per_class_auc)]
+    errors = [
+        hanley_mcneil_se(a, int((labels == c).sum()), int((labels != c).sum())) for c, a in zip(classes, per_class_auc)
+    ]
     if any(e is None for e in errors):
         return None
     return math.sqrt(sum(e * e for e in errors)) / classes.size

@@ -89,8 +89,7 @@ def test_layer_weights_degenerate_and_clip():
         assert len(set(clipped[layer].values())) == 1  # exactly uniform: every delta clipped to 0.99
         assert math.fsum(clipped[layer].values()) == pytest.approx(1.0, abs=1e-15)
     unclipped = lwr_layer_weights(high)  # the paper's Eq. 5 without a clip moves the weights a lot
-    assert unclipped["a"] == pytest.approx({"site-1": 0.375, "site-2": 0.875 / 3, "site-3": 0.625 / 3,
-                                            "site-4": 0.125})
+    assert unclipped["a"] == pytest.approx({"site-1": 0.375, "site-2": 0.875 / 3, "site-3": 0.625 / 3, "site-4": 0.125})
     low = lwr_layer_weights({"s1": {"a": 0.0}, "s2": {"a": -0.5}}, clip=AUTHORS_CLIP)
     assert low["a"] == pytest.approx({"s1": 0.5, "s2": 0.5})
 

@@ -17,12 +17,13 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import REPO
 from fairfl import cli
 from fairfl.data.datalist import SPLITS, write_datalist
 from fairfl.errors import DataError
 from fairfl.flare import protocol
 from fairfl.flare.executor import FairflExecutor
+
+from conftest import REPO
 
 SITE = "site-1"
 SHAPE = (8, 8)
@@ -70,8 +71,10 @@ def load_site(root, site=SITE, in_channels=1, num_classes=2, task="segmentation"
     and cache) the loader of every split; with max_samples, the sampling loader (Fed-LWR's CKA), which decodes
     only while it is read: read once."""
     executor = FairflExecutor(data_root=str(root), image_size=16, batch_size=2)
-    meta = {protocol.MODEL_SPEC: {"name": "unet", "in_channels": in_channels, "num_classes": num_classes},
-            protocol.TASK: task}
+    meta = {
+        protocol.MODEL_SPEC: {"name": "unet", "in_channels": in_channels, "num_classes": num_classes},
+        protocol.TASK: task,
+    }
     for split in SPLITS:
         for _ in executor._loader(site, meta, split, train=False, seed=0, max_samples=max_samples):
             if max_samples is None:
@@ -106,6 +109,7 @@ def pixels(value):
         array[3, 4] = value
         save(image, array)
         return image
+
     return make
 
 
@@ -135,6 +139,7 @@ def escaping(kind):
         else:
             set_first(root, "image", "../outside/secret.nii.gz" if kind == "dotdot" else str(outside))
         return outside if kind != "link" else root / SITE / "images" / "innocent.nii.gz"
+
     return make
 
 
@@ -146,6 +151,7 @@ def png_mode(mode, key="image"):
         save(path, array, mode)
         set_first(root, key, str(path.relative_to(root)))
         return path
+
     return make
 
 
@@ -161,6 +167,7 @@ def rewrite(name, content):
         target = {"image": image, "mask": mask}.get(name, root / name)
         target.write_bytes(content) if isinstance(content, bytes) else target.write_text(content)
         return target
+
     return make
 
 
@@ -192,6 +199,7 @@ def datalist_value(value):
     def make(root, image, mask):
         (root / f"{SITE}.json").write_text(json.dumps(value))
         return root / f"{SITE}.json"
+
     return make
 
 
@@ -199,6 +207,7 @@ def entry_path(value):
     def make(root, image, mask):
         set_first(root, "image", value)
         return root / f"{SITE}.json"
+
     return make
 
 
@@ -325,16 +334,24 @@ def test_grey_alpha_image_is_read_as_grey_and_a_link_inside_the_root_is_fine(tmp
 # --------------------------------------------------------------------------- configuration and server tasks
 def executor_task(meta_changes):
     """A site asked for built-in data by a server task with hostile meta."""
+
     def attempt(tmp_path):
-        meta = {protocol.MODEL_SPEC: {"name": "unet", "in_channels": 1, "num_classes": 2},
-                protocol.DATASET: "prostate", protocol.NUM_SITES: 2, protocol.DATA_SEED: 0, **meta_changes}
+        meta = {
+            protocol.MODEL_SPEC: {"name": "unet", "in_channels": 1, "num_classes": 2},
+            protocol.DATASET: "prostate",
+            protocol.NUM_SITES: 2,
+            protocol.DATA_SEED: 0,
+            **meta_changes,
+        }
         FairflExecutor(image_size=16)._load_datalist(SITE, meta)
+
     return attempt
 
 
 def state_dir_of(run_name):
     def attempt(tmp_path):
         protocol.run_state_dir(str(tmp_path), SITE, run_name)
+
     return attempt
 
 
@@ -343,29 +360,35 @@ def controller_with(**args):
         from fairfl.methods.fedavg.controller import FedAvgController
 
         FedAvgController(**args)
+
     return attempt
 
 
 def executor_with(**args):
     def attempt(tmp_path):
         FairflExecutor(**args)
+
     return attempt
 
 
 def site_environment(**variables):
     """A site whose own environment holds a malformed setting, asked for its data."""
+
     def attempt(tmp_path):
         with mock.patch.dict(os.environ, variables):
             executor_task({})(tmp_path)
+
     return attempt
 
 
 def server_task_check(meta_changes, **variables):
     """What a site checks of every server task before it builds or loops over anything (FairflExecutor.execute)."""
+
     def attempt(tmp_path):
         meta = {protocol.MODEL_SPEC: {"name": "cnn", "in_channels": 1, "num_classes": 2}, **meta_changes}
         with mock.patch.dict(os.environ, variables):
             FairflExecutor._check_task(SITE, meta)
+
     return attempt
 
 
@@ -390,30 +413,43 @@ CONFIG_CASES = {
     "server task num_sites huge": (executor_task({protocol.NUM_SITES: 10**9}), "num_sites"),
     "server task num_sites 0": (executor_task({protocol.NUM_SITES: 0}), "num_sites"),
     "server task dataset a path": (executor_task({protocol.DATASET: "../../x"}), "../../x"),
-    **{f"server task test_scale {bad!r}": (executor_task({protocol.TEST_SCALE: bad}), "test_scale")
-       for bad in (1e9, -1, "3", float("nan"), True, None)},
+    **{
+        f"server task test_scale {bad!r}": (executor_task({protocol.TEST_SCALE: bad}), "test_scale")
+        for bad in (1e9, -1, "3", float("nan"), True, None)
+    },
     "server test_scale 0.5": (controller_with(test_scale=0.5), "test_scale"),
     # the site's own settings (its environment), never the job's: a job setting one fails at load
     "job sets allow_absolute_paths": (executor_with(allow_absolute_paths=True), "allow_absolute_paths"),
     "job sets free_riders": (executor_with(free_riders=["site-1"]), "free_riders"),
     "job sets free_rider_source": (executor_with(free_rider_source="site-2"), "free_rider_source"),
-    "site's free rider named '../site-2'": (site_environment(FAIRFL_FREE_RIDERS="site-3,../site-2"),
-                                            "FAIRFL_FREE_RIDERS"),
-    "site's free rider source a path": (site_environment(FAIRFL_FREE_RIDERS="site-2",
-                                                         FAIRFL_FREE_RIDER_SOURCE="/etc/passwd"),
-                                        "FAIRFL_FREE_RIDER_SOURCE"),
+    "site's free rider named '../site-2'": (
+        site_environment(FAIRFL_FREE_RIDERS="site-3,../site-2"),
+        "FAIRFL_FREE_RIDERS",
+    ),
+    "site's free rider source a path": (
+        site_environment(FAIRFL_FREE_RIDERS="site-2", FAIRFL_FREE_RIDER_SOURCE="/etc/passwd"),
+        "FAIRFL_FREE_RIDER_SOURCE",
+    ),
     "site's free rider source is a free rider": (site_environment(FAIRFL_FREE_RIDERS="site-1"), "FAIRFL_FREE_RIDERS"),
-    "site's absolute-path switch neither 1 nor 0": (site_environment(FAIRFL_ALLOW_ABSOLUTE_PATHS="maybe"),
-                                                    "FAIRFL_ALLOW_ABSOLUTE_PATHS"),
-    "site's parameter limit negative": (site_environment(FAIRFL_MAX_MODEL_PARAMETERS="-5"),
-                                        "FAIRFL_MAX_MODEL_PARAMETERS"),
+    "site's absolute-path switch neither 1 nor 0": (
+        site_environment(FAIRFL_ALLOW_ABSOLUTE_PATHS="maybe"),
+        "FAIRFL_ALLOW_ABSOLUTE_PATHS",
+    ),
+    "site's parameter limit negative": (
+        site_environment(FAIRFL_MAX_MODEL_PARAMETERS="-5"),
+        "FAIRFL_MAX_MODEL_PARAMETERS",
+    ),
     # the server's model spec and FedNPR settings: bounded before anything is built (144 GiB, 242 GiB otherwise)
     "model spec: CNN of 65536 channels": (model_spec(name="cnn", channels=[65536, 65536]), "channels"),
     "model spec: a billion classes": (model_spec(name="resnet18", num_classes=10**9), "num_classes"),
-    "model spec: 1.4 billion parameters within every range": (model_spec(name="cnn", channels=[4096] * 10),
-                                                              "parameters"),
+    "model spec: 1.4 billion parameters within every range": (
+        model_spec(name="cnn", channels=[4096] * 10),
+        "parameters",
+    ),
     "model spec: above the site's own parameter limit": (
-        server_task_check({}, FAIRFL_MAX_MODEL_PARAMETERS="1000"), "limit of 1,000"),
+        server_task_check({}, FAIRFL_MAX_MODEL_PARAMETERS="1000"),
+        "limit of 1,000",
+    ),
     "model spec: unknown network": (model_spec(name="../evil"), "../evil"),
     "model spec: unknown key": (model_spec(name="cnn", pretrained=True), "pretrained"),
     "model spec: in_channels a string": (model_spec(name="cnn", in_channels="1"), "in_channels"),
@@ -492,8 +528,9 @@ def test_checkpoint_or_local_model_holding_a_pickled_object_is_refused_and_never
     local = tmp_path / protocol.LOCAL_MODEL_FILE
     torch.save({"weight": Payload(str(marker))}, local)
     with pytest.raises(ValueError, match="not a readable file of tensors") as info:
-        FairflExecutor()._load_local({protocol.MODEL_SPEC: {"name": "unet", "in_channels": 1, "num_classes": 2}},
-                                     str(tmp_path))
+        FairflExecutor()._load_local(
+            {protocol.MODEL_SPEC: {"name": "unet", "in_channels": 1, "num_classes": 2}}, str(tmp_path)
+        )
     assert str(local) in str(info.value)
     assert not marker.exists()
 
@@ -521,63 +558,98 @@ CLI_CASES = {
     "prepare-data --image-size 4": (lambda t: ["prepare-data", "--image-size", "4"], "--image-size"),
     "prepare-data --seed -1": (lambda t: ["prepare-data", "--seed", "-1"], "--seed"),
     "prepare-data images too small for the anatomy": (
-        lambda t: ["prepare-data", "--out", str(t / "o"), "--image-size", "16"], "image_size must be at least 32"),
+        lambda t: ["prepare-data", "--out", str(t / "o"), "--image-size", "16"],
+        "image_size must be at least 32",
+    ),
     "prepare-data one site of a ten-site split": (
         lambda t: ["prepare-data", "--dataset", "ich_imbalanced", "--out", str(t / "o"), "--num-sites", "1"],
-        "num_sites >= 2"),
+        "num_sites >= 2",
+    ),
     "prepare-data --num-sites two": (lambda t: ["prepare-data", "--num-sites", "two"], "--num-sites"),
     "prepare-data --test-scale 0.5": (lambda t: ["prepare-data", "--test-scale", "0.5"], "--test-scale"),
     "prepare-data --test-scale nan": (lambda t: ["prepare-data", "--test-scale", "nan"], "--test-scale"),
-    "prepare-data --out a non-empty folder": (lambda t: ["prepare-data", "--out", str(non_empty(t / "out"))],
-                                              "out is not empty"),
+    "prepare-data --out a non-empty folder": (
+        lambda t: ["prepare-data", "--out", str(non_empty(t / "out"))],
+        "out is not empty",
+    ),
     "run a missing job": (lambda t: ["run", str(t / "nojob"), "-w", str(t / "w")], "nojob"),
     "run -n 0": (lambda t: ["run", "jobs/fedavg", "-n", "0", "-w", str(t / "w")], "--n-clients"),
     "run -t 0": (lambda t: ["run", "jobs/fedavg", "-t", "0", "-w", str(t / "w")], "--threads"),
-    "run into a non-empty workspace": (lambda t: ["run", "jobs/fedavg", "-w", str(non_empty(t / "ws"))],
-                                       "ws is not empty"),
+    "run into a non-empty workspace": (
+        lambda t: ["run", "jobs/fedavg", "-w", str(non_empty(t / "ws"))],
+        "ws is not empty",
+    ),
     "run --set into a non-empty <workspace>_job": (
         lambda t: ["run", "jobs/fedavg", "-w", beside_a_user_folder(t / "ws"), "--set", "num_rounds=1"],
-        "ws_job is not empty"),
+        "ws_job is not empty",
+    ),
     "run --force --set into a <workspace>_job that is no job copy": (
         lambda t: ["run", "jobs/fedavg", "--force", "-w", beside_a_user_folder(t / "ws"), "--set", "num_rounds=1"],
-        "does not look like a job copy"),
+        "does not look like a job copy",
+    ),
     "run --set an argument the job does not have": (
-        lambda t: ["run", "jobs/fedavg", "-w", str(t / "ws"), "--set", "nosuchkey=1"], "nosuchkey"),
+        lambda t: ["run", "jobs/fedavg", "-w", str(t / "ws"), "--set", "nosuchkey=1"],
+        "nosuchkey",
+    ),
     "run --set a string for a number": (
-        lambda t: ["run", "jobs/fedavg", "-w", str(t / "ws"), "--set", "num_rounds=abc"], "num_rounds"),
+        lambda t: ["run", "jobs/fedavg", "-w", str(t / "ws"), "--set", "num_rounds=abc"],
+        "num_rounds",
+    ),
     "run --set free_riders (the sites' own setting)": (
-        lambda t: ["run", "jobs/fedce", "-w", str(t / "ws"), "--set", 'free_riders=["site-4"]'], "FAIRFL_FREE_RIDERS"),
+        lambda t: ["run", "jobs/fedce", "-w", str(t / "ws"), "--set", 'free_riders=["site-4"]'],
+        "FAIRFL_FREE_RIDERS",
+    ),
     "run --set without '='": (lambda t: ["run", "jobs/fedavg", "-w", str(t / "ws"), "--set", "num_rounds"], "--set"),
     "run --free-riders '../site-2'": (
-        lambda t: ["run", "jobs/fedavg", "-w", str(t / "ws"), "--free-riders", "site-3,../site-2"], "site name '../site-2'"),
+        lambda t: ["run", "jobs/fedavg", "-w", str(t / "ws"), "--free-riders", "site-3,../site-2"],
+        "site name '../site-2'",
+    ),
     "run --force into a folder that is no workspace": (
-        lambda t: ["run", "jobs/fedavg", "--force", "-w", str(non_empty(t / "home"))], "does not look like"),
-    "convert-prostate from a missing folder": (lambda t: ["convert-prostate", str(t / "nosrc"), str(t / "d")],
-                                               "nosrc"),
+        lambda t: ["run", "jobs/fedavg", "--force", "-w", str(non_empty(t / "home"))],
+        "does not look like",
+    ),
+    "convert-prostate from a missing folder": (lambda t: ["convert-prostate", str(t / "nosrc"), str(t / "d")], "nosrc"),
     "convert-prostate into a non-empty folder": (
-        lambda t: ["convert-prostate", str(non_empty(t / "src")), str(non_empty(t / "dst"))], "dst is not empty"),
+        lambda t: ["convert-prostate", str(non_empty(t / "src")), str(non_empty(t / "dst"))],
+        "dst is not empty",
+    ),
     "convert-fundus into a non-empty folder": (
-        lambda t: ["convert-fundus", str(non_empty(t / "src")), str(non_empty(t / "dst"))], "dst is not empty"),
-    "convert-isic --alpha 0": (lambda t: ["convert-isic", str(non_empty(t / "s")), str(t / "d"), "--alpha", "0"],
-                               "--alpha"),
+        lambda t: ["convert-fundus", str(non_empty(t / "src")), str(non_empty(t / "dst"))],
+        "dst is not empty",
+    ),
+    "convert-isic --alpha 0": (
+        lambda t: ["convert-isic", str(non_empty(t / "s")), str(t / "d"), "--alpha", "0"],
+        "--alpha",
+    ),
     "convert-isic --corrupted-fraction 1.5": (
         lambda t: ["convert-isic", str(non_empty(t / "s")), str(t / "d"), "--corrupted-fraction", "1.5"],
-        "--corrupted-fraction"),
-    "convert-isic --severity 9": (lambda t: ["convert-isic", str(non_empty(t / "s")), str(t / "d"), "--severity", "9"],
-                                  "--severity"),
+        "--corrupted-fraction",
+    ),
+    "convert-isic --severity 9": (
+        lambda t: ["convert-isic", str(non_empty(t / "s")), str(t / "d"), "--severity", "9"],
+        "--severity",
+    ),
     "convert-rsna-ich --max-images 0": (
-        lambda t: ["convert-rsna-ich", str(non_empty(t / "s")), str(t / "d"), "--max-images", "0"], "--max-images"),
+        lambda t: ["convert-rsna-ich", str(non_empty(t / "s")), str(t / "d"), "--max-images", "0"],
+        "--max-images",
+    ),
     "convert-rsna-ich --num-sites 0": (
-        lambda t: ["convert-rsna-ich", str(non_empty(t / "s")), str(t / "d"), "--num-sites", "0"], "--num-sites"),
+        lambda t: ["convert-rsna-ich", str(non_empty(t / "s")), str(t / "d"), "--num-sites", "0"],
+        "--num-sites",
+    ),
     "leave-one-out -n 0": (lambda t: ["leave-one-out", "jobs/fedavg", "-n", "0", "-o", str(t / "o")], "--n-clients"),
     "benchmark --rounds 0": (lambda t: ["benchmark", "prostate", "--rounds", "0", "--out", str(t / "b")], "--rounds"),
     "benchmark --sites 1": (lambda t: ["benchmark", "prostate", "--sites", "1", "--out", str(t / "b")], "--sites"),
     "benchmark --seeds -1": (lambda t: ["benchmark", "prostate", "--seeds", "-1", "--out", str(t / "b")], "--seeds"),
     "export-job --gpus -1": (lambda t: ["export-job", "jobs/fedavg", str(t / "e"), "--gpus", "-1"], "--gpus"),
-    "export-job of a folder that is no job": (lambda t: ["export-job", str(non_empty(t / "j")), str(t / "e")],
-                                              "not a job folder"),
-    "report --out a non-empty folder": (lambda t: ["report", str(t / "results.json"), "--out", str(non_empty(t / "r"))],
-                                        "r is not empty"),
+    "export-job of a folder that is no job": (
+        lambda t: ["export-job", str(non_empty(t / "j")), str(t / "e")],
+        "not a job folder",
+    ),
+    "report --out a non-empty folder": (
+        lambda t: ["report", str(t / "results.json"), "--out", str(non_empty(t / "r"))],
+        "r is not empty",
+    ),
     "poc prepare --port -5": (lambda t: ["poc", "prepare", "--port", "-5"], "--port"),
     "poc prepare --port 65536": (lambda t: ["poc", "prepare", "--port", "65536"], "--port"),
     "poc prepare -n 0": (lambda t: ["poc", "prepare", "-n", "0"], "--n-sites"),
@@ -585,7 +657,8 @@ CLI_CASES = {
     "dashboard --port 0": (lambda t: ["dashboard", "--root", str(t / "d"), "--port", "0"], "--port"),
     "dashboard --root a folder that is no dashboard's": (
         lambda t: ["dashboard", "--admin", "a@b.org", "--root", str(non_empty(t / "thesis"))],
-        "holds no dashboard database"),
+        "holds no dashboard database",
+    ),
 }
 
 

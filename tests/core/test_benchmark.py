@@ -1,4 +1,5 @@
-"""`fairfl benchmark`: the claims it checks, the README and docs/ blocks it generates, and (slow) a tiny real benchmark that
+"""`fairfl benchmark`: the claims it checks, the README and docs/ blocks it generates, and (slow) a tiny real
+benchmark that
 resumes without redoing finished runs."""
 
 import json
@@ -7,24 +8,44 @@ import os
 
 import pytest
 
-from conftest import REPO, TINY_CLIENT, TINY_SERVER
-from fairfl.benchmark import (check_claims, claims_markdown, documentation_files, family, job_arguments, rejudge,
-                              run_benchmark, section, update_generated_blocks)
+from fairfl.benchmark import (
+    check_claims,
+    claims_markdown,
+    documentation_files,
+    family,
+    job_arguments,
+    rejudge,
+    run_benchmark,
+    section,
+    update_generated_blocks,
+)
+from fairfl.cli import main as cli_main
 from fairfl.methods import VARIANTS, Claim
 from fairfl.paired import Interval, mean_interval, paired_differences, paired_interval, verdict
-from fairfl.cli import main as cli_main
+
+from conftest import REPO, TINY_CLIENT, TINY_SERVER
 
 
 def run_record(method, seed, per_site: dict, metric="dice"):
     """A finished run in the results-file schema, final scores `per_site` (fractions)."""
     final = {"per_site": {s: {metric: v} for s, v in per_site.items()}}
-    return {"schema": 1, "method": method, "metric": metric, "seed": seed, "sites": list(per_site),
-            "rounds": [{"round": 0, "seconds": 3.0}, {"round": 1, "seconds": 2.0}], "final": final}
+    return {
+        "schema": 1,
+        "method": method,
+        "metric": metric,
+        "seed": seed,
+        "sites": list(per_site),
+        "rounds": [{"round": 0, "seconds": 3.0}, {"round": 1, "seconds": 2.0}],
+        "final": final,
+    }
 
 
 def test_each_builtin_dataset_belongs_to_its_papers_comparison():
-    assert (family("prostate"), family("skin"), family("ich_imbalanced")) == ("segmentation", "quality_shift",
-                                                                              "imbalanced")
+    assert (family("prostate"), family("skin"), family("ich_imbalanced")) == (
+        "segmentation",
+        "quality_shift",
+        "imbalanced",
+    )
 
 
 def test_npr_settings_follow_the_dataset_and_explicit_arguments_win():
@@ -39,7 +60,7 @@ T_975_2DOF = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2), from tables: 4.30
 
 def test_paired_interval_by_hand_and_its_verdicts():
     # differences 1, 2, 3: mean 2, sd 1, half width t(0.975, 2) * 1 / sqrt(3)
-    half = T_975_2DOF / 3 ** 0.5
+    half = T_975_2DOF / 3**0.5
     interval = paired_interval({0: 11.0, 1: 12.0, 2: 13.0}, {0: 10.0, 1: 10.0, 2: 10.0})
     assert (interval.mean, interval.n) == (2.0, 3)
     assert (interval.low, interval.high) == pytest.approx((2 - half, 2 + half))  # [-0.48, +4.48]
@@ -58,8 +79,9 @@ def test_paired_interval_by_hand_and_its_verdicts():
     assert one.n == 1 and one.low == -math.inf and one.text() == "+80.00 (1 seed)"
     assert verdict(one) == verdict(one, above=False) == "inconclusive"
     # NaN, None, inf and missing seeds are not paired; nothing paired: undefined, inconclusive
-    assert paired_differences({0: math.nan, 1: 3.0, 2: None, 3: 1.0, 4: math.inf}, {0: 1.0, 1: 1.0, 2: 1.0, 4: 1.0}) \
-        == {1: 2.0}
+    assert paired_differences(
+        {0: math.nan, 1: 3.0, 2: None, 3: 1.0, 4: math.inf}, {0: 1.0, 1: 1.0, 2: 1.0, 4: 1.0}
+    ) == {1: 2.0}
     none = paired_interval({0: 1.0}, {1: 1.0})
     assert none.n == 0 and math.isnan(none.mean) and none.text() == "–" and verdict(none) == "inconclusive"
     assert none.as_json() == {"mean": None, "low": None, "high": None, "n": 0, "confidence": 0.95}
@@ -72,14 +94,19 @@ def test_paired_interval_by_hand_and_its_verdicts():
 def test_claims_are_judged_on_paired_per_seed_differences():
     # FedAvg's average differs a lot from seed to seed, Fed-LWR's is always 1 point above it: the seed-to-seed
     # spread of each method says nothing, the paired differences decide
-    runs = {"fedavg": [run_record("fedavg", s, {"site-1": 0.60 + 0.1 * s, "site-2": 0.40 + 0.1 * s})
-                       for s in range(3)],
-            "fedlwr": [run_record("fedlwr", s, {"site-1": 0.61 + 0.1 * s, "site-2": 0.41 + 0.1 * s})
-                       for s in range(3)],
-            "ditto": [run_record("ditto", s, {"site-1": 0.70, "site-2": 0.60 - 0.1 * s}) for s in (2, 1, 0)]}
-    std, avg, margin = check_claims([Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "std"),
-                                     Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "avg"),
-                                     Claim("FedNPR", "fedlwr", "fedavg", "dice", "avg", 3.0)], runs)
+    runs = {
+        "fedavg": [run_record("fedavg", s, {"site-1": 0.60 + 0.1 * s, "site-2": 0.40 + 0.1 * s}) for s in range(3)],
+        "fedlwr": [run_record("fedlwr", s, {"site-1": 0.61 + 0.1 * s, "site-2": 0.41 + 0.1 * s}) for s in range(3)],
+        "ditto": [run_record("ditto", s, {"site-1": 0.70, "site-2": 0.60 - 0.1 * s}) for s in (2, 1, 0)],
+    }
+    std, avg, margin = check_claims(
+        [
+            Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "std"),
+            Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "avg"),
+            Claim("FedNPR", "fedlwr", "fedavg", "dice", "avg", 3.0),
+        ],
+        runs,
+    )
     assert avg["value"] == pytest.approx([61.0, 10.0]) and avg["baseline_value"] == pytest.approx([60.0, 10.0])
     assert avg["differences"] == pytest.approx({0: 1.0, 1: 1.0, 2: 1.0}) and avg["verdict"] == "holds"
     assert avg["interval"] == pytest.approx({"mean": 1.0, "low": 1.0, "high": 1.0, "n": 3, "confidence": 0.95})
@@ -96,25 +123,32 @@ def test_claims_are_judged_on_paired_per_seed_differences():
     runs["fedlwr"][1]["final"]["per_site"]["site-1"]["dice"] = math.nan
     assert check_claims([Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "avg")], runs)[0]["interval"]["n"] == 2
     # one seed only: inconclusive
-    one = check_claims([Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "avg")],
-                       {m: r[:1] for m, r in runs.items()})[0]
+    one = check_claims([Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "avg")], {m: r[:1] for m, r in runs.items()})[0]
     assert one["verdict"] == "inconclusive" and one["interval"]["low"] is None
     # a claim whose methods did not run is left out, not guessed; a seed run twice is an error
     assert check_claims([Claim("FedCE", "fedce_sum", "fedavg", "dice", "std")], runs) == []
     with pytest.raises(ValueError, match="seed 0"):
-        check_claims([Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "avg")],
-                     {**runs, "fedavg": runs["fedavg"] + runs["fedavg"][:1]})
+        check_claims(
+            [Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "avg")],
+            {**runs, "fedavg": runs["fedavg"] + runs["fedavg"][:1]},
+        )
 
 
 def test_claims_markdown_shows_each_verdict_with_its_interval():
-    runs = {"fedavg": [run_record("fedavg", s, {"site-1": 0.5, "site-2": 0.5}) for s in range(3)],
-            "ditto": [run_record("ditto", s, {"site-1": 0.5 + d, "site-2": 0.5 + d}) for s, d in enumerate(
-                [0.01, 0.02, 0.03])]}
-    checked = check_claims([Claim("Ditto", "ditto", "fedavg", "dice", "avg"),
-                            Claim("Ditto", "ditto", "fedavg", "dice", "std")], runs)
+    runs = {
+        "fedavg": [run_record("fedavg", s, {"site-1": 0.5, "site-2": 0.5}) for s in range(3)],
+        "ditto": [
+            run_record("ditto", s, {"site-1": 0.5 + d, "site-2": 0.5 + d}) for s, d in enumerate([0.01, 0.02, 0.03])
+        ],
+    }
+    checked = check_claims(
+        [Claim("Ditto", "ditto", "fedavg", "dice", "avg"), Claim("Ditto", "ditto", "fedavg", "dice", "std")], runs
+    )
     text = "\n".join(claims_markdown(checked))
-    assert "| Ditto | Ditto: Avg. Dice at least FedAvg's | 52.00 ± 1.00 | 50.00 ± 0.00 | +2.00 [-0.48, +4.48] | 3 " \
-           "| inconclusive |" in text
+    assert (
+        "| Ditto | Ditto: Avg. Dice at least FedAvg's | 52.00 ± 1.00 | 50.00 ± 0.00 | +2.00 [-0.48, +4.48] | 3 "
+        "| inconclusive |" in text
+    )
     assert "| +0.00 [+0.00, +0.00] | 3 | **fails** |" in text  # the std: 0 at every site and seed
     assert "Student t" in text and "Where a claim did not hold" in text
     assert claims_markdown([]) == []
@@ -126,23 +160,40 @@ def test_claims_judged_again_from_the_committed_outputs(tmp_path, capsys):
     rows = ["method,variant,seed,site,metric,percent,file"]
     for seed, (avg, lwr) in enumerate([(70.0, 72.0), (60.0, 63.0), (65.0, 66.0)]):
         for method, value in (("fedavg", avg), ("fedlwr", lwr)):
-            rows += [f"{method},,{seed},site-1,dice,{value:.4f},x", f"{method},,{seed},site-2,dice,{value:.4f},x",
-                     f"{method},,{seed},mean,dice,{value:.4f},x", f"{method},,{seed},std,dice,0.0000,x"]
+            rows += [
+                f"{method},,{seed},site-1,dice,{value:.4f},x",
+                f"{method},,{seed},site-2,dice,{value:.4f},x",
+                f"{method},,{seed},mean,dice,{value:.4f},x",
+                f"{method},,{seed},std,dice,0.0000,x",
+            ]
     rows.append("fedlwr,free riders: site-3,0,site-1,dice,1.0,x")  # a variant is not the method
     (out / "dice" / "results.csv").write_text("\n".join(rows) + "\n")
-    old_missing = {"paper": "FedCE", "claim": "old", "method": "fedce_sum", "baseline": "fedavg",
-                   "metric": "clean_dice", "statistic": "avg", "value": [1.0, 0.1], "baseline_value": [0.5, 0.1],
-                   "difference": 0.5, "holds": True, "seeds": [3, 3], "per_site_difference": {}}
-    (out / "summary.json").write_text(json.dumps({"family": "segmentation", "metrics": ["dice"],
-                                                  "claims": [old_missing]}))
-    (out / "SUMMARY.md").write_text("# Benchmark\n\n## Dice per site\n\nkept\n\n## The papers' claims on this data\n\n"
-                                    "| old | yes |\n")
+    old_missing = {
+        "paper": "FedCE",
+        "claim": "old",
+        "method": "fedce_sum",
+        "baseline": "fedavg",
+        "metric": "clean_dice",
+        "statistic": "avg",
+        "value": [1.0, 0.1],
+        "baseline_value": [0.5, 0.1],
+        "difference": 0.5,
+        "holds": True,
+        "seeds": [3, 3],
+        "per_site_difference": {},
+    }
+    (out / "summary.json").write_text(
+        json.dumps({"family": "segmentation", "metrics": ["dice"], "claims": [old_missing]})
+    )
+    (out / "SUMMARY.md").write_text(
+        "# Benchmark\n\n## Dice per site\n\nkept\n\n## The papers' claims on this data\n\n| old | yes |\n"
+    )
     assert cli_main(["benchmark", "prostate", "--rejudge", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     avg = next(c for c in summary["claims"] if c["method"] == "fedlwr" and c["statistic"] == "avg")
     # differences 2, 3, 1: mean 2, sd 1
     assert avg["interval"]["mean"] == pytest.approx(2.0) and avg["interval"]["n"] == 3
-    assert avg["interval"]["low"] == pytest.approx(2 - T_975_2DOF / 3 ** 0.5) and avg["verdict"] == "inconclusive"
+    assert avg["interval"]["low"] == pytest.approx(2 - T_975_2DOF / 3**0.5) and avg["verdict"] == "inconclusive"
     kept = summary["claims"][0]  # no per-seed values of its metric: kept, not judged, in its place in the outputs
     assert kept["claim"] == "old" and kept["verdict"] == "inconclusive" and kept["interval"] is None
     assert all("holds" not in c for c in summary["claims"])
@@ -154,8 +205,9 @@ def test_claims_judged_again_from_the_committed_outputs(tmp_path, capsys):
     rejudge(out)  # judging again changes nothing
     assert json.loads((out / "summary.json").read_text()) == summary and (out / "SUMMARY.md").read_text() == text
     # a broken results file: an error naming the file and the line, nothing rewritten
-    (out / "dice" / "results.csv").write_text("method,variant,seed,site,metric,percent,file\n"
-                                              "fedavg,,zero,site-1,dice,1,x\n")
+    (out / "dice" / "results.csv").write_text(
+        "method,variant,seed,site,metric,percent,file\nfedavg,,zero,site-1,dice,1,x\n"
+    )
     assert cli_main(["benchmark", "prostate", "--rejudge", "--out", str(out)]) == 1
     assert "results.csv, line 2" in capsys.readouterr().err and (out / "SUMMARY.md").read_text() == text
     assert cli_main(["benchmark", "prostate", "--rejudge", "--out", str(tmp_path / "none")]) == 1
@@ -165,14 +217,21 @@ def test_claims_judged_again_from_the_committed_outputs(tmp_path, capsys):
 def test_section_and_readme_blocks_are_rewritten_from_their_source(tmp_path):
     out = tmp_path / "benchmarks" / "results" / "x"
     out.mkdir(parents=True)
-    (out / "SUMMARY.md").write_text("# Title\n\nintro\n\n## Dice per site\n\n| a |\n\n[report](dice/report.md)\n\n"
-                                    "### detail\n\nkept\n\n## Round time\n\nnot this\n")
-    assert section((out / "SUMMARY.md").read_text(), "Dice per site") == "| a |\n\n[report](dice/report.md)\n\n### detail\n\nkept\n"
+    (out / "SUMMARY.md").write_text(
+        "# Title\n\nintro\n\n## Dice per site\n\n| a |\n\n[report](dice/report.md)\n\n"
+        "### detail\n\nkept\n\n## Round time\n\nnot this\n"
+    )
+    assert (
+        section((out / "SUMMARY.md").read_text(), "Dice per site")
+        == "| a |\n\n[report](dice/report.md)\n\n### detail\n\nkept\n"
+    )
     with pytest.raises(ValueError, match="no section"):
         section("# a\n", "b")
     readme = tmp_path / "README.md"
-    readme.write_text("before\n<!-- generated from benchmarks/results/x/SUMMARY.md#Dice per site -->\ntyped by hand\n"
-                      "<!-- end generated -->\nafter\n")
+    readme.write_text(
+        "before\n<!-- generated from benchmarks/results/x/SUMMARY.md#Dice per site -->\ntyped by hand\n"
+        "<!-- end generated -->\nafter\n"
+    )
     assert update_generated_blocks(readme, check=True) == ["benchmarks/results/x/SUMMARY.md#Dice per site"]
     assert "typed by hand" in readme.read_text()  # --check changes nothing
     assert cli_main(["update-readme", str(readme), "--check"]) == 1
@@ -186,8 +245,10 @@ def test_section_and_readme_blocks_are_rewritten_from_their_source(tmp_path):
 def test_a_docs_page_block_links_relative_to_the_page_and_a_stale_one_is_reported(tmp_path, capsys):
     out = tmp_path / "benchmarks" / "results" / "x"
     out.mkdir(parents=True)
-    (out / "SUMMARY.md").write_text("# T\n\n## Dice per site\n\n| a |\n\n[report](dice/report.md) "
-                                    "![fig](../y/plot.png) [web](https://example.org/a.md) [here](#dice-per-site)\n")
+    (out / "SUMMARY.md").write_text(
+        "# T\n\n## Dice per site\n\n| a |\n\n[report](dice/report.md) "
+        "![fig](../y/plot.png) [web](https://example.org/a.md) [here](#dice-per-site)\n"
+    )
     readme = tmp_path / "README.md"
     block = "<!-- generated from {}benchmarks/results/x/SUMMARY.md#Dice per site -->\n{}<!-- end generated -->\n"
     readme.write_text("intro\n")
@@ -225,8 +286,9 @@ def test_the_committed_claims_are_those_judged_from_the_committed_per_seed_outpu
     shutil.copytree(committed, out, ignore=shutil.ignore_patterns("*.png", "loo"))
     rejudge(out)
     for name in ("SUMMARY.md", "summary.json"):
-        assert (out / name).read_text() == open(os.path.join(committed, name)).read(), \
+        assert (out / name).read_text() == open(os.path.join(committed, name)).read(), (
             f"{task}/{name}: run `fairfl benchmark {task} --rejudge`"
+        )
     claims = json.loads((out / "summary.json").read_text())["claims"]
     assert claims and all(c["verdict"] in ("holds", "fails", "inconclusive") and "holds" not in c for c in claims)
 
@@ -256,7 +318,9 @@ def test_tiny_benchmark_writes_every_table_and_resumes_without_rerunning(tmp_pat
         assert heading in text
     assert "nvflare 2.9" in text and "`test`" in text
     saved = json.loads((out / "summary.json").read_text())
-    assert saved["results"]["fedprox"]["dice"]["avg"][0] == pytest.approx(summary["results"]["fedprox"]["dice"]["avg"][0])
+    assert saved["results"]["fedprox"]["dice"]["avg"][0] == pytest.approx(
+        summary["results"]["fedprox"]["dice"]["avg"][0]
+    )
     finished = {p: p.stat().st_mtime for p in out.glob("runs/*/server/simulate_job/results.json")}
     assert len(finished) == 3
     runs = {p.parts[-4]: json.loads(p.read_text()) for p in finished}
@@ -271,8 +335,15 @@ def test_tiny_benchmark_writes_every_table_and_resumes_without_rerunning(tmp_pat
 
 FAMILY_METRICS = {  # dataset -> metrics every site reports at the end
     "prostate": ("dice",),
-    "skin": ("auc", "accuracy", "balanced_accuracy", "clean_auc", "clean_accuracy", "corrupted_auc",
-             "corrupted_accuracy"),
+    "skin": (
+        "auc",
+        "accuracy",
+        "balanced_accuracy",
+        "clean_auc",
+        "clean_accuracy",
+        "corrupted_auc",
+        "corrupted_accuracy",
+    ),
     "skin_imbalanced": ("auc", "accuracy", "balanced_accuracy"),
 }
 
@@ -285,34 +356,66 @@ def finished_run(workspace, dataset, method, seed, job_args, sites):
     final = {"per_site": per_site}
     if method in ("fedce_sum", "cffl", "cgsv"):
         final["contributions"] = {s: (k + 1) / sum(range(1, len(sites) + 1)) for k, s in enumerate(sites)}
-    results = {"schema": 1, "method": method, "task": "segmentation" if dataset == "prostate" else "classification",
-               "metric": FAMILY_METRICS[dataset][0], "seed": seed, "sites": sites, "config": dict(job_args),
-               "rounds": [{"round": r, "seconds": 2.0 + r + offset} for r in range(3)] + [{"round": 3, "seconds": 9.0,
-                                                                                       "per_site": per_site}],
-               "final": final}
+    results = {
+        "schema": 1,
+        "method": method,
+        "task": "segmentation" if dataset == "prostate" else "classification",
+        "metric": FAMILY_METRICS[dataset][0],
+        "seed": seed,
+        "sites": sites,
+        "config": dict(job_args),
+        "rounds": [{"round": r, "seconds": 2.0 + r + offset} for r in range(3)]
+        + [{"round": 3, "seconds": 9.0, "per_site": per_site}],
+        "final": final,
+    }
     path = workspace / "server" / "simulate_job" / "results.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(results))
 
 
-@pytest.mark.parametrize("dataset, methods, tables", [
-    ("prostate", ["solo", "fedavg", "fedce_sum", "cgsv", "fedlwr"],
-     ["## Dice per site", "## Performance fairness against Solo", "## Client contributions",
-      "## Contribution estimates against leave-one-out", "## The papers' claims on this data"]),
-    ("skin", ["fedavg", "fedismplus_s"], ["## AUC per site", "## Clean and corrupted test sets", "FedISM+ (S)"]),
-    ("skin_imbalanced", ["solo", "fedavg", "fednpr", "fednpr_per"],
-     ["## Balanced accuracy per site", "## AUC per site", "FedNPR-Per: Avg. Balanced accuracy at least FedNPR's"]),
-])
-def test_every_table_of_a_family_from_finished_runs_without_running_them_again(tmp_path, dataset, methods, tables,
-                                                                               monkeypatch):
+@pytest.mark.parametrize(
+    "dataset, methods, tables",
+    [
+        (
+            "prostate",
+            ["solo", "fedavg", "fedce_sum", "cgsv", "fedlwr"],
+            [
+                "## Dice per site",
+                "## Performance fairness against Solo",
+                "## Client contributions",
+                "## Contribution estimates against leave-one-out",
+                "## The papers' claims on this data",
+            ],
+        ),
+        ("skin", ["fedavg", "fedismplus_s"], ["## AUC per site", "## Clean and corrupted test sets", "FedISM+ (S)"]),
+        (
+            "skin_imbalanced",
+            ["solo", "fedavg", "fednpr", "fednpr_per"],
+            [
+                "## Balanced accuracy per site",
+                "## AUC per site",
+                "FedNPR-Per: Avg. Balanced accuracy at least FedNPR's",
+            ],
+        ),
+    ],
+)
+def test_every_table_of_a_family_from_finished_runs_without_running_them_again(
+    tmp_path, dataset, methods, tables, monkeypatch
+):
     import fairfl.simulate
 
     monkeypatch.setattr(fairfl.simulate, "run_simulator", lambda *a, **k: pytest.fail("a finished run was run again"))
     sites, seeds, out = ["site-1", "site-2", "site-3"], [0, 1], tmp_path / "bench"
     for seed in seeds:
         for method in methods:
-            finished_run(out / "runs" / f"{dataset}-{method}-seed{seed}", dataset, method, seed,
-                         job_arguments(dataset, method, seed, 4, 2, {}), sites)
+            finished_run(
+                out / "runs" / f"{dataset}-{method}-seed{seed}",
+                dataset,
+                method,
+                seed,
+                job_arguments(dataset, method, seed, 4, 2, {}),
+                sites,
+            )
     loo = dataset == "prostate"
     if loo:  # FedAvg's leave-one-out runs, as `fairfl leave-one-out` lays them out
         for left_out in [None, *sites]:
@@ -371,8 +474,10 @@ def test_test_split_errors_average_each_sites_error_over_runs_and_skip_runs_with
     from fairfl.benchmark import test_split_errors
 
     def run(se2, se10):
-        per_site = {"site-2": {"dice": 0.7, **({"dice_se": se2} if se2 is not None else {})},
-                    "site-10": {"dice": 0.6, "dice_se": se10}}
+        per_site = {
+            "site-2": {"dice": 0.7, **({"dice_se": se2} if se2 is not None else {})},
+            "site-10": {"dice": 0.6, "dice_se": se10},
+        }
         return {"final": {"per_site": per_site}}
 
     errors = test_split_errors({"fedavg": [run(0.02, 0.10), run(None, 0.20)], "ditto": [run(0.04, 0.30)]}, "dice")
@@ -394,8 +499,11 @@ def test_the_benchmark_scripts_judge_targets_on_seed_paired_intervals(tmp_path):
 
     def write(name, seed, dice):
         path = tmp_path / f"{name}{seed}.json"
-        path.write_text(json.dumps({"seed": seed, "final": {"per_site": {f"site-{i + 1}": {"dice": d}
-                                                                          for i, d in enumerate(dice)}}}))
+        path.write_text(
+            json.dumps(
+                {"seed": seed, "final": {"per_site": {f"site-{i + 1}": {"dice": d} for i, d in enumerate(dice)}}}
+            )
+        )
         return str(path)
 
     # the seed moves both methods by a lot; the method is always 2 points better on average
@@ -411,11 +519,18 @@ def test_the_benchmark_scripts_judge_targets_on_seed_paired_intervals(tmp_path):
 def test_mean_weights_average_layers_then_rounds_then_runs():
     from fairfl.benchmark import mean_weights
 
-    lwr = {"rounds": [{"layer_weights": {"a": {"site-1": 0.2, "site-2": 0.8}, "b": {"site-1": 0.4, "site-2": 0.6}}},
-                      {"layer_weights": {"a": {"site-1": 0.5, "site-2": 0.5}}}, {}]}
+    lwr = {
+        "rounds": [
+            {"layer_weights": {"a": {"site-1": 0.2, "site-2": 0.8}, "b": {"site-1": 0.4, "site-2": 0.6}}},
+            {"layer_weights": {"a": {"site-1": 0.5, "site-2": 0.5}}},
+            {},
+        ]
+    }
     assert mean_weights([lwr]) == pytest.approx({"site-1": 0.4, "site-2": 0.6})  # (0.3 + 0.5) / 2
-    avg = [{"rounds": [{"weights": {"site-1": 0.25, "site-10": 0.75}}]},
-           {"rounds": [{"weights": {"site-1": 0.35, "site-10": 0.65}}, {"rejected": {"site-1": "NaN"}}]}]
+    avg = [
+        {"rounds": [{"weights": {"site-1": 0.25, "site-10": 0.75}}]},
+        {"rounds": [{"weights": {"site-1": 0.35, "site-10": 0.65}}, {"rejected": {"site-1": "NaN"}}]},
+    ]
     assert list(mean_weights(avg)) == ["site-1", "site-10"]
     assert mean_weights(avg) == pytest.approx({"site-1": 0.3, "site-10": 0.7})
     assert mean_weights([{"rounds": [{"weights": None}]}]) == {}
@@ -424,8 +539,14 @@ def test_mean_weights_average_layers_then_rounds_then_runs():
 def test_train_diagnostics_are_medians_over_sites_rounds_and_runs():
     from fairfl.benchmark import train_diagnostics
 
-    runs = [{"rounds": [{"train": {"site-1": {"npr_grad_ratio": 1.0}, "site-2": {"npr_grad_ratio": 9.0}}},
-                        {"train": {"site-1": {"train_loss": 0.3}}}]},
-            {"rounds": [{"train": {"site-1": {"npr_grad_ratio": 2.0}}}, {"train": None}]}]
+    runs = [
+        {
+            "rounds": [
+                {"train": {"site-1": {"npr_grad_ratio": 1.0}, "site-2": {"npr_grad_ratio": 9.0}}},
+                {"train": {"site-1": {"train_loss": 0.3}}},
+            ]
+        },
+        {"rounds": [{"train": {"site-1": {"npr_grad_ratio": 2.0}}}, {"train": None}]},
+    ]
     assert train_diagnostics(runs) == {"npr_grad_ratio": 2.0}
     assert train_diagnostics([{"rounds": [{"train": {"site-1": {"train_loss": 0.3}}}]}]) == {}

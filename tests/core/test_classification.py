@@ -9,8 +9,13 @@ import torch.nn.functional as F
 from monai.networks.nets import UNet
 from sklearn.metrics import accuracy_score, balanced_accuracy_score, roc_auc_score
 
-from fairfl.classification import (LogitAdjustedCrossEntropy, class_counts, classification_metrics,
-                                   evaluate_classification, macro_ovr_auc)
+from fairfl.classification import (
+    LogitAdjustedCrossEntropy,
+    class_counts,
+    classification_metrics,
+    evaluate_classification,
+    macro_ovr_auc,
+)
 from fairfl.models import build_model
 from fairfl.training import TrainSettings, train_local
 
@@ -32,7 +37,8 @@ def test_logit_adjusted_loss_is_cross_entropy_on_shifted_logits():
     half = F.cross_entropy(logits + 0.5 * torch.log(prior), target)
     assert float(LogitAdjustedCrossEntropy(counts, tau=0.5)(logits, target)) == pytest.approx(float(half), rel=1e-6)
     assert float(LogitAdjustedCrossEntropy(counts, tau=0.0)(logits, target.reshape(-1, 1))) == pytest.approx(
-        float(F.cross_entropy(logits, target)), rel=1e-6)  # tau 0: plain CE; [B, 1] labels as a loader gives
+        float(F.cross_entropy(logits, target)), rel=1e-6
+    )  # tau 0: plain CE; [B, 1] labels as a loader gives
     balanced = LogitAdjustedCrossEntropy([5, 5, 5])(logits, target)
     assert float(balanced) == pytest.approx(float(F.cross_entropy(logits, target)), rel=1e-6)  # uniform prior
 
@@ -95,14 +101,17 @@ def test_evaluate_classification_on_a_loader():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
     g = torch.Generator().manual_seed(0)
-    loader = [{"image": torch.randn(5, 1, 2, 2, generator=g), "label": torch.randint(0, 3, (5, 1), generator=g)}
-              for _ in range(3)]
+    loader = [
+        {"image": torch.randn(5, 1, 2, 2, generator=g), "label": torch.randint(0, 3, (5, 1), generator=g)}
+        for _ in range(3)
+    ]
     images = torch.cat([b["image"] for b in loader])
     labels = torch.cat([b["label"] for b in loader]).reshape(-1).numpy()
     with torch.no_grad():
         probs = torch.softmax(model(images), dim=1).numpy()
     assert evaluate_classification(model.train(), loader, 3, "cpu") == pytest.approx(
-        classification_metrics(labels, probs))
+        classification_metrics(labels, probs)
+    )
     assert not model.training
     with pytest.raises(ValueError, match="classes"):
         evaluate_classification(model, loader, 4, "cpu")
@@ -116,7 +125,7 @@ def blobs(n=64, seed=0):
     image = torch.randn(n, 1, 8, 8, generator=g)
     image[label == 1, :, :4] += 1.5
     image[label == 0, :, 4:] += 1.5
-    return [{"image": image[i:i + 16], "label": label[i:i + 16]} for i in range(0, n, 16)], label
+    return [{"image": image[i : i + 16], "label": label[i : i + 16]} for i in range(0, n, 16)], label
 
 
 def test_small_cnn_learns_with_train_local_and_the_adjusted_loss():
@@ -131,16 +140,19 @@ def test_small_cnn_learns_with_train_local_and_the_adjusted_loss():
     assert after["auc"] > 0.95 and after["balanced_accuracy"] > max(0.9, before["balanced_accuracy"])
 
 
-@pytest.mark.parametrize("norm, layer", [("batch", torch.nn.BatchNorm2d), ("group", torch.nn.GroupNorm),
-                                         ("instance", torch.nn.InstanceNorm2d)])
+@pytest.mark.parametrize(
+    "norm, layer",
+    [("batch", torch.nn.BatchNorm2d), ("group", torch.nn.GroupNorm), ("instance", torch.nn.InstanceNorm2d)],
+)
 def test_classification_networks_and_their_norm(norm, layer):
     cnn = build_model({"name": "cnn", "channels": [4, 6], "norm": norm, "in_channels": 3, "num_classes": 5})
     assert cnn(torch.randn(2, 3, 16, 16)).shape == (2, 5)
     resnet = build_model({"name": "resnet18", "norm": norm, "num_classes": 4})
     assert resnet(torch.randn(2, 1, 64, 64)).shape == (2, 4)  # instance norm needs >= 2x2 in the last stage
     for net in (cnn, resnet):  # MONAI's ResNet alone would keep batch norm in its blocks
-        norms = {type(m) for m in net.modules() if isinstance(m, (torch.nn.modules.batchnorm._NormBase,
-                                                                 torch.nn.GroupNorm))}
+        norms = {
+            type(m) for m in net.modules() if isinstance(m, (torch.nn.modules.batchnorm._NormBase, torch.nn.GroupNorm))
+        }
         assert norms == {layer}
         assert all(m.weight is not None for m in net.modules() if isinstance(m, layer))  # learnable, as BN's
     assert sum(p.numel() for p in resnet.parameters()) == pytest.approx(11.17e6, rel=0.01)  # ResNet-18

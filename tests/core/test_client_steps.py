@@ -22,9 +22,15 @@ from fairfl.methods.steps import ClientStep, TaskSteps, problems, registered_ste
 from fairfl.models import initial_state
 
 SPEC = {"name": "unet", "in_channels": 1, "num_classes": 3, "channels": [8, 16, 32], "strides": [2, 2]}
-META = {protocol.MODEL_SPEC: SPEC, protocol.DATASET: "prostate", protocol.TASK: "segmentation",
-        protocol.NUM_SITES: 3, protocol.DATA_SEED: 0, protocol.START_FROM: protocol.FROM_GLOBAL,
-        protocol.EVALUATE: protocol.FROM_GLOBAL}
+META = {
+    protocol.MODEL_SPEC: SPEC,
+    protocol.DATASET: "prostate",
+    protocol.TASK: "segmentation",
+    protocol.NUM_SITES: 3,
+    protocol.DATA_SEED: 0,
+    protocol.START_FROM: protocol.FROM_GLOBAL,
+    protocol.EVALUATE: protocol.FROM_GLOBAL,
+}
 CALLS = []
 
 
@@ -95,6 +101,7 @@ def site(monkeypatch, tmp_path, cache_dir):
     def run(task_name, meta, round_num=1):
         task = FLModel(params_type=ParamsType.FULL, params=initial_state(SPEC, 0), current_round=round_num, meta=meta)
         return executor.execute(task_name, FLModelUtils.to_shareable(task), fl_ctx, Signal())
+
     return run, tmp_path
 
 
@@ -114,7 +121,9 @@ def test_the_executor_runs_a_steps_phases_in_order_and_never_a_step_that_does_no
     assert run(protocol.TASK_TRAIN, META).get_return_code() == ReturnCode.OK and CALLS == []  # not switched on
 
 
-@pytest.mark.parametrize("mode, code", [("bad data", ReturnCode.BAD_TASK_DATA), ("crash", ReturnCode.EXECUTION_EXCEPTION)])
+@pytest.mark.parametrize(
+    "mode, code", [("bad data", ReturnCode.BAD_TASK_DATA), ("crash", ReturnCode.EXECUTION_EXCEPTION)]
+)
 def test_a_step_that_fails_is_the_sites_reply_and_trains_nothing(site, mode, code):
     run, state_dir = site
     assert run(protocol.TASK_TRAIN, {**META, "record": mode}).get_return_code() == code
@@ -124,10 +133,22 @@ def test_a_step_that_fails_is_the_sites_reply_and_trains_nothing(site, mode, cod
 def test_two_steps_that_both_replace_the_loss_or_both_train_are_a_bad_task(monkeypatch):
     # FedNPR's objective and SALT's loop are real steps; a second of each kind is switched on with them
     replacing = type("OtherObjective", (Recorder,), {"replaces_loss": True})
-    training = type("OtherLoop", (ClientStep,), {"applies": classmethod(lambda cls, meta: True),
-                                                 "train": lambda self, *args: {"steps": 0}})
-    npr_meta = {protocol.NPR: {"k": 2, "weight": 1.0, "epsilon": 0.05, "iterations": 3, "temperature": 1.0,
-                               "logits": "layernorm"}, "record": True}
+    training = type(
+        "OtherLoop",
+        (ClientStep,),
+        {"applies": classmethod(lambda cls, meta: True), "train": lambda self, *args: {"steps": 0}},
+    )
+    npr_meta = {
+        protocol.NPR: {
+            "k": 2,
+            "weight": 1.0,
+            "epsilon": 0.05,
+            "iterations": 3,
+            "temperature": 1.0,
+            "logits": "layernorm",
+        },
+        "record": True,
+    }
     found = problems(npr_meta, (*registered_steps(), replacing))
     assert len(found) == 1 and "NPRObjective" in found[0] and "OtherObjective" in found[0] and "loss" in found[0]
     found = problems({protocol.SALT_RHO: 0.1}, (*registered_steps(), training))
@@ -141,15 +162,24 @@ def test_two_steps_that_both_replace_the_loss_or_both_train_are_a_bad_task(monke
 
 def test_a_step_replacing_the_loss_runs_before_steps_adding_a_term_whatever_the_registry_order():
     def step(name, replaces):
-        return type(name, (ClientStep,), {
-            "replaces_loss": replaces, "applies": classmethod(lambda cls, meta: name in meta),
-            "loss": lambda self, ctx, loss_fn, model, stack: name if replaces else f"{loss_fn} + {name}"})
+        return type(
+            name,
+            (ClientStep,),
+            {
+                "replaces_loss": replaces,
+                "applies": classmethod(lambda cls, meta: name in meta),
+                "loss": lambda self, ctx, loss_fn, model, stack: name if replaces else f"{loss_fn} + {name}",
+            },
+        )
+
     prox, npr, other = step("prox", False), step("npr", True), step("other", False)
     with contextlib.ExitStack() as stack:
         steps = TaskSteps({"prox": 1, "npr": 1, "other": 1}, (prox, npr, other))
         assert steps.loss(None, "base", None, stack) == "npr + prox + other"
-        assert TaskSteps({"prox": 1, "other": 1}, (prox, npr, other)).loss(None, "base", None, stack) \
+        assert (
+            TaskSteps({"prox": 1, "other": 1}, (prox, npr, other)).loss(None, "base", None, stack)
             == "base + prox + other"
+        )
 
 
 def test_the_registry_names_step_classes_in_the_units_and_imports_without_torch():

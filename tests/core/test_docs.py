@@ -6,10 +6,11 @@ import re
 
 import pytest
 
-from conftest import REPO
 from fairfl.benchmark import LINK, documentation_files
 from fairfl.jobconfig import job_arguments
 from fairfl.methods import UNITS
+
+from conftest import REPO
 
 # docs/methods/<page>.md -> the jobs it documents, from the method units' specs
 METHOD_PAGES = {}
@@ -29,8 +30,12 @@ def relative_links(text: str) -> list[str]:
 
 
 def dead_links(files) -> list[str]:
-    return [f"{file}: {target}" for file in files for target in relative_links(read(file))
-            if not os.path.exists(os.path.join(os.path.dirname(file), target))]
+    return [
+        f"{file}: {target}"
+        for file in files
+        for target in relative_links(read(file))
+        if not os.path.exists(os.path.join(os.path.dirname(file), target))
+    ]
 
 
 def test_every_relative_link_of_the_readme_and_docs_leads_to_a_file():
@@ -45,8 +50,10 @@ def test_a_link_written_from_the_wrong_folder_is_found(tmp_path):
     (tmp_path / "benchmarks").mkdir()
     (tmp_path / "benchmarks" / "a.md").write_text("x")
     page = tmp_path / "docs" / "page.md"
-    page.write_text("[ok](../benchmarks/a.md#part) [web](https://x.org/b.md) [here](#top) ![gone](benchmarks/a.md)\n"
-                    "[also gone](../benchmarks/b.md)")
+    page.write_text(
+        "[ok](../benchmarks/a.md#part) [web](https://x.org/b.md) [here](#top) ![gone](benchmarks/a.md)\n"
+        "[also gone](../benchmarks/b.md)"
+    )
     assert dead_links([str(page)]) == [f"{page}: benchmarks/a.md", f"{page}: ../benchmarks/b.md"]
 
 
@@ -80,11 +87,16 @@ def test_every_job_argument_is_documented_and_a_method_page_only_its_own_jobs():
 
 def test_every_method_page_has_the_same_headings_in_order():
     for page in METHOD_PAGES:
-        headings = [line for line in read(os.path.join(DOCS, "methods", f"{page}.md")).splitlines()
-                    if line.startswith("## ")]
-        assert headings == ["## Paper", "## What is implemented",
-                            "## Deviations from the paper and from the authors' code", "## Arguments",
-                            "## Expected results"], page
+        headings = [
+            line for line in read(os.path.join(DOCS, "methods", f"{page}.md")).splitlines() if line.startswith("## ")
+        ]
+        assert headings == [
+            "## Paper",
+            "## What is implemented",
+            "## Deviations from the paper and from the authors' code",
+            "## Arguments",
+            "## Expected results",
+        ], page
 
 
 def chooser_rows(readme: str) -> list[str]:

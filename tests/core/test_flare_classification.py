@@ -13,13 +13,13 @@ from fairfl.data.builtin import BUILTIN_DATASETS, builtin_dataset
 from fairfl.data.classification_sites import SETTINGS
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController, SiteUpdate
-from fairfl.site_checks import number_problem
-from fairfl.methods.fedism.controller import FedISMController
-from fairfl.methods.qfedavg.controller import QFedAvgController
 from fairfl.flare.executor import FairflExecutor
+from fairfl.methods.fedism.controller import FedISMController
+from fairfl.methods.fedism.saga import SagaState
+from fairfl.methods.qfedavg.controller import QFedAvgController
 from fairfl.models import initial_state, state_to_torch
 from fairfl.presets import PRESETS, apply_preset, resolve_preset
-from fairfl.methods.fedism.saga import SagaState
+from fairfl.site_checks import number_problem
 
 SITES = ("site-1", "site-2", "site-3")
 TINY = {"dataset": "skin", "model_channels": [4, 8], "num_rounds": 4}
@@ -39,8 +39,13 @@ def test_task_sets_metric_model_and_paper_preset(monkeypatch):
     seg, cls = FairRoundController(), FairRoundController(dataset="ich", model_norm="instance")
     assert (seg.task, seg.metric, seg.model_spec()["name"]) == ("segmentation", "dice", "unet")
     assert (cls.task, cls.metric) == ("classification", "auc")
-    assert cls.model_spec() == {"name": "cnn", "in_channels": 1, "num_classes": 5, "channels": [16, 32, 64],
-                                "norm": "instance"}
+    assert cls.model_spec() == {
+        "name": "cnn",
+        "in_channels": 1,
+        "num_classes": 5,
+        "channels": [16, 32, 64],
+        "norm": "instance",
+    }
     assert seg.model_spec()["channels"] == [16, 32, 64, 128]
     assert FairRoundController(dataset="ich", model_channels=[8]).model_spec()["channels"] == [8]
     resnet = FairRoundController(dataset="skin", model="resnet18").model_spec()
@@ -74,8 +79,10 @@ def updates_with(global_state, reports, key, seed=0, lr=None):
     generator = torch.Generator().manual_seed(seed)
     updates = {}
     for i, site in enumerate(sorted(reports)):
-        state = {k: v + 0.01 * (i + 1) * torch.randn(v.shape, generator=generator) if v.is_floating_point() else v
-                 for k, v in state_to_torch(global_state).items()}
+        state = {
+            k: v + 0.01 * (i + 1) * torch.randn(v.shape, generator=generator) if v.is_floating_point() else v
+            for k, v in state_to_torch(global_state).items()
+        }
         meta = {} if reports[site] is None else {key: reports[site]}
         if lr:
             meta[protocol.LR] = lr
@@ -88,7 +95,9 @@ def sharpness(s, loss=1.0):
 
 
 def mixture(updates, weights):
-    return {k: sum(weights[s] * updates[s].state[k].double() for s in weights) for k in next(iter(updates.values())).state}
+    return {
+        k: sum(weights[s] * updates[s].state[k].double() for s in weights) for k in next(iter(updates.values())).state
+    }
 
 
 def test_fedism_schedule_and_names():
@@ -109,24 +118,33 @@ def test_fedism_schedule_and_names():
 def test_fedism_aggregates_by_saga_weights_and_rejects_bad_reports(variant):
     controller = FedISMController(variant=variant, **TINY)
     state0 = initial_state(controller.model_spec(), seed=0)
-    reports = {"site-1": sharpness(0.1, 1.0), "site-2": sharpness(0.3, 2.0), "site-3": sharpness(float("nan")),
-               "site-4": sharpness(-2e6, 1.0), "site-5": None}  # site-4: absurd (a negative one is clipped to 0)
+    reports = {
+        "site-1": sharpness(0.1, 1.0),
+        "site-2": sharpness(0.3, 2.0),
+        "site-3": sharpness(float("nan")),
+        "site-4": sharpness(-2e6, 1.0),
+        "site-5": None,
+    }  # site-4: absurd (a negative one is clipped to 0)
     updates = updates_with(state0, reports, protocol.SHARPNESS)
     rejected = {}
     new, extras = controller.aggregate(0, state0, updates, rejected)
     assert set(rejected) == {"site-3", "site-4", "site-5"} and all(r.startswith("sharpness") for r in rejected.values())
     values = {"site-1": 0.1, "site-2": 0.3} if variant == "S" else {"site-1": 1.1, "site-2": 2.3}
-    expected = {s: v ** 2 / sum(x ** 2 for x in values.values()) for s, v in values.items()}
+    expected = {s: v**2 / sum(x**2 for x in values.values()) for s, v in values.items()}
     assert extras["weights"] == pytest.approx(expected) and extras["raw_weights"] == pytest.approx(expected)
     assert extras["rho"] == pytest.approx(0.1 * (1 / 4) ** 0.5)
     assert extras["sharpness"]["site-2"]["sharpness"] == pytest.approx(0.3)
     for name, value in mixture(updates, expected).items():
         np.testing.assert_allclose(new[name], value.numpy(), rtol=1e-5, atol=1e-6)
     # round 2: the moving average of Eq. 18
-    _, extras1 = controller.aggregate(1, new, updates_with(new, {"site-1": sharpness(0.3, 1.0),
-                                                                 "site-2": sharpness(0.1, 2.0)}, protocol.SHARPNESS), {})
+    _, extras1 = controller.aggregate(
+        1,
+        new,
+        updates_with(new, {"site-1": sharpness(0.3, 1.0), "site-2": sharpness(0.1, 2.0)}, protocol.SHARPNESS),
+        {},
+    )
     values1 = {"site-1": 0.3, "site-2": 0.1} if variant == "S" else {"site-1": 1.3, "site-2": 2.1}
-    raw1 = {s: v ** 2 / sum(x ** 2 for x in values1.values()) for s, v in values1.items()}
+    raw1 = {s: v**2 / sum(x**2 for x in values1.values()) for s, v in values1.items()}
     assert extras1["weights"] == pytest.approx({s: 0.5 * raw1[s] + 0.5 * expected[s] for s in raw1})
 
 
@@ -182,12 +200,15 @@ def test_qfedavg_with_lipschitz_zero_is_loss_weighted_fedavg_and_rejects_bad_los
     controller = QFedAvgController(q=2.0, lipschitz=0.0, **TINY)
     assert controller.method == "qfedavg_lossweighted" and QFedAvgController(**TINY).method == "qfedavg"
     state0 = initial_state(controller.model_spec(), seed=0)
-    updates = updates_with(state0, {"site-1": 1.0, "site-2": 2.0, "site-3": float("nan"), "site-4": None},
-                           protocol.GLOBAL_LOSS)
+    updates = updates_with(
+        state0, {"site-1": 1.0, "site-2": 2.0, "site-3": float("nan"), "site-4": None}, protocol.GLOBAL_LOSS
+    )
     rejected = {}
     new, extras = controller.aggregate(0, state0, updates, rejected)
     assert set(rejected) == {"site-3", "site-4"}
-    assert extras["weights"] == pytest.approx({"site-1": 0.2, "site-2": 0.8}) and extras["global_share"] == pytest.approx(0)
+    assert extras["weights"] == pytest.approx({"site-1": 0.2, "site-2": 0.8}) and extras[
+        "global_share"
+    ] == pytest.approx(0)
     for name, value in mixture(updates, {"site-1": 0.2, "site-2": 0.8}).items():
         if value.is_floating_point() and state_to_torch(state0)[name].is_floating_point():
             np.testing.assert_allclose(new[name], value.numpy(), rtol=1e-5, atol=1e-6)
@@ -199,7 +220,9 @@ def test_qfedavg_lipschitz_from_the_sites_lr_keeps_part_of_the_global_model():
     updates = updates_with(state0, {"site-1": 1.0, "site-2": 2.0}, protocol.GLOBAL_LOSS, lr=1e-3)
     _, extras = controller.aggregate(0, state0, updates, {})
     assert extras["lipschitz"] == pytest.approx(1e3)
-    assert 0 < extras["global_share"] < 1 and sum(extras["weights"].values()) + extras["global_share"] == pytest.approx(1)
+    assert 0 < extras["global_share"] < 1 and sum(extras["weights"].values()) + extras["global_share"] == pytest.approx(
+        1
+    )
     # a site without an lr, or with another lr than most sites', is rejected; the job goes on
     rejected = {}
     new, extras = controller.aggregate(0, state0, updates_with(state0, {"site-1": 1.0}, protocol.GLOBAL_LOSS), rejected)
@@ -218,13 +241,21 @@ def test_executor_trains_with_salt_measures_and_evaluates_clean_and_corrupted(tm
     from fairfl.flare.executor import FairflExecutor
 
     controller = FedISMController(dataset="skin", model_channels=[4, 8], num_rounds=2)
-    meta = {protocol.MODEL_SPEC: controller.model_spec(), protocol.DATASET: "skin", protocol.TASK: "classification",
-            protocol.NUM_SITES: 4, protocol.DATA_SEED: 0, protocol.START_FROM: protocol.FROM_GLOBAL,
-            protocol.MEASURE_LOSS: True, **controller.train_meta(1)}
+    meta = {
+        protocol.MODEL_SPEC: controller.model_spec(),
+        protocol.DATASET: "skin",
+        protocol.TASK: "classification",
+        protocol.NUM_SITES: 4,
+        protocol.DATA_SEED: 0,
+        protocol.START_FROM: protocol.FROM_GLOBAL,
+        protocol.MEASURE_LOSS: True,
+        **controller.train_meta(1),
+    }
     executor = FairflExecutor(image_size=32, batch_size=16, lr=3e-4, weight_decay=5e-4, synthetic_size_scale=0.2)
     params = initial_state(controller.model_spec(), 0)
-    result = executor._train("site-4", FLModel(params_type=ParamsType.FULL, params=params, current_round=1, meta=meta),
-                             str(tmp_path))
+    result = executor._train(
+        "site-4", FLModel(params_type=ParamsType.FULL, params=params, current_round=1, meta=meta), str(tmp_path)
+    )
     report = result.meta[protocol.SHARPNESS]
     assert report["rho"] == pytest.approx(0.1) and report["samples"] == result.meta[protocol.NUM_SAMPLES]
     assert report["sharpness"] == pytest.approx(report["perturbed_loss"] - report["loss"])
@@ -233,18 +264,26 @@ def test_executor_trains_with_salt_measures_and_evaluates_clean_and_corrupted(tm
     assert result.metrics["probe_seconds"] > 0
     changed = [k for k in params if not np.array_equal(params[k], result.params[k])]
     assert changed  # it trained
-    scores = executor._validate("site-4", FLModel(params_type=ParamsType.FULL, params=result.params,
-                                                  meta={**meta, protocol.EVALUATE: protocol.FROM_GLOBAL}),
-                                str(tmp_path)).metrics
+    scores = executor._validate(
+        "site-4",
+        FLModel(
+            params_type=ParamsType.FULL, params=result.params, meta={**meta, protocol.EVALUATE: protocol.FROM_GLOBAL}
+        ),
+        str(tmp_path),
+    ).metrics
     names = ("accuracy", "balanced_accuracy", "auc", "balanced_accuracy_se", "auc_se")  # with their standard errors
     assert set(scores) == {*names, "corrupted_site", *(f"{q}_{n}" for n in names for q in ("clean", "corrupted"))}
     assert all(0.0 <= v <= 1.0 and math.isfinite(v) for v in scores.values())
     # site-4 of 4 is the corrupted one (the last 20%): its own-quality scores are the corrupted test set's
     assert scores["corrupted_site"] == 1.0 and all(scores[n] == scores[f"corrupted_{n}"] for n in names)
     other_site = FairflExecutor(image_size=32, batch_size=16, synthetic_size_scale=0.2)  # one site per process
-    clean = other_site._validate("site-1", FLModel(params_type=ParamsType.FULL, params=result.params,
-                                                 meta={**meta, protocol.EVALUATE: protocol.FROM_GLOBAL}),
-                               str(tmp_path / "site-1")).metrics
+    clean = other_site._validate(
+        "site-1",
+        FLModel(
+            params_type=ParamsType.FULL, params=result.params, meta={**meta, protocol.EVALUATE: protocol.FROM_GLOBAL}
+        ),
+        str(tmp_path / "site-1"),
+    ).metrics
     assert clean["corrupted_site"] == 0.0 and all(clean[n] == clean[f"clean_{n}"] for n in names)
     assert clean["clean_auc"] == scores["clean_auc"]  # one shared test set: the same model scores the same
 
@@ -254,8 +293,15 @@ def test_checkpoint_restores_round_model_saga_state_and_results_and_refuses_othe
 
     def controller(**changes):
         c = FedISMController(run_name="trial", **{**TINY, **changes})
-        c.results = ResultsLog(str(tmp_path / f"results{len(changes)}.json"), method=c.method, task=c.task,
-                               metric=c.metric, seed=0, sites=["site-1", "site-2"], config=c.config())
+        c.results = ResultsLog(
+            str(tmp_path / f"results{len(changes)}.json"),
+            method=c.method,
+            task=c.task,
+            metric=c.metric,
+            seed=0,
+            sites=["site-1", "site-2"],
+            config=c.config(),
+        )
         return c
 
     first = controller()

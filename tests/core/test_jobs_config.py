@@ -7,9 +7,10 @@ import os
 
 import pytest
 
-from conftest import JOBS
 from fairfl.jobconfig import SERVER_CONFIG, customize_job, parse_assignments
 from fairfl.presets import PRESETS, apply_preset, resolve_preset
+
+from conftest import JOBS
 
 JOB_NAMES = sorted(os.listdir(JOBS))
 
@@ -37,21 +38,29 @@ def test_job_is_configuration_only_and_its_classes_accept_its_arguments(job):
 
 @pytest.mark.parametrize("job", JOB_NAMES)
 def test_every_job_exposes_the_site_bounds_and_robust_aggregation(job, tmp_path):
-    robust = {"robust_aggregation": "median", "trim_fraction": 0.1, "max_share": 0.4, "max_update_ratio": 5,
-              "max_samples": 1000}
+    robust = {
+        "robust_aggregation": "median",
+        "trim_fraction": 0.1,
+        "max_share": 0.4,
+        "max_update_ratio": 5,
+        "max_samples": 1000,
+    }
     if job == "qfedavg":  # its step is not an average: a clear refusal
         robust["robust_aggregation"] = "none"
     custom = customize_job(os.path.join(JOBS, job), str(tmp_path / "job"), robust)
     config = json.load(open(os.path.join(custom, "app", "config", "config_fed_server.json")))
-    (path, args), = component_paths(config)
+    ((path, args),) = component_paths(config)
     module, _, name = path.rpartition(".")
     controller = getattr(importlib.import_module(module), name)(**args)
     assert {k: controller.config()[k] for k in robust} == robust
 
 
 def test_customize_job_sets_arguments_on_both_sides_and_refuses_unknown(tmp_path):
-    job = customize_job(os.path.join(JOBS, "fedlwr"), str(tmp_path / "job"),
-                        {"num_rounds": 3, "seed": 7, "image_size": 32, "cka_clip": [0.0001, 0.99]})
+    job = customize_job(
+        os.path.join(JOBS, "fedlwr"),
+        str(tmp_path / "job"),
+        {"num_rounds": 3, "seed": 7, "image_size": 32, "cka_clip": [0.0001, 0.99]},
+    )
     server = json.load(open(os.path.join(job, "app", "config", "config_fed_server.json")))
     client = json.load(open(os.path.join(job, "app", "config", "config_fed_client.json")))
     server_args, client_args = server["workflows"][0]["args"], client["executors"][0]["executor"]["args"]
@@ -86,7 +95,11 @@ def test_customize_job_replaces_only_its_own_copies_and_writes_nothing_on_error(
 
 def test_parse_assignments_reads_json_values():
     assert parse_assignments(["num_rounds=50", "cka_clip=[0.0001, 0.99]", "device=cpu", "data_root="]) == {
-        "num_rounds": 50, "cka_clip": [0.0001, 0.99], "device": "cpu", "data_root": ""}
+        "num_rounds": 50,
+        "cka_clip": [0.0001, 0.99],
+        "device": "cpu",
+        "data_root": "",
+    }
     with pytest.raises(ValueError):
         parse_assignments(["num_rounds"])
 

@@ -6,22 +6,29 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO
 from fairfl import loo, simulate
 from fairfl.results import SIMULATOR_RESULTS
+
+from conftest import REPO
 
 SITES = ["site-1", "site-2", "site-3"]
 CONFIG = {"controller": "FedAvgController", "num_rounds": 2, "seed": 0, "dataset": "prostate", "free_riders": []}
 # final Dice per site of the run with every site, and of the run without each site (the left-out one still evaluated)
-FULL = [0.80, 0.90, 0.70]                                    # mean 0.80
-WITHOUT = {"site-1": [0.60, 0.90, 0.69],                     # mean 0.73: site-1 is worth 7 points
-           "site-2": [0.80, 0.84, 0.70],                     # mean 0.78: 2 points
-           "site-3": [0.82, 0.91, 0.70]}                     # mean 0.81: the federation is better off without it
+FULL = [0.80, 0.90, 0.70]  # mean 0.80
+WITHOUT = {
+    "site-1": [0.60, 0.90, 0.69],  # mean 0.73: site-1 is worth 7 points
+    "site-2": [0.80, 0.84, 0.70],  # mean 0.78: 2 points
+    "site-3": [0.82, 0.91, 0.70],
+}  # mean 0.81: the federation is better off without it
 
 
 def results(values, exclude=(), method="fedavg", **config):
-    return {"method": method, "sites": SITES, "config": {**CONFIG, "exclude_sites": list(exclude), **config},
-            "final": {"per_site": {s: {"dice": v, "dice_cup": 0.5} for s, v in zip(SITES, values)}}}
+    return {
+        "method": method,
+        "sites": SITES,
+        "config": {**CONFIG, "exclude_sites": list(exclude), **config},
+        "final": {"per_site": {s: {"dice": v, "dice_cup": 0.5} for s, v in zip(SITES, values)}},
+    }
 
 
 def without_runs(**config):
@@ -36,7 +43,8 @@ def test_marginal_values_by_hand():
     assert out["without"]["site-1"]["per_site"]["site-1"] == 0.60  # the left-out site counts in the mean
     assert out["marginal"] == pytest.approx({"site-1": 0.07, "site-2": 0.02, "site-3": -0.01})
     assert loo.marginal_values(results(FULL), without_runs(), metric="dice_cup")["marginal"] == pytest.approx(
-        {s: 0.0 for s in SITES})
+        {s: 0.0 for s in SITES}
+    )
 
 
 def test_marginal_values_use_the_runs_main_metric():
@@ -135,7 +143,9 @@ def test_run_leave_one_out_resumes(tmp_path, fake_simulator):
 
 
 def test_run_leave_one_out_stops_at_a_failed_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(simulate, "run_simulator", lambda job, ws, *args, **kwargs: simulate.SimulatorRun(ws, 1, 0.0, {}))
+    monkeypatch.setattr(
+        simulate, "run_simulator", lambda job, ws, *args, **kwargs: simulate.SimulatorRun(ws, 1, 0.0, {})
+    )
     job = os.path.join(REPO, "jobs", "fedavg")
     with pytest.raises(RuntimeError, match="full failed:\nsimulator exit code 1"):
         loo.run_leave_one_out(job, tmp_path / "loo", 3)
@@ -147,8 +157,12 @@ def test_command_line(tmp_path, fake_simulator, capsys):
 
     job = os.path.join(REPO, "jobs", "fedavg")
     out = tmp_path / "loo"
-    assert cli.main(["leave-one-out", job, "-n", "3", "-o", str(out), "--set", "num_rounds=2",
-                     "--sites", "site-1", "site-3"]) == 0
+    assert (
+        cli.main(
+            ["leave-one-out", job, "-n", "3", "-o", str(out), "--set", "num_rounds=2", "--sites", "site-1", "site-3"]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert fake_simulator == [[], ["site-1"], ["site-3"]]
     assert "| marginal value (points) | +7.00 | -1.00 |" in printed and f"--loo {out / 'loo.json'}" in printed

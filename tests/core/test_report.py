@@ -11,24 +11,42 @@ from fairfl import report
 from fairfl.fairness import contribution_agreement
 
 SITES = ["site-1", "site-2", "site-3"]
-LAYERS = ["model.0.conv.unit0.conv", "model.0.residual", "model.1.submodule.0.conv.unit0.conv",
-          "model.1.submodule.1.submodule.0.conv.unit0.conv", "model.2.1.conv.unit0.conv"]
+LAYERS = [
+    "model.0.conv.unit0.conv",
+    "model.0.residual",
+    "model.1.submodule.0.conv.unit0.conv",
+    "model.1.submodule.1.submodule.0.conv.unit0.conv",
+    "model.2.1.conv.unit0.conv",
+]
 FINAL = {  # (method, seed): final Dice per site
-    ("solo", 0): [0.70, 0.80, 0.60],      # Avg. 70.00, Std. 8.16 (population; the sample sd would be 10.00)
-    ("fedavg", 0): [0.80, 0.90, 0.70],    # Avg. 80.00, Std. 8.16
-    ("fedlwr", 0): [0.85, 0.88, 0.82],    # Avg. 85.00, Std. sqrt(6) = 2.449
-    ("fedlwr", 1): [0.87, 0.90, 0.86],    # Avg. 87.67, Std. 1.700
+    ("solo", 0): [0.70, 0.80, 0.60],  # Avg. 70.00, Std. 8.16 (population; the sample sd would be 10.00)
+    ("fedavg", 0): [0.80, 0.90, 0.70],  # Avg. 80.00, Std. 8.16
+    ("fedlwr", 0): [0.85, 0.88, 0.82],  # Avg. 85.00, Std. sqrt(6) = 2.449
+    ("fedlwr", 1): [0.87, 0.90, 0.86],  # Avg. 87.67, Std. 1.700
 }
 
 
 def per_site(values, regions=False):
     """{site: {"dice": v}}; with regions also fundus-like dice_disc = v + 0.05 and dice_cup = v - 0.05."""
-    return {s: {"dice": v, **({"dice_disc": v + 0.05, "dice_cup": v - 0.05} if regions else {})}
-            for s, v in zip(SITES, values)}
+    return {
+        s: {"dice": v, **({"dice_disc": v + 0.05, "dice_cup": v - 0.05} if regions else {})}
+        for s, v in zip(SITES, values)
+    }
 
 
-def write_run(path, method, seed, final, schema=1, layer_weights=False, finished=True, config=None, regions=False,
-              round_fields=None, final_fields=None):
+def write_run(
+    path,
+    method,
+    seed,
+    final,
+    schema=1,
+    layer_weights=False,
+    finished=True,
+    config=None,
+    regions=False,
+    round_fields=None,
+    final_fields=None,
+):
     """A results.json like fairfl.results.ResultsLog writes: 4 rounds, evaluated at 0, 2 and 3, then `final`.
     round_fields(r) -> extra fields of round r; final_fields: extra fields of `final`."""
     rounds = []
@@ -38,14 +56,25 @@ def write_run(path, method, seed, final, schema=1, layer_weights=False, finished
             record["per_site"] = per_site([v - 0.05 * (3 - r) for v in final], regions)
         if layer_weights:
             w = [1 / 3 + 0.02 * r, 1 / 3, 1 / 3 - 0.02 * r]
-            record["layer_weights"] = {layer: dict(zip(SITES, np.roll(w, i).tolist())) for i, layer in enumerate(LAYERS)}
+            record["layer_weights"] = {
+                layer: dict(zip(SITES, np.roll(w, i).tolist())) for i, layer in enumerate(LAYERS)
+            }
         if r == 2:
             record["rejected"] = {"site-3": "NaN in model.0.conv.weight"}
         record.update(round_fields(r) if round_fields else {})
         rounds.append(record)
-    data = {"schema": schema, "method": method, "task": "segmentation", "metric": "dice", "seed": seed,
-            "sites": SITES, "config": config or {}, "started": "2026-11-22T13:00:00", "rounds": rounds,
-            "final": {"per_site": per_site(final, regions), **(final_fields or {})} if finished else None}
+    data = {
+        "schema": schema,
+        "method": method,
+        "task": "segmentation",
+        "metric": "dice",
+        "seed": seed,
+        "sites": SITES,
+        "config": config or {},
+        "started": "2026-11-22T13:00:00",
+        "rounds": rounds,
+        "final": {"per_site": per_site(final, regions), **(final_fields or {})} if finished else None,
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data))
     return path
@@ -55,10 +84,20 @@ def write_run(path, method, seed, final, schema=1, layer_weights=False, finished
 def runs_dir(tmp_path):
     """Simulator-shaped workspaces, one per run, plus a Fed-LWR run that never finished."""
     for (method, seed), final in FINAL.items():
-        write_run(tmp_path / "runs" / f"{method}_s{seed}" / "server" / "simulate_job" / "results.json",
-                  method, seed, final, layer_weights=method == "fedlwr")
-    write_run(tmp_path / "runs" / "fedlwr_s2" / "server" / "simulate_job" / "results.json", "fedlwr", 2, [0.5, 0.6, 0.7],
-              finished=False)
+        write_run(
+            tmp_path / "runs" / f"{method}_s{seed}" / "server" / "simulate_job" / "results.json",
+            method,
+            seed,
+            final,
+            layer_weights=method == "fedlwr",
+        )
+    write_run(
+        tmp_path / "runs" / "fedlwr_s2" / "server" / "simulate_job" / "results.json",
+        "fedlwr",
+        2,
+        [0.5, 0.6, 0.7],
+        finished=False,
+    )
     return tmp_path / "runs"
 
 
@@ -104,9 +143,14 @@ def test_paper_table_numbers(runs_dir):
     assert rows["Solo"] == ["70.00", "80.00", "60.00", "70.00", "8.16", "1"]  # population std, not 10.00
     assert rows["FedAvg"] == ["80.00", "90.00", "70.00", "80.00", "8.16", "1"]
     stds = [np.std([85, 88, 82]), np.std([87, 90, 86])]
-    assert rows["Fed-LWR"] == ["86.00 ± 1.41", "89.00 ± 1.41", "84.00 ± 2.83",
-                               f"**{np.mean([85, 87.6667]):.2f} ± {np.std([85, 87.6667], ddof=1):.2f}**",
-                               f"**{np.mean(stds):.2f} ± {np.std(stds, ddof=1):.2f}**", "2"]
+    assert rows["Fed-LWR"] == [
+        "86.00 ± 1.41",
+        "89.00 ± 1.41",
+        "84.00 ± 2.83",
+        f"**{np.mean([85, 87.6667]):.2f} ± {np.std([85, 87.6667], ddof=1):.2f}**",
+        f"**{np.mean(stds):.2f} ± {np.std(stds, ddof=1):.2f}**",
+        "2",
+    ]
     assert rows["Fed-LWR"][3] == "**86.33 ± 1.89**" and rows["Fed-LWR"][4] == "**2.07 ± 0.53**"
     assert "fedlwr_s2" in table and "no final evaluation" in table  # the unfinished run is named, not counted
 
@@ -124,14 +168,20 @@ def test_csv(tmp_path, runs_dir):
         rows = list(csv.DictReader(f))
     assert len(rows) == 4 * (len(SITES) + 3)  # 4 finished runs x (sites + mean, std, worst)
     solo = {r["site"]: float(r["percent"]) for r in rows if r["method"] == "solo"}
-    assert solo == pytest.approx({"site-1": 70, "site-2": 80, "site-3": 60, "mean": 70, "std": 8.165, "worst": 60},
-                                 abs=1e-3)
+    assert solo == pytest.approx(
+        {"site-1": 70, "site-2": 80, "site-3": 60, "mean": 70, "std": 8.165, "worst": 60}, abs=1e-3
+    )
 
 
 def test_short_layer_names_are_unique():
     labels = report._short_names(LAYERS)
-    assert labels == ["0.conv.unit0.conv", "0.residual", "1.s.0.conv.unit0.conv", "1.s.1.s.0.conv.unit0.conv",
-                      "2.1.conv.unit0.conv"]
+    assert labels == [
+        "0.conv.unit0.conv",
+        "0.residual",
+        "1.s.0.conv.unit0.conv",
+        "1.s.1.s.0.conv.unit0.conv",
+        "2.1.conv.unit0.conv",
+    ]
     assert report._short_names(["a.sequence.x", "a.submodule.x"]) == ["sequence.x", "submodule.x"]  # no clash
 
 
@@ -144,8 +194,12 @@ def test_make_report(tmp_path, runs_dir):
     out = tmp_path / "report"
     result = report.make_report([runs_dir], out)
     names = sorted(f.name for f in result["figures"])
-    assert names == ["convergence.png", "layer_weights_fedlwr_seed0.png", "layer_weights_fedlwr_seed1.png",
-                     "per_site.png"]
+    assert names == [
+        "convergence.png",
+        "layer_weights_fedlwr_seed0.png",
+        "layer_weights_fedlwr_seed1.png",
+        "per_site.png",
+    ]
     assert all(is_png(f) for f in result["figures"])
     text = result["report"].read_text()
     assert result["table"] in text and (out / "results.csv").exists()
@@ -170,10 +224,15 @@ def test_command_line(runs_dir, capsys):
 
 FEDCE_CONTRIBUTIONS = {0: [0.5, 0.4, 0.1], 1: [0.6, 0.3, 0.1]}  # seed -> final contributions; site-3 free rider
 FEDAVG_WEIGHTS = [0.5, 0.3, 0.2]  # every round but round 2, where site-3 was rejected: (0.625, 0.375, -)
-LOO = {"job": "jobs/fedavg", "overrides": {"num_rounds": 4}, "sites": SITES, "metric": "dice",
-       "full": {"mean": 0.80, "per_site": dict(zip(SITES, [0.80, 0.90, 0.70]))},
-       "without": {"site-1": {"mean": 0.77}, "site-2": {"mean": 0.78}, "site-3": {"mean": 0.81}},
-       "marginal": {"site-1": 0.03, "site-2": 0.02, "site-3": -0.01}}
+LOO = {
+    "job": "jobs/fedavg",
+    "overrides": {"num_rounds": 4},
+    "sites": SITES,
+    "metric": "dice",
+    "full": {"mean": 0.80, "per_site": dict(zip(SITES, [0.80, 0.90, 0.70]))},
+    "without": {"site-1": {"mean": 0.77}, "site-2": {"mean": 0.78}, "site-3": {"mean": 0.81}},
+    "marginal": {"site-1": 0.03, "site-2": 0.02, "site-3": -0.01},
+}
 
 
 def fedavg_weights(r):
@@ -192,17 +251,28 @@ def write_fedce(path, seed, free_riders=("site-3",)):
         if r == 0:
             return {"weights": dict(zip(SITES, FEDAVG_WEIGHTS)), "train": train}
         shares = [1 / 3 + (c - 1 / 3) * r / 3 for c in final]  # from uniform towards the final estimate
-        terms = {s: {"gradient": 0.4, "data": c, "combined": 0.4 + c, "cosine": 0.9, "error": 0.2} for s, c in
-                 zip(SITES, final)}
-        return {"weights": dict(zip(SITES, shares)), "contributions": dict(zip(SITES, shares)),
-                "contribution_terms": terms}
+        terms = {
+            s: {"gradient": 0.4, "data": c, "combined": 0.4 + c, "cosine": 0.9, "error": 0.2}
+            for s, c in zip(SITES, final)
+        }
+        return {
+            "weights": dict(zip(SITES, shares)),
+            "contributions": dict(zip(SITES, shares)),
+            "contribution_terms": terms,
+        }
 
-    return write_run(path, "fedce_sum", seed, [0.82, 0.91, 0.72],
-                     config={} if reported else {"free_riders": list(free_riders)},
-                     round_fields=fields,
-                     final_fields={"contributions": dict(zip(SITES, final)),
-                                   "contribution_terms": {s: {"gradient": g, "data": d} for s, g, d in
-                                                          zip(SITES, [0.4, 0.4, 0.2], final)}})
+    return write_run(
+        path,
+        "fedce_sum",
+        seed,
+        [0.82, 0.91, 0.72],
+        config={} if reported else {"free_riders": list(free_riders)},
+        round_fields=fields,
+        final_fields={
+            "contributions": dict(zip(SITES, final)),
+            "contribution_terms": {s: {"gradient": g, "data": d} for s, g, d in zip(SITES, [0.4, 0.4, 0.2], final)},
+        },
+    )
 
 
 @pytest.fixture
@@ -219,10 +289,10 @@ def test_performance_fairness_table_by_hand(runs_dir):
     table, stats = report.performance_fairness_table(report.load_runs(runs_dir))
     # Solo (70, 80, 60); FedAvg (80, 90, 70): r = 1, d = sqrt(3 * 10^2)
     assert stats["fedavg"]["pearson"] == pytest.approx(1.0)
-    assert stats["fedavg"]["euclidean"] == pytest.approx(300 ** 0.5)
+    assert stats["fedavg"]["euclidean"] == pytest.approx(300**0.5)
     # Fed-LWR averaged over its two seeds first: (86, 89, 84); minus means (-1/3, 8/3, -7/3) and (0, 10, -10)
     assert stats["fedlwr"]["pearson"] == pytest.approx(50 / math.sqrt((38 / 3) * 200))
-    assert stats["fedlwr"]["euclidean"] == pytest.approx(math.sqrt(16 ** 2 + 9 ** 2 + 24 ** 2))
+    assert stats["fedlwr"]["euclidean"] == pytest.approx(math.sqrt(16**2 + 9**2 + 24**2))
     assert stats["fedlwr"]["seeds"] == 2 and stats["fedlwr"]["reference"] == "solo"
     rows, header = table_rows(table)
     assert header == ["Method", "Pearson r (p)", "Euclidean distance", "compared with", "seeds (method / Solo)"]
@@ -270,8 +340,9 @@ def test_contribution_table_marks_free_riders(fedce_dir):
 
 def test_runs_with_other_free_riders_or_left_out_sites_are_separate_rows(tmp_path, runs_dir):
     write_fedce(runs_dir / "fedce_plain" / "results.json", 0, free_riders=())
-    write_run(runs_dir / "without2" / "results.json", "fedavg", 0, [0.8, 0.88, 0.7],
-              config={"exclude_sites": ["site-2"]})
+    write_run(
+        runs_dir / "without2" / "results.json", "fedavg", 0, [0.8, 0.88, 0.7], config={"exclude_sites": ["site-2"]}
+    )
     rows, _ = table_rows(report.paper_table(report.load_runs(runs_dir)))
     assert list(rows) == ["Solo", "FedAvg", "FedAvg (without site-2)", "FedCE (Sum.)", "Fed-LWR"]
 
@@ -279,8 +350,11 @@ def test_runs_with_other_free_riders_or_left_out_sites_are_separate_rows(tmp_pat
 def test_contribution_estimates(tmp_path):
     run = json.loads(write_run(tmp_path / "r.json", "fedavg", 0, [0.8] * 3, round_fields=fedavg_weights).read_text())
     # the mean over rounds counts the round where site-3 was rejected as weight 0
-    assert report.contribution_estimates(run) == {"aggregation weights": pytest.approx(
-        {"site-1": (3 * 0.5 + 0.625) / 4, "site-2": (3 * 0.3 + 0.375) / 4, "site-3": 3 * 0.2 / 4})}
+    assert report.contribution_estimates(run) == {
+        "aggregation weights": pytest.approx(
+            {"site-1": (3 * 0.5 + 0.625) / 4, "site-2": (3 * 0.3 + 0.375) / 4, "site-3": 3 * 0.2 / 4}
+        )
+    }
 
 
 def test_contribution_agreement_table(tmp_path, fedce_dir):
@@ -291,8 +365,9 @@ def test_contribution_agreement_table(tmp_path, fedce_dir):
     assert fedce == pytest.approx({**expected, "seeds": 2})
     fedavg = stats["fedavg"]["aggregation weights"]
     assert fedavg["seeds"] == 1  # only the FedAvg run that records weights
-    assert fedavg["euclidean"] == pytest.approx(contribution_agreement(
-        {"site-1": 0.53125, "site-2": 0.31875, "site-3": 0.15}, LOO["marginal"])["euclidean"])
+    assert fedavg["euclidean"] == pytest.approx(
+        contribution_agreement({"site-1": 0.53125, "site-2": 0.31875, "site-3": 0.15}, LOO["marginal"])["euclidean"]
+    )
     assert list(stats["fedlwr"]) == ["layer weights, mean over layers"] and "solo" not in stats
     lines = table.splitlines()
     assert "| leave-one-out | +0.500 | +0.333 | -0.167 |" in lines  # 0.03, 0.02, -0.01 over 0.06
@@ -306,9 +381,13 @@ def test_make_report_with_contributions_and_loo(tmp_path, fedce_dir, capsys):
     assert "Performance fairness against Solo:" in printed
     assert "Contribution estimates against leave-one-out:" in printed
     text = (out / "report.md").read_text()
-    for section in ("## Performance fairness", "## Client contributions", "## Contribution estimates against "
-                    "leave-one-out", "Full federation: mean dice 80.00%",
-                    "| marginal value (points) | +3.00 | +2.00 | -1.00 |"):
+    for section in (
+        "## Performance fairness",
+        "## Client contributions",
+        "## Contribution estimates against leave-one-out",
+        "Full federation: mean dice 80.00%",
+        "| marginal value (points) | +3.00 | +2.00 | -1.00 |",
+    ):
         assert section in text
     figure = out / "contributions_fedce_sum_free_riders_site_3.png"
     assert is_png(figure) and f"]({figure.name})" in text
@@ -326,17 +405,35 @@ def classification_sites(clean, corrupted, corrupted_sites=("site-3",)):
     result = {}
     for site, c, k in zip(SITES, clean, corrupted):
         own = k if site in corrupted_sites else c
-        result[site] = {"clean_accuracy": c - 0.1, "clean_auc": c, "corrupted_accuracy": k - 0.1, "corrupted_auc": k,
-                        "accuracy": own - 0.1, "auc": own, "corrupted_site": float(site in corrupted_sites)}
+        result[site] = {
+            "clean_accuracy": c - 0.1,
+            "clean_auc": c,
+            "corrupted_accuracy": k - 0.1,
+            "corrupted_auc": k,
+            "accuracy": own - 0.1,
+            "auc": own,
+            "corrupted_site": float(site in corrupted_sites),
+        }
     return result
 
 
 def test_quality_shift_table_by_hand(tmp_path):
-    for method, seed, clean, corrupted in (("fedavg", 0, 0.90, 0.60), ("fedavg", 1, 0.92, 0.62),
-                                           ("fedismplus_s", 0, 0.89, 0.70)):
-        data = {"schema": 1, "method": method, "task": "classification", "metric": "auc", "seed": seed,
-                "sites": SITES, "config": {"dataset": "skin"}, "rounds": [],
-                "final": {"per_site": classification_sites([clean] * 3, [corrupted] * 3)}}
+    for method, seed, clean, corrupted in (
+        ("fedavg", 0, 0.90, 0.60),
+        ("fedavg", 1, 0.92, 0.62),
+        ("fedismplus_s", 0, 0.89, 0.70),
+    ):
+        data = {
+            "schema": 1,
+            "method": method,
+            "task": "classification",
+            "metric": "auc",
+            "seed": seed,
+            "sites": SITES,
+            "config": {"dataset": "skin"},
+            "rounds": [],
+            "final": {"per_site": classification_sites([clean] * 3, [corrupted] * 3)},
+        }
         (tmp_path / f"{method}{seed}").mkdir()
         (tmp_path / f"{method}{seed}" / "results.json").write_text(json.dumps(data))
     result = report.make_report([tmp_path], tmp_path / "report")
@@ -347,18 +444,26 @@ def test_quality_shift_table_by_hand(tmp_path):
     assert stats["fedavg"]["Average AUC"][0] == pytest.approx(76.0)
     # own quality: sites 1-2 clean (90), site 3 corrupted (60): population std sqrt(200)
     assert stats["fedavg"]["Std. AUC"][0] == pytest.approx((math.sqrt(200) + math.sqrt(200)) / 2)
-    assert stats["fedismplus_s"]["Std. AUC"] == (pytest.approx(math.sqrt(2 * 19 ** 2 / 9)), None)
+    assert stats["fedismplus_s"]["Std. AUC"] == (pytest.approx(math.sqrt(2 * 19**2 / 9)), None)
     rows, header = table_rows(result["tables"]["quality_shift"])
-    assert header[-1] == "Std. AUC" and rows["FedISM+ (S)"][3] == "**70.00**" and rows["FedISM+ (S)"][-1].startswith("**")
+    assert (
+        header[-1] == "Std. AUC" and rows["FedISM+ (S)"][3] == "**70.00**" and rows["FedISM+ (S)"][-1].startswith("**")
+    )
     assert "## Clean and corrupted test sets" in result["report"].read_text()
-    assert report.quality_shift_table([{**r, "final": {"per_site": per_site(v)}} for r, v in
-                                       ((dict(method="fedavg", seed=0, config={}), [0.5] * 3),)]) == ("", {})
+    assert report.quality_shift_table(
+        [{**r, "final": {"per_site": per_site(v)}} for r, v in ((dict(method="fedavg", seed=0, config={}), [0.5] * 3),)]
+    ) == ("", {})
 
 
 def test_contribution_tables_include_cffl_and_cgsv_reputations(tmp_path):
     for method, final in (("cffl", [0.5, 0.3, 0.2]), ("cgsv", [0.2, 0.2, 0.6])):
-        write_run(tmp_path / method / "results.json", method, 0, [0.8, 0.9, 0.7],
-                  final_fields={"contributions": dict(zip(SITES, final))})
+        write_run(
+            tmp_path / method / "results.json",
+            method,
+            0,
+            [0.8, 0.9, 0.7],
+            final_fields={"contributions": dict(zip(SITES, final))},
+        )
     runs = report.load_runs(tmp_path)
     table, stats = report.contribution_table(runs)
     assert set(stats) == {"cffl", "cgsv"} and stats["cgsv"]["contributions"]["site-3"] == pytest.approx((0.6, None))
@@ -374,8 +479,15 @@ def test_the_mean_of_the_last_rounds_is_each_sites_own_mean_and_the_report_can_u
     from fairfl.report import with_final
     from fairfl.results import ResultsLog
 
-    log = ResultsLog(str(tmp_path / "results.json"), method="fedavg", task="segmentation", metric="dice", seed=0,
-                     sites=["site-1", "site-2"], config={})
+    log = ResultsLog(
+        str(tmp_path / "results.json"),
+        method="fedavg",
+        task="segmentation",
+        metric="dice",
+        seed=0,
+        sites=["site-1", "site-2"],
+        config={},
+    )
     log.add_round(0, 1.0, {"site-1": {"dice": 0.1}, "site-2": {"dice": 0.1}})
     log.add_round(1, 1.0, None)
     log.add_round(2, 1.0, {"site-1": {"dice": 0.5}, "site-2": {"dice": 0.3}})

@@ -21,9 +21,9 @@ from fairfl.methods.fedce.controller import FedCEController
 from fairfl.methods.fedism.controller import FedISMController
 from fairfl.methods.fedlwr.controller import FedLWRController
 from fairfl.methods.qfedavg.controller import QFedAvgController
+from fairfl.methods.qfedavg.qffl import qffl_coefficients
 from fairfl.methods.rewards.controller import CFFLController, CGSVController
 from fairfl.models import initial_state, state_to_torch
-from fairfl.methods.qfedavg.qffl import qffl_coefficients
 from fairfl.results import ResultsLog
 from fairfl.site_checks import metrics_problem, norm_outliers, number_problem, samples_problem, tensor_state
 
@@ -33,14 +33,23 @@ SITES = ["site-1", "site-2", "site-3", "site-4"]
 
 def honest_params(global_state, i, scale=0.01):
     generator = torch.Generator().manual_seed(100 + i)
-    return {k: (v + scale * torch.randn(v.shape, generator=generator).numpy().astype(v.dtype)
-                if v.dtype.kind == "f" else v.copy()) for k, v in global_state.items()}
+    return {
+        k: (
+            v + scale * torch.randn(v.shape, generator=generator).numpy().astype(v.dtype)
+            if v.dtype.kind == "f"
+            else v.copy()
+        )
+        for k, v in global_state.items()
+    }
 
 
 def answer(site, params, num_samples=20, metrics=None, **meta):
-    return FLModel(params_type=ParamsType.FULL, params=params,
-                   metrics={"train_loss": 0.5} if metrics is None else metrics,
-                   meta={"client_name": site, protocol.NUM_SAMPLES: num_samples, protocol.LR: 1e-3, **meta})
+    return FLModel(
+        params_type=ParamsType.FULL,
+        params=params,
+        metrics={"train_loss": 0.5} if metrics is None else metrics,
+        meta={"client_name": site, protocol.NUM_SAMPLES: num_samples, protocol.LR: 1e-3, **meta},
+    )
 
 
 def make(cls=FairRoundController, tmp_path=None, **kwargs):
@@ -83,6 +92,7 @@ def with_tensor(key_index, make_value):
         key = sorted(params)[key_index]
         params[key] = make_value(params[key])
         return params
+
     return change
 
 
@@ -214,16 +224,25 @@ def test_qfedavg_rejects_an_absurd_or_malformed_loss(bad):
 
 def test_qffl_shares_stay_finite_for_huge_losses_and_large_q():
     state0 = state_to_torch(initial_state(make().model_spec(), 0))
-    local = {s: state_to_torch(honest_params({k: v.numpy() for k, v in state0.items()}, i)) for i, s in enumerate(SITES)}
+    local = {
+        s: state_to_torch(honest_params({k: v.numpy() for k, v in state0.items()}, i)) for i, s in enumerate(SITES)
+    }
     for q in (2.0, 5.0, 50.0):
-        shares = qffl_coefficients(state0, local, {"site-1": 1e300, "site-2": 0.5, "site-3": 0.7, "site-4": 1e-12},
-                                   q, lipschitz=1e3)
+        shares = qffl_coefficients(
+            state0, local, {"site-1": 1e300, "site-2": 0.5, "site-3": 0.7, "site-4": 1e-12}, q, lipschitz=1e3
+        )
         assert all(math.isfinite(c) and 0.0 <= c <= 1.0 for c in shares.values()) and sum(shares.values()) <= 1 + 1e-9
     # the log-space form equals the direct formula where the direct one does not overflow
     losses = {"site-1": 0.9, "site-2": 0.5, "site-3": 0.7, "site-4": 1.3}
     shares = qffl_coefficients(state0, local, losses, 2.0, 10.0)
-    squared = {s: sum(float(((state0[k].double() - local[s][k].double()) ** 2).sum())
-                      for k in state0 if state0[k].is_floating_point()) for s in SITES}
+    squared = {
+        s: sum(
+            float(((state0[k].double() - local[s][k].double()) ** 2).sum())
+            for k in state0
+            if state0[k].is_floating_point()
+        )
+        for s in SITES
+    }
     f = {s: v + 1e-10 for s, v in losses.items()}
     denominator = sum(f[s] ** 2 + 2.0 * 10.0 * f[s] * squared[s] for s in SITES)
     assert shares == pytest.approx({s: f[s] ** 2 / denominator for s in SITES}, rel=1e-12)
@@ -247,8 +266,9 @@ def test_fedce_rejects_a_bad_leave_one_out_error(bad):
     check_only_rejected(rejected, "site-3", "leave-one-out", extras)
 
 
-@pytest.mark.parametrize("bad, word", [(1e300, "above"), (-1e300, "above"), ("0.1", "not a number"),
-                                       ({"v": 1}, "not a number")])
+@pytest.mark.parametrize(
+    "bad, word", [(1e300, "above"), (-1e300, "above"), ("0.1", "not a number"), ({"v": 1}, "not a number")]
+)
 def test_fedism_rejects_absurd_sharpness_and_keeps_rounding(bad, word):
     controller = make(FedISMController)
     state0 = initial_state(controller.model_spec(), 0)
@@ -264,8 +284,9 @@ def test_fedism_keeps_a_site_with_a_negative_sharpness_at_zero_raw_weight():
     controller = make(FedISMController)
     state0 = initial_state(controller.model_spec(), 0)
     report = {"loss": 1.0, "perturbed_loss": 1.1, "sharpness": 0.1}
-    updates, rejected = reports_round(controller, state0, protocol.SHARPNESS,
-                                      [report, report, {**report, "sharpness": -0.5}, report])
+    updates, rejected = reports_round(
+        controller, state0, protocol.SHARPNESS, [report, report, {**report, "sharpness": -0.5}, report]
+    )
     _, extras = controller.aggregate(0, state0, updates, rejected)
     assert not rejected and extras["raw_weights"]["site-3"] == 0.0
 
@@ -274,15 +295,17 @@ def test_fedism_a_huge_sharpness_under_the_bound_cannot_take_more_than_max_share
     controller = make(FedISMController)
     state0 = initial_state(controller.model_spec(), 0)
     report = {"loss": 1.0, "perturbed_loss": 1.1, "sharpness": 0.1}
-    updates, rejected = reports_round(controller, state0, protocol.SHARPNESS,
-                                      [report, report, {**report, "sharpness": 1e5}, report])
+    updates, rejected = reports_round(
+        controller, state0, protocol.SHARPNESS, [report, report, {**report, "sharpness": 1e5}, report]
+    )
     _, extras = controller.aggregate(0, state0, updates, rejected)
     assert not rejected and extras["weights"]["site-3"] == pytest.approx(0.5)
     assert controller.saga_state.weights == extras["weights"]  # Eq. 18 goes on from the weights used
 
 
-@pytest.mark.parametrize("bad, word", [(7.0, "validation metric"), ("0.9", "validation metric"),
-                                       (float("inf"), "validation metric")])
+@pytest.mark.parametrize(
+    "bad, word", [(7.0, "validation metric"), ("0.9", "validation metric"), (float("inf"), "validation metric")]
+)
 def test_cffl_rejects_a_bad_validation_metric(tmp_path, bad, word):
     controller = make(CFFLController, tmp_path)
     state0 = initial_state(controller.model_spec(), 0)
@@ -308,14 +331,32 @@ def test_cgsv_gamma_is_the_median_norm_so_one_large_update_cannot_set_it(tmp_pat
     answers = [answer(s, honest_params(state0, i, scale=0.01 if i != 2 else 1.0)) for i, s in enumerate(SITES)]
     updates, _, _ = train_round(controller, state0, answers)
     _, extras = controller.aggregate(0, state0, updates, {})
-    norms = sorted(float(np.sqrt(sum(((updates[s].state[k].double() - torch.as_tensor(state0[k]).double()) ** 2).sum()
-                                      for k in state0 if state0[k].dtype.kind == "f"))) for s in SITES)
+    norms = sorted(
+        float(
+            np.sqrt(
+                sum(
+                    ((updates[s].state[k].double() - torch.as_tensor(state0[k]).double()) ** 2).sum()
+                    for k in state0
+                    if state0[k].dtype.kind == "f"
+                )
+            )
+        )
+        for s in SITES
+    )
     assert extras["gamma"] == pytest.approx((norms[1] + norms[2]) / 2, rel=1e-6)
 
 
-@pytest.mark.parametrize("values, word", [({"neg": -0.3}, "outside"), ({"big": 1.1}, "outside"),
-                                          ({"str": "0.9"}, "not a number"), ({"bool": True}, "not a number"),
-                                          ({"nan": float("nan")}, "nan"), ("all", "not a mapping")])
+@pytest.mark.parametrize(
+    "values, word",
+    [
+        ({"neg": -0.3}, "outside"),
+        ({"big": 1.1}, "outside"),
+        ({"str": "0.9"}, "not a number"),
+        ({"bool": True}, "not a number"),
+        ({"nan": float("nan")}, "nan"),
+        ("all", "not a mapping"),
+    ],
+)
 def test_fedlwr_rejects_bad_cka_and_a_set_max_share_caps_cka_near_zero(values, word):
     assert FedLWRController(**SEG).max_share == 1.0 and FairRoundController(**SEG).max_share == 0.5  # null: defaults
     controller = make(FedLWRController, max_share=0.5)
@@ -346,8 +387,9 @@ def test_a_failed_task_is_recorded_as_failed_not_absent():
     controller._current_failed_clients = set()
     assert controller._accept_train_result("site-2", make_reply(ReturnCode.EXECUTION_EXCEPTION), None) is False
     assert controller.failed == {"site-2": "EXECUTION_EXCEPTION"}
-    controller._record_absent(0, "train", SITES, [FLModel(params={}, meta={"client_name": s})
-                                                 for s in ("site-1", "site-3")])
+    controller._record_absent(
+        0, "train", SITES, [FLModel(params={}, meta={"client_name": s}) for s in ("site-1", "site-3")]
+    )
     assert controller.absent == ["site-4"]
 
 
@@ -405,8 +447,9 @@ def test_robust_average_resists_one_site():
     assert float(out["w"]) == 2.5
     out = robust_average([{"w": torch.tensor([float(v)])} for v in (1, 2, 3, 10)], "trimmed_mean", 0.25)
     assert float(out["w"]) == 2.5
-    assert float(robust_average([{"w": torch.tensor([float(v)])} for v in (1, 2, 3, 10)], "trimmed_mean", 0.0)["w"]) \
-        == float(weighted_average([{"w": torch.tensor([float(v)])} for v in (1, 2, 3, 10)], [1] * 4)["w"])
+    assert float(
+        robust_average([{"w": torch.tensor([float(v)])} for v in (1, 2, 3, 10)], "trimmed_mean", 0.0)["w"]
+    ) == float(weighted_average([{"w": torch.tensor([float(v)])} for v in (1, 2, 3, 10)], [1] * 4)["w"])
     with pytest.raises(ValueError):
         robust_average(states, "mean")
 
@@ -421,16 +464,28 @@ def test_robust_aggregation_is_selectable_and_refused_where_it_has_no_meaning():
     assert controller.config()["robust_aggregation"] == "median"
     with pytest.raises(ValueError, match="robust_aggregation"):
         QFedAvgController(robust_aggregation="median", **SEG)
-    for bad in ({"robust_aggregation": "mean"}, {"trim_fraction": 0.5}, {"max_share": 0}, {"max_samples": 0},
-                {"max_update_ratio": -1}):
+    for bad in (
+        {"robust_aggregation": "mean"},
+        {"trim_fraction": 0.5},
+        {"max_share": 0},
+        {"max_samples": 0},
+        {"max_update_ratio": -1},
+    ):
         with pytest.raises(ValueError):
             FairRoundController(**SEG, **bad)
 
 
 # ---------------------------------------------------------------- files
 def test_results_json_writes_null_for_non_finite_numbers(tmp_path):
-    log = ResultsLog(str(tmp_path / "results.json"), method="fedavg", task="segmentation", metric="dice", seed=0,
-                     sites=["site-1"], config={})
+    log = ResultsLog(
+        str(tmp_path / "results.json"),
+        method="fedavg",
+        task="segmentation",
+        metric="dice",
+        seed=0,
+        sites=["site-1"],
+        config={},
+    )
     log.add_round(0, 1.0, None, weights={"site-1": float("nan")}, gamma=np.float64("inf"))
     text = (tmp_path / "results.json").read_text()
     assert "NaN" not in text and "Infinity" not in text
@@ -490,6 +545,7 @@ def test_the_round_loop_goes_on_past_a_hostile_site_and_stops_with_a_reason_when
         assert set(record["weights"]) == {"site-1", "site-2", "site-4"} and record["train"]["site-3"] == {}
     assert set(results["final"]["per_site"]) == {"site-1", "site-2", "site-4"}
     # no site's evaluation usable at the end: the run says so instead of ending without a word
-    results = run_rounds(tmp_path / "b", train, lambda r: [answer(s, {}, metrics={"dice": float("nan")})
-                                                           for s in SITES], num_rounds=1)
+    results = run_rounds(
+        tmp_path / "b", train, lambda r: [answer(s, {}, metrics={"dice": float("nan")}) for s in SITES], num_rounds=1
+    )
     assert results["final"] is None and "no site's evaluation could be used" in results["stopped"]

@@ -18,8 +18,14 @@ from fairfl.flare.engine import FairRoundController
 from fairfl.flare.executor import FairflExecutor
 from fairfl.models import initial_state
 from fairfl.report import _group
-from fairfl.training import (TrainSettings, check_optimizer_settings, load_optimizer_state, make_optimizer,
-                             optimizer_state, train_local)
+from fairfl.training import (
+    TrainSettings,
+    check_optimizer_settings,
+    load_optimizer_state,
+    make_optimizer,
+    optimizer_state,
+    train_local,
+)
 
 TINY = {"model_channels": [8, 16, 32], "model_strides": [2, 2], "num_rounds": 2}
 
@@ -41,17 +47,24 @@ def test_sgd_is_a_plain_gradient_step_and_adam_the_default():
         make_optimizer(model, TrainSettings(optimizer="lbfgs"))
 
 
-@pytest.mark.parametrize("bad, word", [(None, "object"), ({"name": "rmsprop", "momentum": 0.0, "keep_state": False}, "name"),
-                                       ({"name": "sgd", "momentum": 1.0, "keep_state": False}, "momentum"),
-                                       ({"name": "sgd", "momentum": float("nan"), "keep_state": False}, "momentum"),
-                                       ({"name": "sgd", "momentum": True, "keep_state": False}, "momentum"),
-                                       ({"name": "adam", "momentum": 0.0, "keep_state": "yes"}, "keep_state")])
+@pytest.mark.parametrize(
+    "bad, word",
+    [
+        (None, "object"),
+        ({"name": "rmsprop", "momentum": 0.0, "keep_state": False}, "name"),
+        ({"name": "sgd", "momentum": 1.0, "keep_state": False}, "momentum"),
+        ({"name": "sgd", "momentum": float("nan"), "keep_state": False}, "momentum"),
+        ({"name": "sgd", "momentum": True, "keep_state": False}, "momentum"),
+        ({"name": "adam", "momentum": 0.0, "keep_state": "yes"}, "keep_state"),
+    ],
+)
 def test_bad_optimiser_settings_are_named(bad, word):
     assert word in check_optimizer_settings(bad)
     if bad is not None:  # the same refusal as a job argument
         with pytest.raises(ValueError, match="local_optimizer"):
-            FairRoundController(local_optimizer=bad["name"], momentum=bad["momentum"],
-                                keep_optimizer_state=bad["keep_state"], **TINY)
+            FairRoundController(
+                local_optimizer=bad["name"], momentum=bad["momentum"], keep_optimizer_state=bad["keep_state"], **TINY
+            )
 
 
 def test_the_controller_sends_and_records_the_optimiser():
@@ -107,8 +120,21 @@ def damaged(kind):
     return saved, model
 
 
-@pytest.mark.parametrize("kind", ["step_negative", "step_nan", "step_text", "missing_moment", "negative_second_moment",
-                                  "nan_moment", "not_a_dict", "bad_index", "other_network", "other_optimizer"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "step_negative",
+        "step_nan",
+        "step_text",
+        "missing_moment",
+        "negative_second_moment",
+        "nan_moment",
+        "not_a_dict",
+        "bad_index",
+        "other_network",
+        "other_optimizer",
+    ],
+)
 def test_a_state_that_does_not_fit_is_refused_and_nothing_is_loaded(kind):
     saved, model = damaged(kind)
     optimizer = make_optimizer(model, TrainSettings())
@@ -119,16 +145,30 @@ def test_a_state_that_does_not_fit_is_refused_and_nothing_is_loaded(kind):
 @pytest.fixture
 def site(cache_dir):
     controller = FairRoundController(**TINY)
-    meta = {protocol.MODEL_SPEC: controller.model_spec(), protocol.DATASET: "prostate", protocol.TASK: "segmentation",
-            protocol.NUM_SITES: 3, protocol.DATA_SEED: 0, protocol.START_FROM: protocol.FROM_GLOBAL}
+    meta = {
+        protocol.MODEL_SPEC: controller.model_spec(),
+        protocol.DATASET: "prostate",
+        protocol.TASK: "segmentation",
+        protocol.NUM_SITES: 3,
+        protocol.DATA_SEED: 0,
+        protocol.START_FROM: protocol.FROM_GLOBAL,
+    }
     executor = FairflExecutor(image_size=32, batch_size=8, lr=1e-3, weight_decay=1e-4, synthetic_size_scale=0.5)
     return controller, meta, executor
 
 
 def train(executor, meta, params, state_dir, round_num, **optimizer):
     chosen = {"name": "adam", "momentum": 0.0, "keep_state": False, **optimizer}
-    return executor._train("site-2", FLModel(params_type=ParamsType.FULL, params=params, current_round=round_num,
-                                             meta={**meta, protocol.OPTIMIZER: chosen}), str(state_dir))
+    return executor._train(
+        "site-2",
+        FLModel(
+            params_type=ParamsType.FULL,
+            params=params,
+            current_round=round_num,
+            meta={**meta, protocol.OPTIMIZER: chosen},
+        ),
+        str(state_dir),
+    )
 
 
 def test_a_kept_optimiser_state_carries_adams_moments_into_the_next_round(site, tmp_path):
@@ -178,8 +218,10 @@ def test_a_broken_kept_state_is_an_error_naming_site_and_file(site, tmp_path, da
 
 def test_a_hostile_servers_optimiser_settings_are_bad_task_data(site):
     _, meta, _ = site
-    for bad in ({"name": "adam; rm -rf /", "momentum": 0.0, "keep_state": False},
-                {"name": "sgd", "momentum": 1e300, "keep_state": False}):
+    for bad in (
+        {"name": "adam; rm -rf /", "momentum": 0.0, "keep_state": False},
+        {"name": "sgd", "momentum": 1e300, "keep_state": False},
+    ):
         with pytest.raises(DataError, match="the server's task.*optimizer"):
             FairflExecutor._check_task("site-1", {**meta, protocol.OPTIMIZER: bad})
 
@@ -191,10 +233,12 @@ def test_local_sgd_trains_the_unet(site):
 
     model = build_model(controller.model_spec())
     loader = executor._loader("site-2", meta, "training", train=True, seed=0)
-    first = train_local(model, loader, TrainSettings(lr=0.5, weight_decay=0.0, optimizer="sgd", local_epochs=1),
-                        torch.device("cpu"))
-    later = train_local(model, loader, TrainSettings(lr=0.5, weight_decay=0.0, optimizer="sgd", local_epochs=3),
-                        torch.device("cpu"))
+    first = train_local(
+        model, loader, TrainSettings(lr=0.5, weight_decay=0.0, optimizer="sgd", local_epochs=1), torch.device("cpu")
+    )
+    later = train_local(
+        model, loader, TrainSettings(lr=0.5, weight_decay=0.0, optimizer="sgd", local_epochs=3), torch.device("cpu")
+    )
     assert later["train_loss"] < first["train_loss"]
 
 
@@ -202,18 +246,31 @@ def test_local_sgd_trains_the_unet(site):
 def test_the_default_augmentation_is_the_one_every_benchmark_ran():
     """Bit-identical to the hard-coded list before it became a job argument: the same transforms in the same order
     (each draws from the seeded generator in turn)."""
-    assert [type(t) for t in _augmentation(["image", "label"])] == [RandFlipd, RandFlipd, RandRotate90d,
-                                                                     RandScaleIntensityd, RandShiftIntensityd]
+    assert [type(t) for t in _augmentation(["image", "label"])] == [
+        RandFlipd,
+        RandFlipd,
+        RandRotate90d,
+        RandScaleIntensityd,
+        RandShiftIntensityd,
+    ]
     # the very transforms (probabilities, axes, factors) the benchmarks ran with, frozen here: same seed, same output
     from monai.transforms import Compose
 
     keys = ["image", "label"]
-    before = Compose([RandFlipd(keys, prob=0.5, spatial_axis=0), RandFlipd(keys, prob=0.5, spatial_axis=1),
-                      RandRotate90d(keys, prob=0.5, max_k=3), RandScaleIntensityd("image", factors=0.1, prob=0.5),
-                      RandShiftIntensityd("image", offsets=0.1, prob=0.5)])
+    before = Compose(
+        [
+            RandFlipd(keys, prob=0.5, spatial_axis=0),
+            RandFlipd(keys, prob=0.5, spatial_axis=1),
+            RandRotate90d(keys, prob=0.5, max_k=3),
+            RandScaleIntensityd("image", factors=0.1, prob=0.5),
+            RandShiftIntensityd("image", offsets=0.1, prob=0.5),
+        ]
+    )
     now = Compose(_augmentation(keys))
-    sample = {"image": torch.randn(1, 8, 8, generator=torch.Generator().manual_seed(0)),
-              "label": (torch.arange(64).reshape(1, 8, 8) % 3 == 0).long()}
+    sample = {
+        "image": torch.randn(1, 8, 8, generator=torch.Generator().manual_seed(0)),
+        "label": (torch.arange(64).reshape(1, 8, 8) % 3 == 0).long(),
+    }
     before.set_random_state(seed=7)
     now.set_random_state(seed=7)
     for _ in range(20):
@@ -273,8 +330,9 @@ def test_test_scale_goes_from_the_servers_config_to_the_sites_built_in_data(tmp_
     scaled, default = site._data_root("site-1", meta), site._data_root("site-1", {**meta, protocol.TEST_SCALE: 1.0})
     assert os.path.basename(default) == "prostate-v1-n6-s32-seed0-x0.2"
     assert os.path.basename(scaled) == "prostate-v1-n6-s32-seed0-x0.2-t2.0"
-    assert os.path.basename(site._data_root("site-1", {k: v for k, v in meta.items() if k != protocol.TEST_SCALE})) \
-        == os.path.basename(default)  # a server from before test_scale
+    assert os.path.basename(
+        site._data_root("site-1", {k: v for k, v in meta.items() if k != protocol.TEST_SCALE})
+    ) == os.path.basename(default)  # a server from before test_scale
 
 
 def test_a_named_run_from_before_test_scale_resumes_at_test_scale_1_only(tmp_path):
@@ -283,8 +341,15 @@ def test_a_named_run_from_before_test_scale_resumes_at_test_scale_1_only(tmp_pat
 
     def controller(**changes):
         c = FairRoundController(run_name="trial", **TINY, **changes)
-        c.results = ResultsLog(str(tmp_path / "results.json"), method=c.method, task=c.task, metric=c.metric, seed=0,
-                               sites=["site-1"], config=c.config())
+        c.results = ResultsLog(
+            str(tmp_path / "results.json"),
+            method=c.method,
+            task=c.task,
+            metric=c.metric,
+            seed=0,
+            sites=["site-1"],
+            config=c.config(),
+        )
         return c
 
     path, state = str(tmp_path / "checkpoint.pt"), initial_state(controller().model_spec(), seed=0)

@@ -59,7 +59,8 @@ def test_balanced_accuracy_se_by_hand_and_against_simulated_test_sets():
     labels = np.array([0] * 10 + [1] * 4)
     predictions = np.array([0] * 8 + [1] * 2 + [1] * 3 + [0])  # 8 of 10 and 3 of 4: Agresti-Coull 10/14, 5/8
     assert balanced_accuracy_se(labels, predictions) == pytest.approx(
-        math.sqrt((10 / 14) * (4 / 14) / 14 + (5 / 8) * (3 / 8) / 8) / 2)
+        math.sqrt((10 / 14) * (4 / 14) / 14 + (5 / 8) * (3 / 8) / 8) / 2
+    )
     # with enough images the spread of bACC over many test sets drawn with these recalls is what it says
     labels = np.array([0] * 200 + [1] * 120)
     predictions = np.r_[np.zeros(160), np.ones(40), np.ones(90), np.zeros(30)]  # recalls 0.8 and 0.75
@@ -121,16 +122,18 @@ def test_evaluate_dice_reports_the_patient_clustered_error_and_leaves_it_out_for
     mask[2:6, 2:6] = 1
     labels = [mask, mask, torch.zeros(8, 8), mask.roll(2, 0)]
     labels[2][2:6, 4:8] = 1
-    batch = {"image": torch.zeros(4, 1, 8, 8), "label": torch.stack(labels).unsqueeze(1).long(),
-             "case": ["a", "a", "b", "b"]}
+    batch = {
+        "image": torch.zeros(4, 1, 8, 8),
+        "label": torch.stack(labels).unsqueeze(1).long(),
+        "case": ["a", "a", "b", "b"],
+    }
     result = evaluate_dice(_Constant(mask), [batch], 2, torch.device("cpu"))
     per_image = [1.0, 1.0, 0.5, 0.5]  # overlaps of 16, 16, 8 and 8 pixels out of 16 + 16
     assert result["dice"] == pytest.approx(np.mean(per_image))
     assert result["dice_se"] == pytest.approx(clustered_mean_se(per_image, ["a", "a", "b", "b"]))
     alone = evaluate_dice(_Constant(mask), [{**batch, "case": ["a"] * 4}], 2, torch.device("cpu"))
     assert alone["dice"] == result["dice"] and "dice_se" not in alone
-    no_cases = evaluate_dice(_Constant(mask), [{k: v for k, v in batch.items() if k != "case"}], 2,
-                             torch.device("cpu"))
+    no_cases = evaluate_dice(_Constant(mask), [{k: v for k, v in batch.items() if k != "case"}], 2, torch.device("cpu"))
     assert no_cases["dice_se"] == pytest.approx(clustered_mean_se(per_image))
     # integer patient ids (a datalist may use them) arrive collated into a tensor: still grouped by patient
     numbered = evaluate_dice(_Constant(mask), [{**batch, "case": torch.tensor([1, 1, 2, 2])}], 2, torch.device("cpu"))

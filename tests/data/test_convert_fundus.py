@@ -47,8 +47,16 @@ def write_source(src):
         write_pair(src / "Domain1/test/ROIs/image", src / "Domain1/test/ROIs/mask", f"gdrishtiGS_{k:03d}", k)
     for k in range(5):
         part = "Train" if k < 3 else "Test"
-        write_pair(src / f"Domain2/{part}/Image", src / f"Domain2/{part}/Mask", f"n{k:04d}", k, image_ext=".jpg",
-                   mask_ext=".bmp", antialias=True, colour=True)
+        write_pair(
+            src / f"Domain2/{part}/Image",
+            src / f"Domain2/{part}/Mask",
+            f"n{k:04d}",
+            k,
+            image_ext=".jpg",
+            mask_ext=".bmp",
+            antialias=True,
+            colour=True,
+        )
     for k in range(8):
         write_pair(src / "Domain3/images", src / "Domain3/masks", f"V{k:04d}", k)
     return src
@@ -77,7 +85,8 @@ def test_both_layouts_given_test_sets_and_seeded_splits(source, tmp_path):
     assert sites["Domain1"]["test_set"] == "given"
     assert sites["Domain1"]["images"]["testing"] == ["gdrishtiGS_004", "gdrishtiGS_005"]
     assert sorted(sites["Domain1"]["images"]["training"] + sites["Domain1"]["images"]["validation"]) == [
-        f"gdrishtiGS_{k:03d}" for k in range(4)]
+        f"gdrishtiGS_{k:03d}" for k in range(4)
+    ]
     assert len(sites["Domain1"]["images"]["validation"]) == 1  # 4 * 0.25 / 0.75, rounded
     assert sites["Domain2"]["test_set"] == "given" and sites["Domain2"]["images"]["testing"] == ["n0003", "n0004"]
     # No test folder: a seeded 0.5/0.25/0.25 split of all images.
@@ -87,8 +96,13 @@ def test_both_layouts_given_test_sets_and_seeded_splits(source, tmp_path):
     for site in sites:
         datalist = load_datalist(dst, site, num_classes=3)  # files exist, sizes match, labels in 0..2
         assert sum(len(v) for v in datalist.values()) == sum(len(v) for v in sites[site]["images"].values())
-    batch = next(iter(make_loader(load_datalist(dst, "Domain2", num_classes=3)["training"], 32, 3, 2, train=True,
-                                  seed=0, in_channels=3)))
+    batch = next(
+        iter(
+            make_loader(
+                load_datalist(dst, "Domain2", num_classes=3)["training"], 32, 3, 2, train=True, seed=0, in_channels=3
+            )
+        )
+    )
     assert batch["image"].shape == (2, 3, 32, 32) and set(batch["label"].unique().tolist()) <= {0, 1, 2}
 
 
@@ -98,7 +112,8 @@ def test_masks_are_re_encoded_and_images_copied(source, tmp_path):
     # exact grey masks map exactly
     assert np.array_equal(read_label(dst / "Domain1/labels/gdrishtiGS_005.png"), classes_of(5))
     assert (dst / "Domain1/images/gdrishtiGS_005.png").read_bytes() == (
-        source / "Domain1/test/ROIs/image/gdrishtiGS_005.png").read_bytes()
+        source / "Domain1/test/ROIs/image/gdrishtiGS_005.png"
+    ).read_bytes()
     # anti-aliased RGB masks: nearest level, so only edge pixels may move, by one class at most
     label, expected = read_label(dst / "Domain2/labels/n0001.png"), classes_of(1)
     assert label.dtype == np.uint8 and set(np.unique(label)) == {0, 1, 2}
@@ -128,13 +143,17 @@ def test_site_names_and_deterministic_split(source, tmp_path):
     b = convert_fundus(source, tmp_path / "b", site_names="flare")
     assert a == b
     assert json.loads((tmp_path / "a" / "sites.json").read_text()) == {
-        "site-1": "Domain1", "site-2": "Domain2", "site-3": "Domain3"}
+        "site-1": "Domain1",
+        "site-2": "Domain2",
+        "site-3": "Domain3",
+    }
     assert (tmp_path / "a" / "site-3.json").read_text() == (tmp_path / "b" / "site-3.json").read_text()
     assert load_datalist(tmp_path / "a", "site-2", num_classes=3)
     mapped = convert_fundus(source, tmp_path / "m", site_names={"Domain1": "drishti"})
     assert set(mapped["sites"]) == {"drishti", "Domain2", "Domain3"}
-    splits = [convert_fundus(source, tmp_path / f"s{seed}", seed=seed)["sites"]["Domain3"]["images"]
-              for seed in range(5)]
+    splits = [
+        convert_fundus(source, tmp_path / f"s{seed}", seed=seed)["sites"]["Domain3"]["images"] for seed in range(5)
+    ]
     assert any(s != splits[0] for s in splits)  # the seed moves images between splits
 
 
@@ -142,24 +161,61 @@ def save(array, path):
     Image.fromarray(np.asarray(array, np.uint8)).save(path)
 
 
-@pytest.mark.parametrize("damage, site, file, problem", [
-    (lambda src: (src / "Domain1/train/ROIs/mask/gdrishtiGS_002.png").unlink(),
-     "Domain1", "gdrishtiGS_002.png", "no mask for this image"),
-    (lambda src: (src / "Domain3/images/V0004.png").unlink(), "Domain3", "V0004.png", "mask without an image"),
-    (lambda src: (src / "Domain3/images/V0002.png").write_bytes(b"not a png"),
-     "Domain3", "V0002.png", "cannot read image"),
-    (lambda src: save(np.random.default_rng(0).integers(0, 255, (SIZE, SIZE)),
-                      src / "Domain1/test/ROIs/mask/gdrishtiGS_004.png"),
-     "Domain1", "gdrishtiGS_004.png", "far from the grey levels"),
-    (lambda src: save(classes_of(1), src / "Domain3/masks/V0001.png"),  # already class indices
-     "Domain3", "V0001.png", "no background"),
-    (lambda src: save(np.where(classes_of(2) > 0, 255, 0), src / "Domain3/masks/V0002.png"),  # binary, black background
-     "Domain3", "V0002.png", "no disc rim"),
-    (lambda src: save(np.array([0, 128, 255])[classes_of(2)], src / "Domain3/masks/V0002.png"),  # cup <-> background
-     "Domain3", "V0002.png", "cup (0) pixels reach the image border"),
-    (lambda src: save(np.full((SIZE, SIZE + 2), 255), src / "Domain2/Test/Mask/n0003.bmp"),
-     "Domain2", "n0003.bmp", "does not match image n0003.jpg"),
-])
+@pytest.mark.parametrize(
+    "damage, site, file, problem",
+    [
+        (
+            lambda src: (src / "Domain1/train/ROIs/mask/gdrishtiGS_002.png").unlink(),
+            "Domain1",
+            "gdrishtiGS_002.png",
+            "no mask for this image",
+        ),
+        (lambda src: (src / "Domain3/images/V0004.png").unlink(), "Domain3", "V0004.png", "mask without an image"),
+        (
+            lambda src: (src / "Domain3/images/V0002.png").write_bytes(b"not a png"),
+            "Domain3",
+            "V0002.png",
+            "cannot read image",
+        ),
+        (
+            lambda src: save(
+                np.random.default_rng(0).integers(0, 255, (SIZE, SIZE)),
+                src / "Domain1/test/ROIs/mask/gdrishtiGS_004.png",
+            ),
+            "Domain1",
+            "gdrishtiGS_004.png",
+            "far from the grey levels",
+        ),
+        (
+            lambda src: save(classes_of(1), src / "Domain3/masks/V0001.png"),  # already class indices
+            "Domain3",
+            "V0001.png",
+            "no background",
+        ),
+        (
+            lambda src: save(
+                np.where(classes_of(2) > 0, 255, 0), src / "Domain3/masks/V0002.png"
+            ),  # binary, black background
+            "Domain3",
+            "V0002.png",
+            "no disc rim",
+        ),
+        (
+            lambda src: save(
+                np.array([0, 128, 255])[classes_of(2)], src / "Domain3/masks/V0002.png"
+            ),  # cup <-> background
+            "Domain3",
+            "V0002.png",
+            "cup (0) pixels reach the image border",
+        ),
+        (
+            lambda src: save(np.full((SIZE, SIZE + 2), 255), src / "Domain2/Test/Mask/n0003.bmp"),
+            "Domain2",
+            "n0003.bmp",
+            "does not match image n0003.jpg",
+        ),
+    ],
+)
 def test_each_problem_names_site_and_file_and_writes_nothing(source, tmp_path, damage, site, file, problem):
     damage(source)
     with pytest.raises(DataError) as info:

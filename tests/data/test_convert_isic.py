@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from fairfl.data.classification_sites import CORRUPTED_SPLIT, SKIN_CLASSES
 from fairfl.data.convert_isic import convert_isic
 from fairfl.data.datalist import SPLITS, load_datalist
 from fairfl.data.loaders import make_loader
-from fairfl.data.classification_sites import CORRUPTED_SPLIT, SKIN_CLASSES
 from fairfl.errors import DataError
 
 COLUMNS = (*SKIN_CLASSES, "UNK")
@@ -41,8 +41,10 @@ def write_source(src, metadata: bool = True, fl_metadata: bool = True, size=(24,
     source_of = [SOURCES[(k - k % 2) % 4] if k < 20 else SOURCES[k % 4] for k in range(len(LABELS))]
     if metadata:
         lines = ["image,age_approx,anatom_site_general,lesion_id,sex"]
-        lines += [f"{image_id(k)},50,back,{source_of[k].split('_')[0][:4]}_{(k // 2 if k < 20 else k):07d},male"
-                  for k in range(len(LABELS))]
+        lines += [
+            f"{image_id(k)},50,back,{source_of[k].split('_')[0][:4]}_{(k // 2 if k < 20 else k):07d},male"
+            for k in range(len(LABELS))
+        ]
         (src / "ISIC_2019_Training_Metadata.csv").write_text("\n".join(lines) + "\n")
     if fl_metadata:
         lines = ["image,age_approx,anatom_site_general,sex,dataset"]
@@ -58,8 +60,9 @@ def source(tmp_path):
 
 def entries_by_image(root, site):
     datalist = json.loads((root / f"{site}.json").read_text())
-    return {split: {e["image"].rsplit("/", 1)[-1].split(".")[0]: e["label"] for e in datalist[split]}
-            for split in datalist}
+    return {
+        split: {e["image"].rsplit("/", 1)[-1].split(".")[0]: e["label"] for e in datalist[split]} for split in datalist
+    }
 
 
 def test_dirichlet_sites_shared_test_set_labels_and_lesions(source, tmp_path):
@@ -85,8 +88,20 @@ def test_dirichlet_sites_shared_test_set_labels_and_lesions(source, tmp_path):
         assert where[image_id(k)] == where[image_id(k + 1)]
     copied = next((dst / "site-1").iterdir())
     assert copied.read_bytes() == (source / "ISIC_2019_Training_Input" / copied.name).read_bytes()
-    batch = next(iter(make_loader(load_datalist(dst, "site-2", task="classification", num_classes=8)["training"],
-                                  32, 8, 2, train=True, seed=0, in_channels=3, task="classification")))
+    batch = next(
+        iter(
+            make_loader(
+                load_datalist(dst, "site-2", task="classification", num_classes=8)["training"],
+                32,
+                8,
+                2,
+                train=True,
+                seed=0,
+                in_channels=3,
+                task="classification",
+            )
+        )
+    )
     assert batch["image"].shape == (2, 3, 32, 32) and batch["label"].shape == (2,)
 
 
@@ -139,23 +154,47 @@ def rewrite(path, old, new):
 GT = "ISIC_2019_Training_GroundTruth.csv"
 
 
-@pytest.mark.parametrize("damage, site, file, problem", [
-    (lambda src: (src / GT).unlink(), "-", GT, "file not found"),
-    (lambda src: rewrite(src / GT, "image,MEL", "name,MEL"), "-", GT, "missing column(s) image"),
-    (lambda src: rewrite(src / GT, "ISIC_0000003,0.0,1.0", "ISIC_0000003,1.0,1.0"), "-", GT,
-     "line 5 (ISIC_0000003): exactly one of"),
-    (lambda src: rewrite(src / GT, "ISIC_0000003,0.0,1.0", "ISIC_0000003,0.0,yes"), "-", GT, "must be 0 or 1"),
-    (lambda src: rewrite(src / GT, "ISIC_0000004,", "ISIC_0000003,"), "-", GT, "ISIC_0000003 listed twice"),
-    (lambda src: (src / "ISIC_2019_Training_Input/ISIC_0000007.jpg").unlink(), "-", "ISIC_0000007.jpg",
-     "listed in ISIC_2019_Training_GroundTruth.csv but not found"),
-    (lambda src: Image.new("RGB", (8, 8)).save(src / "ISIC_2019_Training_Input/ISIC_9999999.jpg"), "-",
-     "ISIC_9999999.jpg", "image without a row"),
-    (lambda src: (src / "ISIC_2019_Training_Input/ISIC_0000030.jpg").write_bytes(
-        (src / "ISIC_2019_Training_Input/ISIC_0000030.jpg").read_bytes()[:200]), "site-", "ISIC_0000030.jpg",
-     "cannot read image"),
-    (lambda src: rewrite(src / "ISIC_2019_Training_Metadata.csv", "image,", "img,"), "-",
-     "ISIC_2019_Training_Metadata.csv", "missing column(s) image"),
-])
+@pytest.mark.parametrize(
+    "damage, site, file, problem",
+    [
+        (lambda src: (src / GT).unlink(), "-", GT, "file not found"),
+        (lambda src: rewrite(src / GT, "image,MEL", "name,MEL"), "-", GT, "missing column(s) image"),
+        (
+            lambda src: rewrite(src / GT, "ISIC_0000003,0.0,1.0", "ISIC_0000003,1.0,1.0"),
+            "-",
+            GT,
+            "line 5 (ISIC_0000003): exactly one of",
+        ),
+        (lambda src: rewrite(src / GT, "ISIC_0000003,0.0,1.0", "ISIC_0000003,0.0,yes"), "-", GT, "must be 0 or 1"),
+        (lambda src: rewrite(src / GT, "ISIC_0000004,", "ISIC_0000003,"), "-", GT, "ISIC_0000003 listed twice"),
+        (
+            lambda src: (src / "ISIC_2019_Training_Input/ISIC_0000007.jpg").unlink(),
+            "-",
+            "ISIC_0000007.jpg",
+            "listed in ISIC_2019_Training_GroundTruth.csv but not found",
+        ),
+        (
+            lambda src: Image.new("RGB", (8, 8)).save(src / "ISIC_2019_Training_Input/ISIC_9999999.jpg"),
+            "-",
+            "ISIC_9999999.jpg",
+            "image without a row",
+        ),
+        (
+            lambda src: (src / "ISIC_2019_Training_Input/ISIC_0000030.jpg").write_bytes(
+                (src / "ISIC_2019_Training_Input/ISIC_0000030.jpg").read_bytes()[:200]
+            ),
+            "site-",
+            "ISIC_0000030.jpg",
+            "cannot read image",
+        ),
+        (
+            lambda src: rewrite(src / "ISIC_2019_Training_Metadata.csv", "image,", "img,"),
+            "-",
+            "ISIC_2019_Training_Metadata.csv",
+            "missing column(s) image",
+        ),
+    ],
+)
 def test_each_problem_names_site_and_file_and_writes_nothing(source, tmp_path, damage, site, file, problem):
     damage(source)
     assert_refused(lambda src, dst: convert_isic(src, dst, num_sites=4), source, tmp_path, site, file, problem)
@@ -192,8 +231,24 @@ def test_command_line_converts_with_options_and_reports_bad_data(source, tmp_pat
     from fairfl import cli
 
     dst = tmp_path / "cli"
-    assert cli.main(["convert-isic", str(source), str(dst), "--num-sites", "4", "--image-size", "32",
-                     "--corrupted-fraction", "0.5", "--seed", "3"]) == 0
+    assert (
+        cli.main(
+            [
+                "convert-isic",
+                str(source),
+                str(dst),
+                "--num-sites",
+                "4",
+                "--image-size",
+                "32",
+                "--corrupted-fraction",
+                "0.5",
+                "--seed",
+                "3",
+            ]
+        )
+        == 0
+    )
     assert json.loads((dst / "dataset.json").read_text())["corrupted_sites"] == ["site-3", "site-4"]
     assert cli.main(["convert-isic", str(source), str(dst)]) == 1  # not empty any more
     assert "not empty" in capsys.readouterr().err

@@ -29,8 +29,10 @@ def write_source(src, sites=SITES, cases=4):
             image = rng.normal(300, 50, SHAPE).astype(np.int16)
             mask = np.zeros(SHAPE, np.uint8)
             mask[5:11, 4:12, organ_range(case).start : organ_range(case).stop] = value
-            for folder, name, array in (("Image", f"Case{case:02d}{ext}", image),
-                                        ("Mask", f"Case{case:02d}{suffix}{ext}", mask)):
+            for folder, name, array in (
+                ("Image", f"Case{case:02d}{ext}", image),
+                ("Mask", f"Case{case:02d}{suffix}{ext}", mask),
+            ):
                 (src / site / folder).mkdir(parents=True, exist_ok=True)
                 nib.save(nib.Nifti1Image(array, AFFINE), src / site / folder / name)
     return src
@@ -64,8 +66,9 @@ def test_default_keeps_organ_slices_plus_two_and_splits_by_case(source, tmp_path
             organ = organ_range(int(case[-2:]))
             expected = range(max(organ.start - 2, 0), min(organ.stop + 2, SHAPE[2]))
             assert [int(e["image"].split("_s")[-1][:3]) for e in entries] == list(expected)
-        assert summary["sites"][site]["slices"] == {s: sum(len(v) for (sp, _), v in by_case.items() if sp == s)
-                                                    for s in SPLITS}
+        assert summary["sites"][site]["slices"] == {
+            s: sum(len(v) for (sp, _), v in by_case.items() if sp == s) for s in SPLITS
+        }
         for entry in datalist["training"]:  # masks binarised, including the 0/255 site
             assert set(np.unique(np.asanyarray(nib.load(entry["label"]).dataobj))) <= {0, 1}
     batch = next(iter(make_loader(load_datalist(dst, "HK")["training"], 32, 2, 4, train=True, seed=0)))
@@ -81,8 +84,9 @@ def test_slice_keeps_its_place_in_the_world(source, tmp_path):
     assert np.allclose(sliced.affine @ [3, 4, 0, 1], volume.affine @ [3, 4, 7, 1])
 
 
-@pytest.mark.parametrize("keep, per_case", [(True, lambda r: SHAPE[2]), (False, len), (0, len),
-                                            (1, lambda r: len(r) + 2 - (r.start == 0))])
+@pytest.mark.parametrize(
+    "keep, per_case", [(True, lambda r: SHAPE[2]), (False, len), (0, len), (1, lambda r: len(r) + 2 - (r.start == 0))]
+)
 def test_keep_empty_slices_options(source, tmp_path, keep, per_case):
     summary = convert_prostate(source, tmp_path / "dst", keep_empty_slices=keep)
     total = sum(summary["sites"]["BIDMC"]["slices"].values())
@@ -98,7 +102,11 @@ def test_axis_option(source, tmp_path):
 def test_flare_names_and_deterministic_split(source, tmp_path):
     a = convert_prostate(source, tmp_path / "a", site_names="flare", seed=0)
     b = convert_prostate(source, tmp_path / "b", site_names="flare", seed=0)
-    assert json.loads((tmp_path / "a" / "sites.json").read_text()) == {"site-1": "BIDMC", "site-2": "HK", "site-3": "UCL"}
+    assert json.loads((tmp_path / "a" / "sites.json").read_text()) == {
+        "site-1": "BIDMC",
+        "site-2": "HK",
+        "site-3": "UCL",
+    }
     assert a == b
     assert (tmp_path / "a" / "site-2.json").read_text() == (tmp_path / "b" / "site-2.json").read_text()
     seeds = [convert_prostate(source, tmp_path / f"s{seed}", seed=seed)["sites"]["BIDMC"]["cases"] for seed in range(6)]
@@ -113,7 +121,9 @@ def test_missing_mask_names_site_and_image(source, tmp_path):
 
 
 def test_shape_mismatch_names_site_and_mask(source, tmp_path):
-    nib.save(nib.Nifti1Image(np.zeros((16, 15, 10), np.uint8), AFFINE), source / "UCL" / "Mask" / "Case03_Segmentation.nii")
+    nib.save(
+        nib.Nifti1Image(np.zeros((16, 15, 10), np.uint8), AFFINE), source / "UCL" / "Mask" / "Case03_Segmentation.nii"
+    )
     with pytest.raises(DataError) as info:
         convert_prostate(source, tmp_path / "dst")
     assert "UCL" in str(info.value) and "Case03_Segmentation.nii" in str(info.value)

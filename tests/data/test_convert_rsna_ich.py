@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from test_convert_isic import assert_refused, rewrite  # shared helpers of the converter tests
 
+from fairfl.data.classification_sites import CORRUPTED_SPLIT
 from fairfl.data.convert_rsna_ich import SUBTYPES, convert_rsna_ich
 from fairfl.data.datalist import SPLITS, load_datalist
 from fairfl.data.loaders import make_loader
-from fairfl.data.classification_sites import CORRUPTED_SPLIT
 from fairfl.errors import DataError
-from test_convert_isic import assert_refused, rewrite  # shared helpers of the converter tests
 
 # positive subtypes of each slice: 54 with one subtype, 3 with two, 3 without hemorrhage
-POSITIVE = ([[0]] * 6 + [[1]] * 12 + [[2]] * 8 + [[3]] * 12 + [[4]] * 16 + [[1, 3], [2, 4], [0, 4]] + [[]] * 3)
+POSITIVE = [[0]] * 6 + [[1]] * 12 + [[2]] * 8 + [[3]] * 12 + [[4]] * 16 + [[1, 3], [2, 4], [0, 4]] + [[]] * 3
 SLICES_PER_PATIENT = 3
 
 
@@ -73,21 +73,45 @@ def test_single_subtype_slices_split_by_patient(source, tmp_path):
                 assert POSITIVE[k] == [entry["label"]]
                 where.setdefault(k // SLICES_PER_PATIENT, set()).add(site if split != "testing" else "test")
     assert all(len(v) == 1 for v in where.values()), "a patient's slices in two sites or splits"
-    placed = {name_of(e) for s in ("site-1", "site-2", "site-3")
-              for entries in load_datalist(dst, s, task="classification", num_classes=5).values() for e in entries}
+    placed = {
+        name_of(e)
+        for s in ("site-1", "site-2", "site-3")
+        for entries in load_datalist(dst, s, task="classification", num_classes=5).values()
+        for e in entries
+    }
     assert placed == set(range(54))  # every single-subtype slice, once
-    wide = (dst / "test/clean" / f"{slice_id(7)}.png")
+    wide = dst / "test/clean" / f"{slice_id(7)}.png"
     wide = wide if wide.exists() else next(dst.glob(f"site-*/{slice_id(7)}.png"))
     assert wide.read_bytes() == (source / "stage_2_train" / f"{slice_id(7)}.png").read_bytes()  # copied as is
-    batch = next(iter(make_loader(load_datalist(dst, "site-1", task="classification", num_classes=5)["training"],
-                                  32, 5, 2, train=False, seed=0, in_channels=1, task="classification")))
+    batch = next(
+        iter(
+            make_loader(
+                load_datalist(dst, "site-1", task="classification", num_classes=5)["training"],
+                32,
+                5,
+                2,
+                train=False,
+                seed=0,
+                in_channels=1,
+                task="classification",
+            )
+        )
+    )
     assert batch["image"].shape == (2, 1, 32, 32) and batch["label"].dtype == torch.int64
 
 
 def test_none_class_subset_and_blurred_sites(source, tmp_path):
     dst = tmp_path / "dst"
-    summary = convert_rsna_ich(source, dst, num_sites=2, include_none=True, max_images=40, image_size=24,
-                               corrupted_fraction=0.5, corruption="blur")
+    summary = convert_rsna_ich(
+        source,
+        dst,
+        num_sites=2,
+        include_none=True,
+        max_images=40,
+        image_size=24,
+        corrupted_fraction=0.5,
+        corruption="blur",
+    )
     assert summary["excluded"]["not sampled (max_images)"] == 57 - 40
     description = json.loads((dst / "dataset.json").read_text())
     assert description["classes"][-1] == "none" and description["num_classes"] == 6
@@ -110,28 +134,67 @@ def test_without_metadata_slices_are_split_one_by_one(tmp_path):
 CSV = "stage_2_train.csv"
 
 
-@pytest.mark.parametrize("damage, site, file, problem", [
-    (lambda src: (src / CSV).unlink(), "-", CSV, "file not found"),
-    (lambda src: rewrite(src / CSV, "ID,Label", "ID,Target"), "-", CSV, "missing column(s) Label"),
-    (lambda src: rewrite(src / CSV, f"{slice_id(2)}_epidural,1", f"{slice_id(2)}_epidural,2"), "-", CSV,
-     "label '2' is not 0 or 1"),
-    (lambda src: rewrite(src / CSV, f"{slice_id(2)}_epidural,1", f"{slice_id(2)}_extradural,1"), "-", CSV,
-     "is not ID_<image id>_<subtype>"),
-    (lambda src: (src / CSV).write_text((src / CSV).read_text() + f"{slice_id(3)}_epidural,0\n"), "-", CSV,
-     "repeated with a different label"),
-    (lambda src: rewrite(src / CSV, f"{slice_id(4)}_subdural,0\n", ""), "-", CSV,
-     f"{slice_id(4)}: no row for subdural"),
-    (lambda src: rewrite(src / CSV, f"{slice_id(5)}_any,1", f"{slice_id(5)}_any,0"), "-", CSV,
-     "'any' is 0 but the subtypes say 1"),
-    (lambda src: Image.new("L", (8, 8)).save(src / f"stage_2_train/{slice_id(999)}.png"), "-",
-     f"{slice_id(999)}.png", "no rows for"),
-    (lambda src: (src / f"stage_2_train/{slice_id(20)}.png").write_bytes(b"\x89PNG\r\n\x1a\n"), "site-",
-     f"{slice_id(20)}.png", "cannot read image"),
-    (lambda src: rewrite(src / "stage_2_train_metadata.csv", "PatientID,StudyInstanceUID", "Patient,Study"), "-",
-     "stage_2_train_metadata.csv", "needs an image-ID column"),
-    (lambda src: rewrite(src / "stage_2_train_metadata.csv", f"{slice_id(10)},", "ID_other,"), "-",
-     f"{slice_id(10)}.png", "no patient in the metadata"),
-])
+@pytest.mark.parametrize(
+    "damage, site, file, problem",
+    [
+        (lambda src: (src / CSV).unlink(), "-", CSV, "file not found"),
+        (lambda src: rewrite(src / CSV, "ID,Label", "ID,Target"), "-", CSV, "missing column(s) Label"),
+        (
+            lambda src: rewrite(src / CSV, f"{slice_id(2)}_epidural,1", f"{slice_id(2)}_epidural,2"),
+            "-",
+            CSV,
+            "label '2' is not 0 or 1",
+        ),
+        (
+            lambda src: rewrite(src / CSV, f"{slice_id(2)}_epidural,1", f"{slice_id(2)}_extradural,1"),
+            "-",
+            CSV,
+            "is not ID_<image id>_<subtype>",
+        ),
+        (
+            lambda src: (src / CSV).write_text((src / CSV).read_text() + f"{slice_id(3)}_epidural,0\n"),
+            "-",
+            CSV,
+            "repeated with a different label",
+        ),
+        (
+            lambda src: rewrite(src / CSV, f"{slice_id(4)}_subdural,0\n", ""),
+            "-",
+            CSV,
+            f"{slice_id(4)}: no row for subdural",
+        ),
+        (
+            lambda src: rewrite(src / CSV, f"{slice_id(5)}_any,1", f"{slice_id(5)}_any,0"),
+            "-",
+            CSV,
+            "'any' is 0 but the subtypes say 1",
+        ),
+        (
+            lambda src: Image.new("L", (8, 8)).save(src / f"stage_2_train/{slice_id(999)}.png"),
+            "-",
+            f"{slice_id(999)}.png",
+            "no rows for",
+        ),
+        (
+            lambda src: (src / f"stage_2_train/{slice_id(20)}.png").write_bytes(b"\x89PNG\r\n\x1a\n"),
+            "site-",
+            f"{slice_id(20)}.png",
+            "cannot read image",
+        ),
+        (
+            lambda src: rewrite(src / "stage_2_train_metadata.csv", "PatientID,StudyInstanceUID", "Patient,Study"),
+            "-",
+            "stage_2_train_metadata.csv",
+            "needs an image-ID column",
+        ),
+        (
+            lambda src: rewrite(src / "stage_2_train_metadata.csv", f"{slice_id(10)},", "ID_other,"),
+            "-",
+            f"{slice_id(10)}.png",
+            "no patient in the metadata",
+        ),
+    ],
+)
 def test_each_problem_names_site_and_file_and_writes_nothing(source, tmp_path, damage, site, file, problem):
     damage(source)
     assert_refused(lambda src, dst: convert_rsna_ich(src, dst, num_sites=3), source, tmp_path, site, file, problem)

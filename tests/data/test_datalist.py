@@ -75,13 +75,17 @@ def test_absolute_paths_and_requested_splits(tmp_path):
     assert set(load_datalist(root, SITE, splits=("training",), allow_absolute_paths=True)) == {"training"}
 
 
-@pytest.mark.parametrize("fmt, depth_axis, rgb", [("nii.gz", False, False), ("nii.gz", True, False),
-                                                  ("png", False, False), ("png", False, True)])
+@pytest.mark.parametrize(
+    "fmt, depth_axis, rgb",
+    [("nii.gz", False, False), ("nii.gz", True, False), ("png", False, False), ("png", False, True)],
+)
 def test_loader_batch_shapes(tmp_path, fmt, depth_axis, rgb):
     """HxW and HxWx1 NIfTI, grey and RGB PNG all come out as [B, 1, S, S] float / long {0, 1}."""
     make_site(tmp_path, fmt=fmt, depth_axis=depth_axis, rgb=rgb)
     datalist = load_datalist(tmp_path, SITE)
-    batch = next(iter(make_loader(datalist["training"], image_size=32, num_classes=2, batch_size=3, train=True, seed=0)))
+    batch = next(
+        iter(make_loader(datalist["training"], image_size=32, num_classes=2, batch_size=3, train=True, seed=0))
+    )
     assert batch["image"].shape == (3, 1, 32, 32) and batch["image"].dtype == torch.float32
     assert batch["label"].shape == (3, 1, 32, 32) and batch["label"].dtype == torch.int64
     assert set(batch["label"].unique().tolist()) <= {0, 1} and batch["label"].sum() > 0
@@ -128,7 +132,9 @@ def test_optional_splits_are_checked_when_present_and_skipped_when_absent(tmp_pa
     datalist = {**splits, "testing_corrupted": [{"image": "a.png", "label": 2}]}
     (tmp_path / f"{SITE}.json").write_text(json.dumps(datalist))
     assert load_datalist(tmp_path, SITE, **options)["testing_corrupted"][0]["label"] == 2
-    (tmp_path / f"{SITE}.json").write_text(json.dumps({**datalist, "testing_corrupted": [{"image": "b.png", "label": 2}]}))
+    (tmp_path / f"{SITE}.json").write_text(
+        json.dumps({**datalist, "testing_corrupted": [{"image": "b.png", "label": 2}]})
+    )
     with pytest.raises(DataError, match="b.png"):
         load_datalist(tmp_path, SITE, **options)
 
@@ -173,9 +179,21 @@ def _break(kind, root):
     return datalist_path.name
 
 
-@pytest.mark.parametrize("kind", ["missing datalist", "invalid json", "missing split", "empty split", "missing image",
-                                  "unsupported format", "missing label", "shape mismatch", "label out of range",
-                                  "non-integer label"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "missing datalist",
+        "invalid json",
+        "missing split",
+        "empty split",
+        "missing image",
+        "unsupported format",
+        "missing label",
+        "shape mismatch",
+        "label out of range",
+        "non-integer label",
+    ],
+)
 def test_bad_data_raises_data_error_naming_site_and_file(tmp_path, kind):
     make_site(tmp_path)
     file_name = _break(kind, tmp_path)

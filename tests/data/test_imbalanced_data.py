@@ -6,12 +6,19 @@ import json
 import numpy as np
 import pytest
 
-from conftest import generated_at_test_scales
 from fairfl.data.builtin import builtin_dataset, ensure_builtin
-from fairfl.data.datalist import SPLITS, load_datalist
-from fairfl.data.imbalanced import (ICH_IMAGES, ISIC_SOURCES, SKIN_IMAGES, generate_ich_imbalanced_sites,
-                                    ich_like_counts, isic_like_counts)
 from fairfl.data.classification_sites import SETTINGS
+from fairfl.data.datalist import SPLITS, load_datalist
+from fairfl.data.imbalanced import (
+    ICH_IMAGES,
+    ISIC_SOURCES,
+    SKIN_IMAGES,
+    generate_ich_imbalanced_sites,
+    ich_like_counts,
+    isic_like_counts,
+)
+
+from conftest import generated_at_test_scales
 
 
 def site_counts(root, site, num_classes):
@@ -81,8 +88,9 @@ def test_test_scale_gives_each_site_more_test_images_of_its_own_classes_only(tmp
     """test_scale 3: each site's own test set holds three times its images, the new ones in the site's class
     proportions (a class the site lacks never appears: MSK4, site-3, has no BCC, AK, DF, VASC or SCC); training and
     validation are the same files, byte for byte; site_class_counts stays the test_scale-1 table."""
-    base, scaled, added = generated_at_test_scales("skin_imbalanced", 3, tmp_path, image_size=32, num_sites=6,
-                                                   size_scale=0.25)
+    base, scaled, added = generated_at_test_scales(
+        "skin_imbalanced", 3, tmp_path, image_size=32, num_sites=6, size_scale=0.25
+    )
     assert base.name == "skin_imbalanced-p1-v1-n6-s32-seed0-x0.25"
     counts = isic_like_counts(0.25)
     description = json.loads((scaled / "dataset.json").read_text())
@@ -93,6 +101,8 @@ def test_test_scale_gives_each_site_more_test_images_of_its_own_classes_only(tmp
         new = np.bincount([e["label"] for e in added[site]["testing"]], minlength=8)
         assert new.sum() == 2 * len(old) and not new[counts[k] == 0].any(), (site, new, counts[k])
         assert np.abs(new - counts[k] / counts[k].sum() * new.sum()).max() < 1, (site, new, counts[k])
-        assert description["sites"][site]["class_counts"]["testing"] == (
-            np.bincount([e["label"] for e in old], minlength=8) + new).tolist()
+        assert (
+            description["sites"][site]["class_counts"]["testing"]
+            == (np.bincount([e["label"] for e in old], minlength=8) + new).tolist()
+        )
     assert (counts[2, [2, 3, 5, 6, 7]] == 0).all()  # MSK4 lacks them, as in Table I

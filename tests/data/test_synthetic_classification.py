@@ -11,17 +11,6 @@ from PIL import Image
 from scipy import ndimage
 from sklearn.metrics import balanced_accuracy_score
 
-from conftest import generated_at_test_scales
-from fairfl.data.corruption import (
-    NOISE_SIGMA,
-    Corruption,
-    blur_size,
-    gaussian_noise,
-    motion_blur,
-    motion_kernel,
-)
-from fairfl.data.datalist import SPLITS, load_datalist
-from fairfl.data.loaders import make_loader
 from fairfl.data.classification_sites import (
     CORRUPTED_SPLIT,
     ICH_CLASSES,
@@ -32,12 +21,24 @@ from fairfl.data.classification_sites import (
     split_by_dirichlet,
     stratified_sample,
 )
+from fairfl.data.corruption import (
+    NOISE_SIGMA,
+    Corruption,
+    blur_size,
+    gaussian_noise,
+    motion_blur,
+    motion_kernel,
+)
+from fairfl.data.datalist import SPLITS, load_datalist
+from fairfl.data.loaders import make_loader
 from fairfl.data.synthetic_classification import (
     builtin_classification_name,
     ensure_builtin_ich,
     ensure_builtin_skin,
     generate_classification_sites,
 )
+
+from conftest import generated_at_test_scales
 
 SITES = [f"site-{k}" for k in range(1, 11)]
 SMALL = dict(num_sites=10, image_size=32, size_scale=0.25)  # 500 skin / 400 ich images: a few seconds each
@@ -187,8 +188,10 @@ def test_files_datalists_and_description(skin, ich_blur):
         assert set(description["sites"]) == set(SITES)
         for site in SITES:
             lists = load_datalist(root, site, task="classification", num_classes=len(spec.classes), splits=ALL_SPLITS)
-            counts = {split: np.bincount([e["label"] for e in lists[split]], minlength=len(spec.classes)).tolist()
-                      for split in SPLITS}
+            counts = {
+                split: np.bincount([e["label"] for e in lists[split]], minlength=len(spec.classes)).tolist()
+                for split in SPLITS
+            }
             assert counts == description["sites"][site]["class_counts"]
             assert description["sites"][site]["corrupted"] == (site in ("site-9", "site-10"))
             with Image.open(lists["training"][0]["image"]) as image:
@@ -245,8 +248,13 @@ def test_classes_are_distinguishable_but_not_trivially(skin, ich_blur):
         image = image if image.ndim == 3 else image[..., None]
         centre = image[8:-8, 8:-8]
         gy, gx = np.gradient(image.mean(-1))
-        return np.concatenate([centre.mean((0, 1)), centre.std((0, 1)),
-                               [np.hypot(gx, gy).mean(), (image.mean(-1) > 0.7).mean(), (image.mean(-1) < 0.3).mean()]])
+        return np.concatenate(
+            [
+                centre.mean((0, 1)),
+                centre.std((0, 1)),
+                [np.hypot(gx, gy).mean(), (image.mean(-1) > 0.7).mean(), (image.mean(-1) < 0.3).mean()],
+            ]
+        )
 
     for root, classes in ((skin, 8), (ich_blur, 5)):
         lists = {site: datalist(root, site) for site in SITES}
@@ -269,8 +277,16 @@ def test_classes_are_distinguishable_but_not_trivially(skin, ich_blur):
 def test_batches_from_make_loader(skin, ich_blur):
     for root, channels, classes in ((skin, 3, 8), (ich_blur, 1, 5), (ich_blur, 3, 5)):
         entries = load_datalist(root, "site-2", task="classification", num_classes=classes)["training"]
-        loader = make_loader(entries, image_size=48, num_classes=classes, batch_size=4, train=True, seed=0,
-                             in_channels=channels, task="classification")
+        loader = make_loader(
+            entries,
+            image_size=48,
+            num_classes=classes,
+            batch_size=4,
+            train=True,
+            seed=0,
+            in_channels=channels,
+            task="classification",
+        )
         batch = next(iter(loader))
         assert batch["image"].shape == (4, channels, 48, 48) and batch["image"].dtype == torch.float32
         assert batch["label"].shape == (4,) and batch["label"].dtype == torch.int64
@@ -296,8 +312,9 @@ def test_deterministic_given_seed(tmp_path):
 
 def test_explicit_site_class_counts_and_site_test_sets(tmp_path):
     counts = [[6, 20, 5, 5, 0, 0, 0, 0], [10, 10, 0, 0, 10, 5, 0, 0], [5, 30, 0, 5, 5, 0, 5, 0]]
-    root = generate_classification_sites(tmp_path, "skin", image_size=32, site_class_counts=counts,
-                                         corrupted_fraction=0.0, test_set="site")
+    root = generate_classification_sites(
+        tmp_path, "skin", image_size=32, site_class_counts=counts, corrupted_fraction=0.0, test_set="site"
+    )
     description = json.loads((root / "dataset.json").read_text())
     assert description["corruption"] is None and description["corrupted_sites"] == []
     assert set(description["sites"]) == {"site-1", "site-2", "site-3"}
@@ -330,8 +347,7 @@ def test_test_scale_enlarges_the_shared_test_set_and_its_corrupted_copy_only(tmp
     """test_scale 2: the one test set every site shares holds twice its images, in the same class mix, and
     testing_corrupted the same new images corrupted as the others are; every training and validation image (the
     corrupted site's too) and every test_scale-1 test image is the same file, byte for byte."""
-    base, scaled, added = generated_at_test_scales("ich_blur", 2, tmp_path, image_size=32, num_sites=4,
-                                                   size_scale=0.05)
+    base, scaled, added = generated_at_test_scales("ich_blur", 2, tmp_path, image_size=32, num_sites=4, size_scale=0.05)
     assert base.name == "ich-blur-v1-n4-s32-seed0-x0.05"
     new, new_corrupted = added["site-1"]["testing"], added["site-1"][CORRUPTED_SPLIT]
     assert all(added[site] == added["site-1"] for site in added) and set(added) == {f"site-{k}" for k in range(1, 5)}
@@ -345,7 +361,9 @@ def test_test_scale_enlarges_the_shared_test_set_and_its_corrupted_copy_only(tmp
     for clean, corrupted in zip(new, new_corrupted):
         name = Path(clean["image"]).name
         assert clean["image"] == f"test/clean/{name}" and corrupted["image"] == f"test/blur/{name}"
-        expected = Corruption("blur", 3)(np.asarray(Image.open(scaled / clean["image"])),
-                                         np.random.default_rng([0, zlib.crc32(Path(name).stem.encode())]))
+        expected = Corruption("blur", 3)(
+            np.asarray(Image.open(scaled / clean["image"])),
+            np.random.default_rng([0, zlib.crc32(Path(name).stem.encode())]),
+        )
         assert np.array_equal(np.asarray(Image.open(scaled / corrupted["image"])), expected)
     assert sum(json.loads((scaled / "dataset.json").read_text())["sites"]["site-1"]["class_counts"]["testing"]) == 32

@@ -9,7 +9,6 @@ import torch
 from PIL import Image
 from scipy import ndimage
 
-from conftest import generated_at_test_scales
 from fairfl.data.builtin import ensure_builtin
 from fairfl.data.datalist import SPLITS, load_datalist
 from fairfl.data.loaders import make_loader
@@ -19,6 +18,8 @@ from fairfl.data.synthetic_fundus import (
     ensure_builtin_fundus,
     generate_fundus_sites,
 )
+
+from conftest import generated_at_test_scales
 
 SITES = [f"site-{k}" for k in range(1, 7)]
 
@@ -62,8 +63,11 @@ def test_splits_by_image_and_cpu_friendly_sizes(dataset):
     for site in SITES:
         datalist = json.loads((dataset / f"{site}.json").read_text())
         ids = {split: {e["image"] for e in datalist[split]} for split in SPLITS}
-        assert not (ids["training"] & ids["validation"] or ids["training"] & ids["testing"]
-                    or ids["validation"] & ids["testing"]), f"{site}: an image is in two splits"
+        assert not (
+            ids["training"] & ids["validation"]
+            or ids["training"] & ids["testing"]
+            or ids["validation"] & ids["testing"]
+        ), f"{site}: an image is in two splits"
         sizes[site] = sum(len(v) for v in ids.values())
         assert abs(len(ids["training"]) / sizes[site] - 0.5) <= 0.05
         assert abs(len(ids["testing"]) / sizes[site] - 0.25) <= 0.05
@@ -106,8 +110,9 @@ def test_sites_differ_as_designed_and_site5_is_most_shifted(dataset):
     assert all(c[0] > c[1] > c[2] for c in colour.values()), "fundus photos are red > green > blue"
     spread = np.stack(list(colour.values())).std(0)
     assert (spread > 0.02).all(), colour
-    shift = {site: np.linalg.norm(c - np.mean([d for s, d in colour.items() if s != site], 0))
-             for site, c in colour.items()}
+    shift = {
+        site: np.linalg.norm(c - np.mean([d for s, d in colour.items() if s != site], 0)) for site, c in colour.items()
+    }
     assert max(shift, key=shift.get) == "site-5", shift
     assert shift["site-5"] > 2 * sorted(shift.values())[-2]
     green_cast = {site: c[1] / c[0] for site, c in colour.items()}

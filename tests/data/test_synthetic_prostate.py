@@ -10,7 +10,6 @@ import pytest
 import torch
 from scipy import ndimage
 
-from conftest import generated_at_test_scales
 from fairfl.data.datalist import SPLITS, load_datalist
 from fairfl.data.loaders import make_loader
 from fairfl.data.synthetic_prostate import (
@@ -19,6 +18,8 @@ from fairfl.data.synthetic_prostate import (
     ensure_builtin_data,
     generate_prostate_sites,
 )
+
+from conftest import generated_at_test_scales
 
 SITES = [f"site-{k}" for k in range(1, 7)]
 
@@ -68,8 +69,11 @@ def test_splits_are_by_case_and_sizes_are_cpu_friendly(dataset):
         _, _, splits, cases = read_site(dataset, site)
         by_split = {s: {c for c, sp in zip(cases, splits) if sp == s} for s in SPLITS}
         assert all(by_split.values()), f"{site}: every split needs a case"
-        assert not (by_split["training"] & by_split["validation"] or by_split["training"] & by_split["testing"]
-                    or by_split["validation"] & by_split["testing"]), f"{site}: a case is in two splits"
+        assert not (
+            by_split["training"] & by_split["validation"]
+            or by_split["training"] & by_split["testing"]
+            or by_split["validation"] & by_split["testing"]
+        ), f"{site}: a case is in two splits"
         n_cases = sum(len(v) for v in by_split.values())
         assert len(by_split["training"]) >= 0.5 * n_cases
         training_slices += splits.count("training")

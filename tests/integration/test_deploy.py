@@ -31,11 +31,12 @@ from nvflare.app_common.widgets.component_path_authorizer import ComponentPathAu
 from nvflare.fuel.flare_api.api_spec import AuthorizationError
 from nvflare.fuel.utils.class_loader import load_class
 
-from conftest import JOBS, REPO, make_job
 from fairfl.deploy import admin
 from fairfl.deploy.kits import AUTHORIZATION, complete_kits
 from fairfl.flare.components import ALLOW_LIST, COMPONENTS
 from fairfl.simulate import nvflare_command
+
+from conftest import JOBS, REPO, make_job
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: faults.py
 TEMPLATE = os.path.join(REPO, "provisioning", "project.yml")
@@ -66,8 +67,12 @@ def provision(tmp_path, name: str, port: int, sites=("site-1", "site-2")) -> str
     project["participants"] = participants
     path = tmp_path / f"{name}.yml"
     path.write_text(yaml.safe_dump(project))
-    subprocess.run(nvflare_command() + ["provision", "-p", str(path), "-w", str(tmp_path / name)], check=True,
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        nvflare_command() + ["provision", "-p", str(path), "-w", str(tmp_path / name)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     return str(tmp_path / name / name / "prod_00")
 
 
@@ -79,14 +84,29 @@ def site_env(**extra) -> dict:
 def start(kit: str, kind: str, org: str) -> subprocess.Popen:
     """One participant as its start.sh runs it (without the restart loop, so that we hold its process), in a
     process group of its own: killing the group kills it and its job processes, nothing else."""
-    module, config, uid = {"server": ("server.server_train", "fed_server.json", []),
-                           "client": ("client.client_train", "fed_client.json",
-                                      [f"uid={os.path.basename(kit)}"])}[kind]
-    command = [sys.executable, "-u", "-m", f"nvflare.private.fed.app.{module}", "-m", kit, "-s", config,
-               "--set", "secure_train=true", *uid, f"org={org}", "config_folder=config"]
+    module, config, uid = {
+        "server": ("server.server_train", "fed_server.json", []),
+        "client": ("client.client_train", "fed_client.json", [f"uid={os.path.basename(kit)}"]),
+    }[kind]
+    command = [
+        sys.executable,
+        "-u",
+        "-m",
+        f"nvflare.private.fed.app.{module}",
+        "-m",
+        kit,
+        "-s",
+        config,
+        "--set",
+        "secure_train=true",
+        *uid,
+        f"org={org}",
+        "config_folder=config",
+    ]
     with open(os.path.join(kit, "console.txt"), "a") as log:
-        return subprocess.Popen(command, cwd=kit, env=site_env(), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            command, cwd=kit, env=site_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def kill_group(process: subprocess.Popen) -> None:
@@ -100,8 +120,13 @@ def kill_group(process: subprocess.Popen) -> None:
 
 def fairfl(*args, env=None, timeout=300) -> str:
     """Run `fairfl ARGS` as a user would; its output (it must succeed)."""
-    proc = subprocess.run([sys.executable, "-m", "fairfl.cli", *args], env=env or site_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fairfl.cli", *args],
+        env=env or site_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, f"fairfl {' '.join(args)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 
@@ -151,8 +176,9 @@ def mode(path) -> int:
 
 def test_complete_kits_allow_lists_our_classes_keeps_gpus_locks_keys_and_never_overwrites_edits(tmp_path):
     root = tmp_path / "ws"
-    subprocess.run(nvflare_command() + ["provision", "-p", TEMPLATE, "-w", str(root)], check=True,
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        nvflare_command() + ["provision", "-p", TEMPLATE, "-w", str(root)], check=True, capture_output=True, timeout=120
+    )
     prod = root / "fairfl" / "prod_00"
     assert not list(prod.rglob("signature.json"))  # plain 2.9 kits are not signed; mTLS is the trust anchor
     state = root / "fairfl" / "state"
@@ -243,8 +269,11 @@ def test_complete_kits_allow_lists_our_classes_keeps_gpus_locks_keys_and_never_o
         complete_kits(str(prod))
     complete_kits(str(prod), force=True)
     resources = prod / "site-1" / "local" / "resources.json"
-    for broken, why in (("{not json", "is not a JSON object"), ('{"class_allow_list": ["*"]}', "every class allowed"),
-                        ('{"class_allow_list": "fairfl."}', "must be a list")):
+    for broken, why in (
+        ("{not json", "is not a JSON object"),
+        ('{"class_allow_list": ["*"]}', "every class allowed"),
+        ('{"class_allow_list": "fairfl."}', "must be a list"),
+    ):
         resources.write_text(broken)
         with pytest.raises(ValueError, match=f"site-1/local/resources.json.*{why}"):
             complete_kits(str(prod), force=True)
@@ -287,9 +316,16 @@ def test_every_shipped_job_names_only_listed_components_and_nvflare_admits_nothi
     authorizer, workspace = ComponentPathAuthorizer(), Workspace(str(kit), "site-1")
     for path in sorted(named) + ["nvflare.app_common.workflows.fedavg.FedAvg"]:
         authorizer.authorize_component_config({"path": path, "args": {}}, workspace=workspace)
-    for path in ("fairfl.simulate.run_simulator", "fairfl.cli.main", "fairfl.jobconfig.customize_job",
-                 "fairfl.flare.components.dotted_path", "fairfl.flare.executor.FairflExecutorX",
-                 "fairfl.flare.engine.FairRoundController", "fairfl.training.save_atomic", "os.system"):
+    for path in (
+        "fairfl.simulate.run_simulator",
+        "fairfl.cli.main",
+        "fairfl.jobconfig.customize_job",
+        "fairfl.flare.components.dotted_path",
+        "fairfl.flare.executor.FairflExecutorX",
+        "fairfl.flare.engine.FairRoundController",
+        "fairfl.training.save_atomic",
+        "os.system",
+    ):
         with pytest.raises(UnsafeComponentError, match="not in allow_list"):
             authorizer.authorize_component_config({"path": path}, workspace=workspace)
         with pytest.raises(UnsafeComponentError, match="not in allow_list"):
@@ -326,11 +362,18 @@ def test_dashboard_api_serves_the_project_refuses_a_wrong_password_and_keeps_its
     with pytest.raises(ValueError, match="holds no dashboard database"):  # it would lock someone's files away
         make_app(str(tmp_path / "thesis"), "admin@fairfl.org", STRONG, "fairfl")
     assert (mode(tmp_path / "thesis"), mode(tmp_path / "thesis" / "chapter1.tex")) == modes
-    for weak, why in (("s3cret-Pass", "at least 12"), ("correcthorsebattery", "three of"),
-                      ("Admin-password-1", "'admin'"), ("Fairfl-Project-9", "'fairfl'"),
-                      ("Password1234", "common"), ("P@ssword1234", "common"), ("Welcome#2026", "common"),
-                      ("aaaaaaaaaaaA1", "in a row"), ("Blue-Cat-1234!x", "in a row"),
-                      ("Aa1" + "\0" * 10, "control characters")):
+    for weak, why in (
+        ("s3cret-Pass", "at least 12"),
+        ("correcthorsebattery", "three of"),
+        ("Admin-password-1", "'admin'"),
+        ("Fairfl-Project-9", "'fairfl'"),
+        ("Password1234", "common"),
+        ("P@ssword1234", "common"),
+        ("Welcome#2026", "common"),
+        ("aaaaaaaaaaaA1", "in a row"),
+        ("Blue-Cat-1234!x", "in a row"),
+        ("Aa1" + "\0" * 10, "control characters"),
+    ):
         with pytest.raises(ValueError, match=f"too weak: .*{why}"):  # before anything is written
             make_app(str(tmp_path / "dash"), "admin@fairfl.org", weak, "fairfl")
     assert not (tmp_path / "dash").exists()
@@ -339,7 +382,10 @@ def test_dashboard_api_serves_the_project_refuses_a_wrong_password_and_keeps_its
     # the database will hold the root CA's private key: owner-only (SQLite creates it 0644)
     assert mode(tmp_path / "dash") == 0o700
     assert {p.name: mode(p) for p in (tmp_path / "dash").iterdir()} == {
-        "db.sqlite": 0o600, "secret_key": 0o600, ".db_init_done": 0o600}
+        "db.sqlite": 0o600,
+        "secret_key": 0o600,
+        ".db_init_done": 0o600,
+    }
     assert client.post(f"{API}/login", json={"email": "admin@fairfl.org", "password": "wrong"}).status_code == 401
     login = client.post(f"{API}/login", json={"email": "admin@fairfl.org", "password": STRONG})
     assert login.status_code == 200 and login.json["user"]["role"] == "project_admin"
@@ -348,9 +394,11 @@ def test_dashboard_api_serves_the_project_refuses_a_wrong_password_and_keeps_its
 
     project = {"short_name": "fairfl", "title": "Fair FL", "server1": "localhost", "frozen": False}
     assert client.patch(f"{API}/project", json=project, headers=auth).json["status"] == "ok"
-    site = client.post(f"{API}/clients", json={"name": "site-1", "organization": "hospital_a",
-                                               "capacity": {"num_of_gpus": 1, "mem_per_gpu_in_GiB": 16}},
-                       headers=auth)
+    site = client.post(
+        f"{API}/clients",
+        json={"name": "site-1", "organization": "hospital_a", "capacity": {"num_of_gpus": 1, "mem_per_gpu_in_GiB": 16}},
+        headers=auth,
+    )
     assert site.status_code == 201
     site_id = site.json["client"]["id"]
     client.patch(f"{API}/clients/{site_id}", json={"approval_state": 100}, headers=auth)
@@ -367,8 +415,7 @@ def test_dashboard_api_serves_the_project_refuses_a_wrong_password_and_keeps_its
     kit = client.post(f"{API}/clients/{site_id}/blob", json={"pin": "1234"}, headers=auth)
     assert kit.status_code == 200 and kit.data[:2] == b"PK"  # a zip (password: the pin)
     (tmp_path / "site-1.zip").write_bytes(kit.data)
-    subprocess.run(["unzip", "-q", "-P", "1234", str(tmp_path / "site-1.zip"), "-d", str(tmp_path / "kit")],
-                   check=True)
+    subprocess.run(["unzip", "-q", "-P", "1234", str(tmp_path / "site-1.zip"), "-d", str(tmp_path / "kit")], check=True)
     assert json.loads((tmp_path / "kit" / "startup" / "fed_client.json").read_text())["client"]["fqsn"] == "site-1"
 
 
@@ -381,12 +428,31 @@ def dashboard_at_terminal(root, port, typed: list, env=None, extra=()):
         os.setsid()
         import fcntl
         import termios
+
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
-    process = subprocess.Popen([sys.executable, "-m", "fairfl.cli", "dashboard", "--admin", "admin@fairfl.org",
-                                "--org", "coordinating_center", "--root", str(root), "--port", str(port), *extra],
-                               stdin=slave, stdout=slave, stderr=slave, env=env or site_env(),
-                               preexec_fn=own_terminal)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fairfl.cli",
+            "dashboard",
+            "--admin",
+            "admin@fairfl.org",
+            "--org",
+            "coordinating_center",
+            "--root",
+            str(root),
+            "--port",
+            str(port),
+            *extra,
+        ],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env or site_env(),
+        preexec_fn=own_terminal,
+    )
     os.close(slave)
     for line in typed:
         read_until(master, b": ")
@@ -408,8 +474,14 @@ def read_until(fd, marker: bytes, timeout=60) -> str:
 def test_dashboard_asks_the_password_twice_refuses_weak_ones_and_never_takes_it_from_the_environment(tmp_path):
     root, port = tmp_path / "dash", free_port()
     env = site_env(FAIRFL_DASHBOARD_PASSWORD=STRONG)
-    proc = subprocess.run([sys.executable, "-m", "fairfl.cli", "dashboard", "--admin", "a@b.org", "--root", str(root)],
-                          env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fairfl.cli", "dashboard", "--admin", "a@b.org", "--root", str(root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
     assert proc.returncode == 1 and "FAIRFL_DASHBOARD_PASSWORD is no longer read" in proc.stderr
     env = {k: v for k, v in site_env().items() if k != "FAIRFL_DASHBOARD_PASSWORD"}
 
@@ -423,9 +495,25 @@ def test_dashboard_asks_the_password_twice_refuses_weak_ones_and_never_takes_it_
     read_fd, write_fd = os.pipe()
     os.write(write_fd, b"weakweakweakweak\n")
     os.close(write_fd)
-    proc = subprocess.run([sys.executable, "-m", "fairfl.cli", "dashboard", "--admin", "a@b.org", "--root", str(root),
-                           "--password-fd", str(read_fd)], env=env, capture_output=True, text=True,
-                          pass_fds=(read_fd,), timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fairfl.cli",
+            "dashboard",
+            "--admin",
+            "a@b.org",
+            "--root",
+            str(root),
+            "--password-fd",
+            str(read_fd),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        pass_fds=(read_fd,),
+        timeout=60,
+    )
     os.close(read_fd)
     assert proc.returncode == 1 and "too weak" in proc.stderr
 
@@ -435,9 +523,12 @@ def test_dashboard_asks_the_password_twice_refuses_weak_ones_and_never_takes_it_
         for leak in (f"/proc/{process.pid}/environ", f"/proc/{process.pid}/cmdline"):
             assert STRONG.encode() not in open(leak, "rb").read()
         assert mode(root / "db.sqlite") == 0o600 and mode(root) == 0o700
-        login = urllib.request.Request(f"http://127.0.0.1:{port}/nvflare-dashboard/api/v1/login", method="POST",
-                                       data=json.dumps({"email": "admin@fairfl.org", "password": STRONG}).encode(),
-                                       headers={"Content-Type": "application/json"})
+        login = urllib.request.Request(
+            f"http://127.0.0.1:{port}/nvflare-dashboard/api/v1/login",
+            method="POST",
+            data=json.dumps({"email": "admin@fairfl.org", "password": STRONG}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         deadline = time.time() + 30
         while True:
             try:
@@ -461,8 +552,7 @@ def cleanup(tmp_path):
 
 
 def exported(tmp_path, name, server=None, **client_extra) -> str:
-    job = make_job("fedlwr", str(tmp_path / "jobs" / f"{name}_full"), server=server,
-                   client_extra=client_extra or None)
+    job = make_job("fedlwr", str(tmp_path / "jobs" / f"{name}_full"), server=server, client_extra=client_extra or None)
     out = tmp_path / "jobs" / name
     fairfl("export-job", job, str(out))
     return str(out)
@@ -528,8 +618,9 @@ class Federation:
         """(job id, results) of a tiny Fed-LWR job run start to end, submitted and downloaded with the CLI (once)."""
         if self._reference is None:
             started = time.time()
-            out = fairfl("submit", exported(tmp_path, "reference"), "--admin", self.admin_kit,
-                         "--timeout", str(JOB_TIMEOUT))
+            out = fairfl(
+                "submit", exported(tmp_path, "reference"), "--admin", self.admin_kit, "--timeout", str(JOB_TIMEOUT)
+            )
             job_id, status = re.search(r"^job (\S+): (\S+)$", out, re.M).groups()
             assert status == admin.COMPLETED, out
             print(f"fedlwr job: {time.time() - started:.0f} s")
@@ -568,12 +659,19 @@ def test_provisioned_federation_runs_a_job_and_refuses_a_foreign_site_and_any_ot
     # jobs naming a function of the package: `fairfl.` on the allow-list would run them on every site and the
     # server. Each would leave a marker folder if it ran; one also claims BYOC in its meta (NVFlare ignores that)
     markers = tmp_path / "markers"
-    at_sites = with_component(exported(tmp_path, "at_sites"), "client", "fairfl.cli.main",
-                              {"argv": ["prepare-data", "--out", str(markers / "site"), "--image-size", "8",
-                                        "--num-sites", "2"]}, meta={"byoc": True})
-    at_server = with_component(exported(tmp_path, "at_server"), "server", "fairfl.simulate.run_simulator",
-                               {"job": os.path.join(JOBS, "fedavg"), "workspace": str(markers / "server"),
-                                "timeout": 1})
+    at_sites = with_component(
+        exported(tmp_path, "at_sites"),
+        "client",
+        "fairfl.cli.main",
+        {"argv": ["prepare-data", "--out", str(markers / "site"), "--image-size", "8", "--num-sites", "2"]},
+        meta={"byoc": True},
+    )
+    at_server = with_component(
+        exported(tmp_path, "at_server"),
+        "server",
+        "fairfl.simulate.run_simulator",
+        {"job": os.path.join(JOBS, "fedavg"), "workspace": str(markers / "server"), "timeout": 1},
+    )
     hostile = {admin.submit(federation.admin_kit, job, PROJECT_ADMIN): job for job in (at_sites, at_server)}
 
     job_id, results = federation.reference(tmp_path)
@@ -602,8 +700,7 @@ def test_provisioned_federation_runs_a_job_and_refuses_a_foreign_site_and_any_ot
 
 
 @pytest.mark.slow
-def test_only_the_project_admin_runs_jobs_nobody_brings_code_and_nobody_reads_a_hospitals_files(federation,
-                                                                                                 tmp_path):
+def test_only_the_project_admin_runs_jobs_nobody_brings_code_and_nobody_reads_a_hospitals_files(federation, tmp_path):
     job_id, _ = federation.reference(tmp_path)
     job = exported(tmp_path, "rights")
     for user in ("it@hospital-a.example.org", "lead@hospital-a.example.org"):
@@ -644,7 +741,8 @@ def test_only_the_project_admin_runs_jobs_nobody_brings_code_and_nobody_reads_a_
 
 @pytest.mark.slow
 def test_a_site_then_the_server_killed_mid_run_come_back_and_the_named_run_resumes_to_the_same_result(
-        federation, tmp_path):
+    federation, tmp_path
+):
     """One interrupted run for both restarts (each costs a job): after round 0, site-2 is killed and restarted,
     then the server (the sites stay up). NVFlare 2.9 hands a running job neither to a restarted site nor to a
     restarted server; the admin submits the named run again, and it resumes after round 0 with site-2 back."""

@@ -31,9 +31,31 @@ def test_unet_config_rebuilds_the_fairfl_unet():
 @pytest.mark.slow
 def test_nvflare_side_runs_and_records_weights(tmp_path, cache_dir):
     """FedCERecipe + SimEnv on tiny settings: every round's weights recorded, final Dice from every site."""
-    fedce_peer.main(["--rounds", "2", "--seeds", "0", "--sites", "2", "--channels", "8", "16", "32",
-                     "--strides", "2", "2", "--image-size", "32", "--size-scale", "0.5", "--sides", "nvflare",
-                     "--out", str(tmp_path)])
+    fedce_peer.main(
+        [
+            "--rounds",
+            "2",
+            "--seeds",
+            "0",
+            "--sites",
+            "2",
+            "--channels",
+            "8",
+            "16",
+            "32",
+            "--strides",
+            "2",
+            "2",
+            "--image-size",
+            "32",
+            "--size-scale",
+            "0.5",
+            "--sides",
+            "nvflare",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     info = json.load(open(tmp_path / "runs" / "nvflare-seed0.json"))
     results = json.load(open(info["results"]))
     assert [r["round"] for r in results["rounds"]] == [0, 1]

@@ -12,11 +12,12 @@ from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
 from nvflare.app_common.filters.exclude_vars import ExcludeVars
 from nvflare.recipe import SimEnv
 
-from conftest import JOBS, TINY_CLIENT, TINY_SERVER
 from fairfl.flare.components import ALLOW_LIST
 from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG, customize_job
 from fairfl.recipe import FairflRecipe, _workspace_problem, allow_fairfl_classes, main
 from fairfl.results import SIMULATOR_RESULTS
+
+from conftest import JOBS, TINY_CLIENT, TINY_SERVER
 
 TINY = {**TINY_SERVER, **TINY_CLIENT}
 NO_FILTERS = {"components": [], "task_data_filters": [], "task_result_filters": []}  # what NVFlare reads as absent
@@ -47,8 +48,9 @@ def test_every_job_exports_as_its_configuration_with_the_arguments_set(tmp_path,
         assert read(folder, name) == {**NO_FILTERS, **read(copy, name)}, name
     assert read(folder, "meta.json") == read(copy, "meta.json")
     # configuration only: the installed package is the code (no app/custom, so no bring-your-own-code)
-    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) == \
-        sorted(["meta.json", SERVER_CONFIG, CLIENT_CONFIG])
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) == sorted(
+        ["meta.json", SERVER_CONFIG, CLIENT_CONFIG]
+    )
 
 
 def test_each_argument_goes_to_the_side_that_has_it(tmp_path):
@@ -59,11 +61,14 @@ def test_each_argument_goes_to_the_side_that_has_it(tmp_path):
     assert not {"image_size", "lr"} & set(server) and not {"num_rounds", "mu"} & set(client)
 
 
-@pytest.mark.parametrize("arguments, message", [
-    ({"num_round": 3}, "job fedavg has no argument(s) ['num_round']"),
-    ({"num_rounds": "many"}, 'num_rounds="many": job fedavg expects a number'),
-    ({"free_riders": "site-1"}, "FAIRFL_FREE_RIDERS"),  # the site's own setting, never the job's
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({"num_round": 3}, "job fedavg has no argument(s) ['num_round']"),
+        ({"num_rounds": "many"}, 'num_rounds="many": job fedavg expects a number'),
+        ({"free_riders": "site-1"}, "FAIRFL_FREE_RIDERS"),  # the site's own setting, never the job's
+    ],
+)
 def test_an_argument_the_job_lacks_or_of_another_kind_is_refused_naming_it(arguments, message):
     with pytest.raises(ValueError) as e:
         FairflRecipe("fedavg", **arguments)
@@ -82,14 +87,17 @@ def job_with_meta_text(tmp_path, text) -> str:
     return folder
 
 
-@pytest.mark.parametrize("job, message", [
-    (lambda tmp: "no_such_job", "no job 'no_such_job': give a job folder"),
-    (lambda tmp: str(tmp), "give a job folder (meta.json, app/config/config_fed_server.json"),
-    (lambda tmp: job_with_meta(tmp, deploy_map={"app": ["site-1"], "app_2": ["site-2"]}), "one app on every site"),
-    (lambda tmp: job_with_meta(tmp, name="../up"), "meta.json: name must start with a letter or digit"),
-    (lambda tmp: job_with_meta(tmp, min_clients=0), "meta.json"),
-    (lambda tmp: job_with_meta_text(tmp, "{not json"), "meta.json: Expecting property name"),
-])
+@pytest.mark.parametrize(
+    "job, message",
+    [
+        (lambda tmp: "no_such_job", "no job 'no_such_job': give a job folder"),
+        (lambda tmp: str(tmp), "give a job folder (meta.json, app/config/config_fed_server.json"),
+        (lambda tmp: job_with_meta(tmp, deploy_map={"app": ["site-1"], "app_2": ["site-2"]}), "one app on every site"),
+        (lambda tmp: job_with_meta(tmp, name="../up"), "meta.json: name must start with a letter or digit"),
+        (lambda tmp: job_with_meta(tmp, min_clients=0), "meta.json"),
+        (lambda tmp: job_with_meta_text(tmp, "{not json"), "meta.json: Expecting property name"),
+    ],
+)
 def test_a_missing_or_broken_job_is_refused_naming_it(tmp_path, job, message):
     with pytest.raises(ValueError) as e:
         FairflRecipe(job(tmp_path))
@@ -100,14 +108,27 @@ def test_what_the_recipe_api_adds_is_kept_and_never_silently_replaced(tmp_path):
     recipe = FairflRecipe("fedavg")
     recipe.add_client_output_filter(ExcludeVars(exclude_vars=["head"]), tasks=["train"])
     filters = read(exported(recipe, tmp_path / "a"), CLIENT_CONFIG)["task_result_filters"]
-    assert [(f["tasks"], [(g["path"], g["args"]["exclude_vars"]) for g in f["filters"]]) for f in filters] == \
-        [(["train"], [("nvflare.app_common.filters.exclude_vars.ExcludeVars", ["head"])])]
+    assert [(f["tasks"], [(g["path"], g["args"]["exclude_vars"]) for g in f["filters"]]) for f in filters] == [
+        (["train"], [("nvflare.app_common.filters.exclude_vars.ExcludeVars", ["head"])])
+    ]
     # a job whose own configuration has result filters: one set would replace the other; refused instead
-    job = customize_job(os.path.join(JOBS, "fedavg"), str(tmp_path / "job"), client_config={"task_result_filters": [
-        {"tasks": ["validate"], "filters": [{"path": "nvflare.app_common.filters.exclude_vars.ExcludeVars",
-                                             "args": {"exclude_vars": ["x"]}}]}]})
-    assert read(exported(FairflRecipe(job), tmp_path / "b"), CLIENT_CONFIG)["task_result_filters"][0]["tasks"] == \
-        ["validate"]
+    job = customize_job(
+        os.path.join(JOBS, "fedavg"),
+        str(tmp_path / "job"),
+        client_config={
+            "task_result_filters": [
+                {
+                    "tasks": ["validate"],
+                    "filters": [
+                        {"path": "nvflare.app_common.filters.exclude_vars.ExcludeVars", "args": {"exclude_vars": ["x"]}}
+                    ],
+                }
+            ]
+        },
+    )
+    assert read(exported(FairflRecipe(job), tmp_path / "b"), CLIENT_CONFIG)["task_result_filters"][0]["tasks"] == [
+        "validate"
+    ]
     recipe = FairflRecipe(job)
     recipe.add_client_output_filter(ExcludeVars(exclude_vars=["head"]), tasks=["train"])
     with pytest.raises(ValueError, match="task_result_filters added through the Job API would be replaced"):
@@ -116,8 +137,9 @@ def test_what_the_recipe_api_adds_is_kept_and_never_silently_replaced(tmp_path):
 
 def test_sim_env_workspace_allow_lists_our_classes_and_nvflare_keeps_them(tmp_path):
     SimEnv._ensure_default_component_policy(str(tmp_path / "plain"))  # what SimEnv alone writes: refuses our classes
-    assert read(tmp_path / "plain" / "local", "resources.json.default")["class_allow_list"] == \
-        list(DEFAULT_CLASS_ALLOW_LIST)
+    assert read(tmp_path / "plain" / "local", "resources.json.default")["class_allow_list"] == list(
+        DEFAULT_CLASS_ALLOW_LIST
+    )
 
     path = allow_fairfl_classes(str(tmp_path / "ws"))
     SimEnv._ensure_default_component_policy(str(tmp_path / "ws"))  # SimEnv.deploy runs it after the recipe's
@@ -128,31 +150,38 @@ def test_sim_env_workspace_allow_lists_our_classes_and_nvflare_keeps_them(tmp_pa
     # a workspace's own settings and entries are kept; made from resources.json.default when that is all there is
     local = tmp_path / "own" / "local"
     local.mkdir(parents=True)
-    (local / "resources.json.default").write_text(json.dumps({"format_version": 2, "mine": 1,
-                                                              "class_allow_list": ["hospital.models"]}))
+    (local / "resources.json.default").write_text(
+        json.dumps({"format_version": 2, "mine": 1, "class_allow_list": ["hospital.models"]})
+    )
     allow_fairfl_classes(str(tmp_path / "own"))
     assert read(local, "resources.json")["mine"] == 1
     assert read(local, "resources.json")["class_allow_list"] == ["hospital.models", *ALLOW_LIST]
 
-    for text, why in (('{"class_allow_list": ["*"]}', "every class allowed"), ("[1]", "is not a JSON object"),
-                      ("{oops", "Expecting property name")):
+    for text, why in (
+        ('{"class_allow_list": ["*"]}', "every class allowed"),
+        ("[1]", "is not a JSON object"),
+        ("{oops", "Expecting property name"),
+    ):
         (local / "resources.json").write_text(text)
         with pytest.raises(ValueError, match=why) as e:
             allow_fairfl_classes(str(tmp_path / "own"))
         assert str(local / "resources.json") in str(e.value)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["no_such_job"], "no job 'no_such_job'"),
-    (["fedavg", "-n", "0"], "argument -n/--n-clients: must be at least 1"),
-    (["fedavg", "-n", "2", "-t", "3"], "argument -t/--threads: at most -n (2), got 3"),
-    (["fedavg", "-t", "x"], "argument -t/--threads: expected an integer"),
-    (["fedavg", "-w", __file__], "argument -w/--workspace-root: not a folder"),
-    (["fedavg", "-w", ""], "argument -w/--workspace-root: not a folder"),
-    (["fedavg", "--set", "num_rounds"], "expected key=value, got 'num_rounds'"),
-    (["fedavg", "--set", "num_round=3"], "job fedavg has no argument(s) ['num_round']"),
-    (["fedavg", "--set", "image_size=big"], 'image_size="big": job fedavg expects a number'),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["no_such_job"], "no job 'no_such_job'"),
+        (["fedavg", "-n", "0"], "argument -n/--n-clients: must be at least 1"),
+        (["fedavg", "-n", "2", "-t", "3"], "argument -t/--threads: at most -n (2), got 3"),
+        (["fedavg", "-t", "x"], "argument -t/--threads: expected an integer"),
+        (["fedavg", "-w", __file__], "argument -w/--workspace-root: not a folder"),
+        (["fedavg", "-w", ""], "argument -w/--workspace-root: not a folder"),
+        (["fedavg", "--set", "num_rounds"], "expected key=value, got 'num_rounds'"),
+        (["fedavg", "--set", "num_round=3"], "job fedavg has no argument(s) ['num_round']"),
+        (["fedavg", "--set", "image_size=big"], 'image_size="big": job fedavg expects a number'),
+    ],
+)
 def test_cli_refuses_bad_arguments_before_running(capsys, argv, message):
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -178,8 +207,9 @@ def test_cli_never_replaces_what_is_not_an_earlier_run(tmp_path, capsys):
 
 
 def fairfl_recipe(*argv, cwd):
-    return subprocess.run([sys.executable, "-m", "fairfl.recipe", *argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "fairfl.recipe", *argv], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.mark.slow
@@ -197,8 +227,9 @@ def test_recipe_in_sim_env_gives_the_numbers_of_nvflare_simulator(tmp_path, tiny
     assert recipe_results["sites"] == ["site-1", "site-2", "site-3"]
     assert recipe_results["config"] == simulator_results["config"]
     assert recipe_results["final"]["per_site"] == simulator_results["final"]["per_site"]
-    assert [r.get("per_site") for r in recipe_results["rounds"]] == \
-        [r.get("per_site") for r in simulator_results["rounds"]]
+    assert [r.get("per_site") for r in recipe_results["rounds"]] == [
+        r.get("per_site") for r in simulator_results["rounds"]
+    ]
 
     # no bring-your-own-code: the sites ran our installed classes because the workspace's allow-list names them
     job = workspace / "server" / "simulate_job"
@@ -209,5 +240,7 @@ def test_recipe_in_sim_env_gives_the_numbers_of_nvflare_simulator(tmp_path, tiny
     # NVFlare's --export writes the job folder instead of running it: the configuration the simulator just ran
     export = fairfl_recipe("fedavg", *settings, "--export", "--export-dir", "exported", cwd=tmp_path)
     assert export.returncode == 0, export.stderr[-3000:]
-    assert read(tmp_path / "exported" / "fedavg", SERVER_CONFIG) == read(job / "app_server", "config/config_fed_server.json")
+    assert read(tmp_path / "exported" / "fedavg", SERVER_CONFIG) == read(
+        job / "app_server", "config/config_fed_server.json"
+    )
     assert not (tmp_path / "exported" / "fedavg" / "app" / "custom").exists()

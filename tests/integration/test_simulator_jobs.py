@@ -8,10 +8,11 @@ import subprocess
 import pytest
 from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
 
-from conftest import make_job
 from fairfl.flare.components import ALLOW_LIST
 from fairfl.report import free_riders
 from fairfl.simulate import SIMULATOR_OUTPUT, run_simulator
+
+from conftest import make_job
 
 pytestmark = pytest.mark.slow
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: faults.py
@@ -21,8 +22,15 @@ SIM_TIMEOUT = 600
 def run(job_dir, workspace, n=3, t=3, env=None, **options):
     # the faulty-site filter comes from tests/; keep any PYTHONPATH already set (a checkout's own code first)
     python_path = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
-    return run_simulator(job_dir, workspace, n_clients=n, threads=t, timeout=SIM_TIMEOUT,
-                         env={"PYTHONPATH": python_path, **(env or {})}, **options)
+    return run_simulator(
+        job_dir,
+        workspace,
+        n_clients=n,
+        threads=t,
+        timeout=SIM_TIMEOUT,
+        env={"PYTHONPATH": python_path, **(env or {})},
+        **options,
+    )
 
 
 def load_results(sim):
@@ -96,10 +104,12 @@ def test_fedlwr_layer_weights_with_fewer_threads_than_sites(tmp_path, cache_dir)
 
 def test_solo_evaluates_own_models_on_a_data_root(tmp_path, cache_dir):
     data_root = tmp_path / "data"
-    subprocess.run(["fairfl", "prepare-data", "--out", str(data_root), "--image-size", "32", "--num-sites", "3"],
-                   check=True, capture_output=True)
-    sim = run(make_job("solo", str(tmp_path / "job")), str(tmp_path / "ws"),
-              env={"FAIRFL_DATA_ROOT": str(data_root)})
+    subprocess.run(
+        ["fairfl", "prepare-data", "--out", str(data_root), "--image-size", "32", "--num-sites", "3"],
+        check=True,
+        capture_output=True,
+    )
+    sim = run(make_job("solo", str(tmp_path / "job")), str(tmp_path / "ws"), env={"FAIRFL_DATA_ROOT": str(data_root)})
     results = load_results(sim)
     check_common(results, "solo")
     assert "weights" not in results["rounds"][-1]
@@ -108,8 +118,12 @@ def test_solo_evaluates_own_models_on_a_data_root(tmp_path, cache_dir):
 @pytest.mark.parametrize("mode, other", [("nan", "string_metric"), ("shape", "huge_update")])
 def test_faulty_sites_are_rejected_every_round_and_the_global_model_stays_finite(tmp_path, cache_dir, mode, other):
     # site-2 sends broken weights; site-3 string metrics (train and validate) or a finite but huge update
-    fault = {"task_result_filters": [{"tasks": ["train"], "filters": [corrupt("site-2", mode), corrupt("site-3", other)]},
-                                     faulty("site-3", other, ("validate",))]}
+    fault = {
+        "task_result_filters": [
+            {"tasks": ["train"], "filters": [corrupt("site-2", mode), corrupt("site-3", other)]},
+            faulty("site-3", other, ("validate",)),
+        ]
+    }
     sim = run(make_job("fedavg", str(tmp_path / "job"), client_extra=fault), str(tmp_path / "ws"), n=4, t=4)
     # the server logs the rejections as errors; those are the expected ones
     server_errors = sim.errors.pop("server", "")
@@ -118,10 +132,13 @@ def test_faulty_sites_are_rejected_every_round_and_the_global_model_stays_finite
     assert len(results["rounds"]) == 2 and "stopped" not in results
     for record in results["rounds"]:
         assert set(record["rejected"]) == {"site-2", "site-3"}
-        assert ("no valid metric train_" if other == "string_metric" else "times the round's median") \
-            in record["rejected"]["site-3"]
+        assert ("no valid metric train_" if other == "string_metric" else "times the round's median") in record[
+            "rejected"
+        ]["site-3"]
         assert set(record["weights"]) == {"site-1", "site-4"}
-        assert set(record["train"]["site-3"]) == (set() if other == "string_metric" else {"train_loss", "train_seconds"})
+        assert set(record["train"]["site-3"]) == (
+            set() if other == "string_metric" else {"train_loss", "train_seconds"}
+        )
     final = results["final"]
     scored = {"site-1", "site-2", "site-4"} if other == "string_metric" else {"site-1", "site-2", "site-3", "site-4"}
     assert set(final["per_site"]) == scored  # a string Dice is not a score
@@ -152,8 +169,7 @@ def test_fedce_contributions_free_rider_and_a_site_with_a_bad_leave_one_out_erro
     fault = {"task_result_filters": [faulty("site-2", "loo")]}
     # site-4 is a free rider by its own setting (its environment): neither the job nor the server's task can make
     # a site one
-    job = make_job("fedce", str(tmp_path / "job"), server={"num_rounds": 3, "combine": "product"},
-                   client_extra=fault)
+    job = make_job("fedce", str(tmp_path / "job"), server={"num_rounds": 3, "combine": "product"}, client_extra=fault)
     sim = run(job, str(tmp_path / "ws"), n=4, t=4, env={"FAIRFL_FREE_RIDERS": "site-4"})
     assert "site-2" in sim.errors.pop("server", "")
     results = load_results(sim)
@@ -203,8 +219,11 @@ def test_fedavg_leaves_excluded_site_out_of_training_but_evaluates_it(tmp_path, 
 
 def test_exported_job_runs_only_where_sites_allow_list_fairfl(tmp_path, cache_dir):
     exported = str(tmp_path / "exported")
-    subprocess.run(["fairfl", "export-job", make_job("fedavg", str(tmp_path / "job"), server={"num_rounds": 1}),
-                    exported], check=True, capture_output=True)
+    subprocess.run(
+        ["fairfl", "export-job", make_job("fedavg", str(tmp_path / "job"), server={"num_rounds": 1}), exported],
+        check=True,
+        capture_output=True,
+    )
     assert not os.path.exists(os.path.join(exported, "app", "custom"))
 
     # no allow-list entry: every site refuses our classes
@@ -228,8 +247,11 @@ def test_bad_data_fails_fast_naming_site_and_file(tmp_path, cache_dir):
     import numpy as np
 
     data_root = tmp_path / "data"
-    subprocess.run(["fairfl", "prepare-data", "--out", str(data_root), "--image-size", "32", "--num-sites", "2"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["fairfl", "prepare-data", "--out", str(data_root), "--image-size", "32", "--num-sites", "2"],
+        check=True,
+        capture_output=True,
+    )
     # a NaN pixel in site-2's last training image: only decoding shows it (the loader's first read, in the client);
     # a missing file or other header-level problems fail earlier, in load_datalist (tests/core/test_bad_inputs.py)
     nan_image = data_root / json.loads((data_root / "site-2.json").read_text())["training"][-1]["image"]
@@ -237,8 +259,13 @@ def test_bad_data_fails_fast_naming_site_and_file(tmp_path, cache_dir):
     pixels = np.asarray(volume.dataobj, dtype=np.float32)
     pixels.flat[5] = np.nan
     nib.save(nib.Nifti1Image(pixels, volume.affine), nan_image)
-    sim = run(make_job("fedavg", str(tmp_path / "job")), str(tmp_path / "ws"), n=2, t=2,
-              env={"FAIRFL_DATA_ROOT": str(data_root)})
+    sim = run(
+        make_job("fedavg", str(tmp_path / "job")),
+        str(tmp_path / "ws"),
+        n=2,
+        t=2,
+        env={"FAIRFL_DATA_ROOT": str(data_root)},
+    )
     assert not sim.ok
     assert "site-2" in sim.errors and f"[site-2] {nan_image}: the image holds NaN" in sim.errors["site-2"]
     assert "site-1" not in sim.errors
@@ -261,7 +288,10 @@ def check_classification(results, method, sites, rounds=2):
     assert set(final["per_site"]) == set(sites)
     for scores in final["per_site"].values():
         # each metric with its standard error on the site's test split, where the split gives one
-        metrics = {*CLASSIFICATION_METRICS, *(f"{q}_{m}" for m in CLASSIFICATION_METRICS for q in ("clean", "corrupted"))}
+        metrics = {
+            *CLASSIFICATION_METRICS,
+            *(f"{q}_{m}" for m in CLASSIFICATION_METRICS for q in ("clean", "corrupted")),
+        }
         assert set(scores) - {f"{m}_se" for m in metrics} == {*metrics, "corrupted_site"}
         assert {"auc_se", "balanced_accuracy_se"} <= set(scores)
         assert all(0.0 <= v <= 1.0 for v in scores.values())
@@ -295,8 +325,13 @@ def test_fedism_plus_on_skin_with_a_site_sending_nan_sharpness(tmp_path, cache_d
 
 def test_qfedavg_and_fedavg_run_on_the_classification_data(tmp_path, cache_dir):
     # site-2 reports another lr than the others (q-FedAvg's L = 1 / lr): that site is rejected, not the job
-    job = make_job("qfedavg", str(tmp_path / "job"), server={"num_rounds": 1}, client=TINY_CLASSIFICATION,
-                   client_extra={"task_result_filters": [faulty("site-2", "lr")]})
+    job = make_job(
+        "qfedavg",
+        str(tmp_path / "job"),
+        server={"num_rounds": 1},
+        client=TINY_CLASSIFICATION,
+        client_extra={"task_result_filters": [faulty("site-2", "lr")]},
+    )
     sim = run(job, str(tmp_path / "ws"), n=3, t=3)
     assert "site-2" in sim.errors.pop("server", "")
     results = load_results(sim)
@@ -309,8 +344,13 @@ def test_qfedavg_and_fedavg_run_on_the_classification_data(tmp_path, cache_dir):
     assert sum(record["weights"].values()) + record["global_share"] == pytest.approx(1.0)
     # FedAvg on the same data: only the dataset (and so the task, model and metrics) changes; site-3 claims 10**18
     # training samples (all the weight, unchecked) and is rejected
-    job = make_job("fedavg", str(tmp_path / "job_fedavg"), server={"num_rounds": 1, "dataset": "skin"},
-                   client=TINY_CLASSIFICATION, client_extra={"task_result_filters": [faulty("site-3", "huge_samples")]})
+    job = make_job(
+        "fedavg",
+        str(tmp_path / "job_fedavg"),
+        server={"num_rounds": 1, "dataset": "skin"},
+        client=TINY_CLASSIFICATION,
+        client_extra={"task_result_filters": [faulty("site-3", "huge_samples")]},
+    )
     sim = run(job, str(tmp_path / "ws_fedavg"), n=3, t=3)
     assert "site-3" in sim.errors.pop("server", "")
     results = load_results(sim)
@@ -321,14 +361,25 @@ def test_qfedavg_and_fedavg_run_on_the_classification_data(tmp_path, cache_dir):
 
 def crashing_site(site="site-3", round_num=1):
     """site ends its process after training in round round_num, before it answers (tests/faults.py)."""
-    return {"task_result_filters": [{"tasks": ["train"], "filters": [
-        {"path": "faults.CorruptResult", "args": {"site": site, "mode": "crash", "round": round_num}}]}]}
+    return {
+        "task_result_filters": [
+            {
+                "tasks": ["train"],
+                "filters": [
+                    {"path": "faults.CorruptResult", "args": {"site": site, "mode": "crash", "round": round_num}}
+                ],
+            }
+        ]
+    }
 
 
 def test_a_site_that_dies_mid_round_is_recorded_absent_and_the_run_goes_on(tmp_path, cache_dir):
-    job = make_job("fedavg", str(tmp_path / "job"), {"num_rounds": 3, "eval_every": 3, "min_clients": 2,
-                                                     "straggler_timeout": 10, "average_last": 2},
-                   client_extra=crashing_site())
+    job = make_job(
+        "fedavg",
+        str(tmp_path / "job"),
+        {"num_rounds": 3, "eval_every": 3, "min_clients": 2, "straggler_timeout": 10, "average_last": 2},
+        client_extra=crashing_site(),
+    )
     sim = run(job, str(tmp_path / "ws"))
     assert "no train answer from site-3" in sim.errors.pop("server", "")
     results = load_results(sim)
@@ -344,12 +395,17 @@ def test_a_site_that_dies_mid_round_is_recorded_absent_and_the_run_goes_on(tmp_p
     assert mean_of_last["rounds"] == [1, 2] and set(mean_of_last["per_site"]) == {"site-1", "site-2"}
     for site in ("site-1", "site-2"):
         assert mean_of_last["per_site"][site]["dice"] == pytest.approx(
-            (results["rounds"][1]["per_site"][site]["dice"] + results["rounds"][2]["per_site"][site]["dice"]) / 2)
+            (results["rounds"][1]["per_site"][site]["dice"] + results["rounds"][2]["per_site"][site]["dice"]) / 2
+        )
 
 
 def test_too_few_sites_left_ends_the_job_with_a_clear_message(tmp_path, cache_dir):
-    job = make_job("fedavg", str(tmp_path / "job"), {"num_rounds": 3, "eval_every": 3, "task_timeout": 25},
-                   client_extra=crashing_site())
+    job = make_job(
+        "fedavg",
+        str(tmp_path / "job"),
+        {"num_rounds": 3, "eval_every": 3, "task_timeout": 25},
+        client_extra=crashing_site(),
+    )
     sim = run(job, str(tmp_path / "ws"))
     assert "fewer than min_clients 3" in sim.errors.get("server", "")
     results = json.load(open(sim.results_path))
@@ -432,8 +488,8 @@ def test_ditto_scores_every_site_with_its_personal_model_kept_in_the_named_runs_
     from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
     from fairfl.flare import protocol
-    from fairfl.methods.ditto.controller import DittoController
     from fairfl.flare.executor import FairflExecutor
+    from fairfl.methods.ditto.controller import DittoController
     from fairfl.models import state_to_numpy
 
     state_root = tmp_path / "state"
@@ -451,18 +507,27 @@ def test_ditto_scores_every_site_with_its_personal_model_kept_in_the_named_runs_
     # it) and with the final global model: the reported Dice is the personal model's, and it is not the global's.
     global_state = state_to_numpy(torch.load(os.path.join(os.path.dirname(sim.results_path), "global_model.pt")))
     spec = DittoController(**{k: results["config"][k] for k in ("model_channels", "model_strides")}).model_spec()
-    meta = {protocol.MODEL_SPEC: spec, protocol.DATASET: "prostate", protocol.TASK: "segmentation",
-            protocol.NUM_SITES: 3, protocol.DATA_SEED: 0}
+    meta = {
+        protocol.MODEL_SPEC: spec,
+        protocol.DATASET: "prostate",
+        protocol.TASK: "segmentation",
+        protocol.NUM_SITES: 3,
+        protocol.DATA_SEED: 0,
+    }
     differs = []
     for site in sites:
         state_dir = state_root / site / "trial"
         assert torch.load(state_dir / protocol.PERSONAL_MODEL_FILE)["round"] == 1
         assert torch.load(state_dir / protocol.PREVIOUS_PERSONAL_MODEL_FILE)["round"] == 0
         executor = FairflExecutor(image_size=32, batch_size=8, synthetic_size_scale=0.5)
-        scores = {choice: executor._validate(site, FLModel(params_type=ParamsType.FULL, params=global_state,
-                                                           meta={**meta, protocol.EVALUATE: choice}),
-                                             str(state_dir)).metrics["dice"]
-                  for choice in (protocol.FROM_PERSONAL, protocol.FROM_GLOBAL)}
+        scores = {
+            choice: executor._validate(
+                site,
+                FLModel(params_type=ParamsType.FULL, params=global_state, meta={**meta, protocol.EVALUATE: choice}),
+                str(state_dir),
+            ).metrics["dice"]
+            for choice in (protocol.FROM_PERSONAL, protocol.FROM_GLOBAL)
+        }
         reported = results["final"]["per_site"][site]["dice"]
         assert reported == pytest.approx(scores[protocol.FROM_PERSONAL], abs=1e-6)
         differs.append(abs(reported - scores[protocol.FROM_GLOBAL]) > 1e-4)

@@ -7,12 +7,27 @@ import shutil
 
 import pytest
 
-from conftest import JOBS, REPO
 from fairfl.cli import main as cli_main
-from fairfl.methods import (FAMILIES, JOBS as SPEC_JOBS, UNITS, VARIANTS, Job, MethodSpec, Variant, _unique,
-                            display_name, family_claims, family_methods, variant_job)
 from fairfl.jobconfig import component_arguments
+from fairfl.methods import (
+    FAMILIES,
+    UNITS,
+    VARIANTS,
+    Job,
+    MethodSpec,
+    Variant,
+    _unique,
+    display_name,
+    family_claims,
+    family_methods,
+    variant_job,
+)
+from fairfl.methods import (
+    JOBS as SPEC_JOBS,
+)
 from fairfl.methods.make_jobs import differences, job_configs, load_class, write_jobs
+
+from conftest import JOBS, REPO
 
 
 def test_the_committed_jobs_are_exactly_what_the_registry_makes():
@@ -33,15 +48,20 @@ def test_a_hand_edited_missing_or_unknown_job_is_reported_by_file(tmp_path, caps
     os.makedirs(os.path.join(root, "fedmystery", "app"))
     with open(os.path.join(root, "fedce", "app", "custom", "helper.py"), "w") as f:
         f.write("import os\n")  # code in a job folder: the registry makes none
-    assert sorted(differences(root)) == ["ditto/meta.json: missing", "fedce/app/custom/helper.py: not made by the registry",
-                                         "fedlwr/app/config/config_fed_server.json: differs",
-                                         "fedmystery/: no method spec makes this job"]
+    assert sorted(differences(root)) == [
+        "ditto/meta.json: missing",
+        "fedce/app/custom/helper.py: not made by the registry",
+        "fedlwr/app/config/config_fed_server.json: differs",
+        "fedmystery/: no method spec makes this job",
+    ]
     assert cli_main(["make-jobs", "--check", "--out", root]) == 1
     assert "4 difference(s)" in capsys.readouterr().err
     written = write_jobs(root)
     assert sorted(written) == ["ditto/meta.json", "fedlwr/app/config/config_fed_server.json"]
-    assert differences(root) == ["fedce/app/custom/helper.py: not made by the registry",
-                                 "fedmystery/: no method spec makes this job"]  # reported, never deleted
+    assert differences(root) == [
+        "fedce/app/custom/helper.py: not made by the registry",
+        "fedmystery/: no method spec makes this job",
+    ]  # reported, never deleted
 
 
 def test_a_job_spec_naming_an_argument_its_controller_lacks_is_refused():
@@ -87,8 +107,9 @@ def test_each_variant_s_controller_records_the_variant_s_name(name):
     server_args = job_configs(job)["app/config/config_fed_server.json"]["workflows"][0]["args"]
     client_args = job_configs(job)["app/config/config_fed_client.json"]["executors"][0]["executor"]["args"]
     assert set(arguments) <= set(server_args) | set(client_args), f"{name}: arguments its job lacks"
-    controller = load_class(job.controller)(**{**server_args, **{k: v for k, v in arguments.items()
-                                                                if k in server_args}})
+    controller = load_class(job.controller)(
+        **{**server_args, **{k: v for k, v in arguments.items() if k in server_args}}
+    )
     assert controller.method == VARIANTS[name].records
     assert VARIANTS[name].records == name or controller.config()["local_optimizer"] != "adam"
 
@@ -106,8 +127,9 @@ def test_every_claim_compares_two_variants_its_family_runs_by_default():
 def test_dataset_defaults_yield_to_the_variant_s_component_arguments():
     assert variant_job("fedprox_npr", "ich_imbalanced") == ("fednpr", {"num_subclusters": 2, "mu": 0.01})
     assert variant_job("fednpr", "prostate") == ("fednpr", {})
-    odd = Variant("odd", "Odd", "fednpr", {"num_subclusters": 3}, dataset_arguments={"ich_imbalanced":
-                                                                                     {"num_subclusters": 2}})
+    odd = Variant(
+        "odd", "Odd", "fednpr", {"num_subclusters": 3}, dataset_arguments={"ich_imbalanced": {"num_subclusters": 2}}
+    )
     VARIANTS["odd"] = odd
     try:
         assert variant_job("odd", "ich_imbalanced")[1] == {"num_subclusters": 3}
@@ -133,7 +155,10 @@ def test_a_controller_s_config_records_every_argument_it_was_given(job_name):
 def test_only_the_fan_out_touches_nvflare_s_private_task_fields():
     private = ("_current_failed_clients", "_current_num_targets", "_current_min_responses", "_task_check_period")
     package = os.path.join(REPO, "custom", "fairfl")
-    users = sorted(os.path.relpath(os.path.join(folder, f), package) for folder, _, files in os.walk(package)
-                   for f in files if f.endswith(".py")
-                   and any(name in open(os.path.join(folder, f)).read() for name in private))
+    users = sorted(
+        os.path.relpath(os.path.join(folder, f), package)
+        for folder, _, files in os.walk(package)
+        for f in files
+        if f.endswith(".py") and any(name in open(os.path.join(folder, f)).read() for name in private)
+    )
     assert users == [os.path.join("flare", "fanout.py")]

@@ -42,15 +42,25 @@ BUILTIN_DATASETS = {
     # FedISM+'s quality shift: 8 dermoscopy classes (RGB) or 5 hemorrhage subtypes (grey CT), split over exactly
     # the run's sites by Dirichlet(1.0); the last 20% of the sites hold Gaussian-noise (or, *_blur, motion-blurred)
     # images, and every site has a clean `testing` and a corrupted `testing_corrupted` split of one shared test set
-    **{name: BuiltinDataset(name, "classification", channels, classes,
-                            f"fairfl.data.synthetic_classification:ensure_builtin_{name}", min_sites=2)
-       for name, channels, classes in (("skin", 3, 8), ("skin_blur", 3, 8), ("ich", 1, 5), ("ich_blur", 1, 5))},
+    **{
+        name: BuiltinDataset(
+            name,
+            "classification",
+            channels,
+            classes,
+            f"fairfl.data.synthetic_classification:ensure_builtin_{name}",
+            min_sites=2,
+        )
+        for name, channels, classes in (("skin", 3, 8), ("skin_blur", 3, 8), ("ich", 1, 5), ("ich_blur", 1, 5))
+    },
     # FedNPR's class imbalance with missing classes, every site its own test set, no corruption: the six
     # Fed-ISIC2019 sources of its Table I (fixed, so six sites at most) and its ten-site ICH Dirichlet split
-    "skin_imbalanced": BuiltinDataset("skin_imbalanced", "classification", 3, 8,
-                                      "fairfl.data.imbalanced:ensure_builtin_skin_imbalanced", min_sites=6),
-    "ich_imbalanced": BuiltinDataset("ich_imbalanced", "classification", 1, 5,
-                                     "fairfl.data.imbalanced:ensure_builtin_ich_imbalanced", min_sites=10),
+    "skin_imbalanced": BuiltinDataset(
+        "skin_imbalanced", "classification", 3, 8, "fairfl.data.imbalanced:ensure_builtin_skin_imbalanced", min_sites=6
+    ),
+    "ich_imbalanced": BuiltinDataset(
+        "ich_imbalanced", "classification", 1, 5, "fairfl.data.imbalanced:ensure_builtin_ich_imbalanced", min_sites=10
+    ),
 }
 
 
@@ -60,15 +70,29 @@ def builtin_dataset(name: str) -> BuiltinDataset:
     return BUILTIN_DATASETS[name]
 
 
-def ensure_builtin(name: str, image_size: int = 64, seed: int = 0, num_sites: int = 6, size_scale: float = 1.0,
-                   cache_dir: str | Path | None = None, test_scale: float = 1.0) -> Path:
+def ensure_builtin(
+    name: str,
+    image_size: int = 64,
+    seed: int = 0,
+    num_sites: int = 6,
+    size_scale: float = 1.0,
+    cache_dir: str | Path | None = None,
+    test_scale: float = 1.0,
+) -> Path:
     """Path of the cached built-in dataset `name`, generating it on first use."""
-    return builtin_dataset(name).ensure_function()(image_size=image_size, seed=seed, num_sites=num_sites,
-                                                   cache_dir=cache_dir, size_scale=size_scale, test_scale=test_scale)
+    return builtin_dataset(name).ensure_function()(
+        image_size=image_size,
+        seed=seed,
+        num_sites=num_sites,
+        cache_dir=cache_dir,
+        size_scale=size_scale,
+        test_scale=test_scale,
+    )
 
 
-def cache_name(kind: str, version: int, image_size: int, seed: int, num_sites: int, size_scale: float,
-               test_scale: float = 1.0) -> str:
+def cache_name(
+    kind: str, version: int, image_size: int, seed: int, num_sites: int, size_scale: float, test_scale: float = 1.0
+) -> str:
     """Cache folder name of a generated dataset: changes whenever the generator or its parameters do (test_scale
     exactly, by its repr; at 1 it is left out, so the names of data made before it existed still hold)."""
     scale = "" if size_scale == 1.0 else f"-x{size_scale:g}"
@@ -137,8 +161,12 @@ TEST_STREAM = 0x7E57  # last in the key of every extra test item's random stream
 
 def check_test_scale(test_scale) -> float:
     """`test_scale` as a float: a number in [1, MAX_TEST_SCALE] (not a bool, a string or NaN), else ValueError."""
-    if isinstance(test_scale, bool) or not isinstance(test_scale, (int, float)) or math.isnan(test_scale) \
-            or not 1 <= test_scale <= MAX_TEST_SCALE:
+    if (
+        isinstance(test_scale, bool)
+        or not isinstance(test_scale, (int, float))
+        or math.isnan(test_scale)
+        or not 1 <= test_scale <= MAX_TEST_SCALE
+    ):
         raise ValueError(f"test_scale must be a number in [1, {MAX_TEST_SCALE}], got {test_scale!r}")
     return float(test_scale)
 

@@ -86,8 +86,9 @@ def _lattice(rng: np.random.Generator, mask: np.ndarray, spacing: float, jitter:
     """(rows, cols) of a jittered square lattice of `spacing` (units) where `mask` holds."""
     n = mask.shape[0]
     step = spacing * n / 2
-    rows, cols = np.meshgrid(np.arange(rng.uniform(0, step), n, step), np.arange(rng.uniform(0, step), n, step),
-                             indexing="ij")
+    rows, cols = np.meshgrid(
+        np.arange(rng.uniform(0, step), n, step), np.arange(rng.uniform(0, step), n, step), indexing="ij"
+    )
     rows = np.clip(np.round(rows + rng.normal(0, jitter * step, rows.shape)), 0, n - 1).astype(int).ravel()
     cols = np.clip(np.round(cols + rng.normal(0, jitter * step, cols.shape)), 0, n - 1).astype(int).ravel()
     keep = mask[rows, cols]
@@ -115,8 +116,20 @@ def _points_to_units(n: int, rows: np.ndarray, cols: np.ndarray) -> tuple[np.nda
     return (cols + 0.5) * 2 / n - 1, (rows + 0.5) * 2 / n - 1
 
 
-def _grow(rng, segments: list, x: float, y: float, heading: float, width: float, steps: int, curl: float,
-          branch: float, darkness: float = 1.0, depth: int = 0, step: float = 0.02) -> None:
+def _grow(
+    rng,
+    segments: list,
+    x: float,
+    y: float,
+    heading: float,
+    width: float,
+    steps: int,
+    curl: float,
+    branch: float,
+    darkness: float = 1.0,
+    depth: int = 0,
+    step: float = 0.02,
+) -> None:
     """A wandering line from (x, y) (a vessel, a hair, a sulcus) as segments, branching with probability
     `branch` per step into thinner children (three generations at most)."""
     for _ in range(steps):
@@ -147,8 +160,18 @@ class _Shape:
     radius: float
 
 
-def _shape(rng, X, Y, n: int, radius: float, asymmetry: float, irregularity: float, edge: float,
-           centre_sd: float = 0.06, centre: tuple[float, float] | None = None) -> _Shape:
+def _shape(
+    rng,
+    X,
+    Y,
+    n: int,
+    radius: float,
+    asymmetry: float,
+    irregularity: float,
+    edge: float,
+    centre_sd: float = 0.06,
+    centre: tuple[float, float] | None = None,
+) -> _Shape:
     """A closed outline: an ellipse whose radius carries low harmonics (asymmetry), higher ones and a
     fine random wiggle (border irregularity); `edge` is the width of the soft border (relative)."""
     cx, cy = centre if centre is not None else (float(rng.normal(0, centre_sd)), float(rng.normal(0, centre_sd)))
@@ -169,6 +192,7 @@ def _shape(rng, X, Y, n: int, radius: float, asymmetry: float, irregularity: flo
 def _lesion(rng, X, Y, n: int, colour: np.ndarray, hue, opacity, radius, asymmetry, irregularity, edge):
     """A lesion's outline (`_shape`) and its base colour `hue` laid on `colour` with `opacity`. Each
     number may be a (low, high) range, drawn uniformly. Returns (shape, colour)."""
+
     def draw(value):
         return rng.uniform(*value) if isinstance(value, tuple) else value
 
@@ -224,8 +248,19 @@ def _nevus(rng, X, Y, n, colour):
     hue = _mix(LIGHT_BROWN, DARK_BROWN, rng.uniform(0.1, 0.8))
     if rng.random() < 0.12:  # blue nevus: homogeneous steel blue-grey
         hue = _mix(BLUE_GREY, DARK_BROWN, rng.uniform(0, 0.4))
-    shape, colour = _lesion(rng, X, Y, n, colour, hue, opacity=(0.7, 0.95), radius=(0.22, 0.5),
-                            asymmetry=0.03 + 0.12 * atypia, irregularity=0.02 + 0.1 * atypia, edge=(0.03, 0.08))
+    shape, colour = _lesion(
+        rng,
+        X,
+        Y,
+        n,
+        colour,
+        hue,
+        opacity=(0.7, 0.95),
+        radius=(0.22, 0.5),
+        asymmetry=0.03 + 0.12 * atypia,
+        irregularity=0.02 + 0.1 * atypia,
+        edge=(0.03, 0.08),
+    )
     w = shape.weight
     colour = _blend(colour, w * np.clip(1 - shape.rho, 0, 1) * rng.uniform(0, 0.5), DARK_BROWN)
     pattern = rng.choice(3, p=[0.5, 0.3, 0.2])  # reticular, globular, homogeneous
@@ -242,8 +277,9 @@ def _nevus(rng, X, Y, n, colour):
 
 def _melanoma(rng, X, Y, n, colour):
     atypia = rng.uniform(0.25, 1.0)
-    shape = _shape(rng, X, Y, n, rng.uniform(0.35, 0.8), 0.05 + 0.15 * atypia, 0.03 + 0.12 * atypia,
-                   rng.uniform(0.02, 0.1))
+    shape = _shape(
+        rng, X, Y, n, rng.uniform(0.35, 0.8), 0.05 + 0.15 * atypia, 0.03 + 0.12 * atypia, rng.uniform(0.02, 0.1)
+    )
     w = shape.weight
     if rng.random() < 0.1:  # amelanotic: pink, with dotted and irregular vessels (BCC and SCC look alike)
         colour = _blend(colour, w * rng.uniform(0.5, 0.8), PINK)
@@ -260,8 +296,9 @@ def _melanoma(rng, X, Y, n, colour):
     if rng.random() < 0.6:  # irregular dots and globules, mostly at the periphery
         ring = (shape.rho > 0.5) & (shape.rho < 1.05)
         for radius in (rng.uniform(0.015, 0.025), rng.uniform(0.03, 0.05)):
-            colour = _dots(rng, colour, ring, rng.integers(3, 16), radius, rng.uniform(0.6, 0.95),
-                           _mix(DARK_BROWN, BLACK, 0.6))
+            colour = _dots(
+                rng, colour, ring, rng.integers(3, 16), radius, rng.uniform(0.6, 0.95), _mix(DARK_BROWN, BLACK, 0.6)
+            )
     if rng.random() < 0.1 + 0.45 * atypia:  # blue-white veil
         colour = _blend(colour, w * _patches(rng, n, rng.uniform(0.15, 0.35)) * rng.uniform(0.5, 0.8), VEIL)
     if rng.random() < 0.3:  # regression: white scar-like areas with grey peppering
@@ -278,8 +315,9 @@ def _melanoma(rng, X, Y, n, colour):
     return colour, shape.weight
 
 
-def _vessel_tree(rng, n: int, mask: np.ndarray, trees: int, width: float, steps: int, curl: float,
-                 branch: float) -> np.ndarray:
+def _vessel_tree(
+    rng, n: int, mask: np.ndarray, trees: int, width: float, steps: int, curl: float, branch: float
+) -> np.ndarray:
     segments = []
     rows, cols = _pick(rng, mask, trees)
     for x, y in zip(*_points_to_units(n, rows, cols)):
@@ -288,16 +326,29 @@ def _vessel_tree(rng, n: int, mask: np.ndarray, trees: int, width: float, steps:
 
 
 def _basal_cell_carcinoma(rng, X, Y, n, colour):
-    shape, colour = _lesion(rng, X, Y, n, colour, PEARL, opacity=(0.45, 0.75), radius=(0.25, 0.6),
-                            asymmetry=(0.05, 0.12), irregularity=(0.04, 0.12), edge=(0.04, 0.1))
+    shape, colour = _lesion(
+        rng,
+        X,
+        Y,
+        n,
+        colour,
+        PEARL,
+        opacity=(0.45, 0.75),
+        radius=(0.25, 0.6),
+        asymmetry=(0.05, 0.12),
+        irregularity=(0.04, 0.12),
+        edge=(0.04, 0.1),
+    )
     inside = shape.rho < 0.95
     if rng.random() < 0.85:  # arborizing vessels: sharp, branching, red
-        trees = _vessel_tree(rng, n, inside, rng.integers(1, 5), rng.uniform(0.03, 0.05), rng.integers(12, 28),
-                             0.15, 0.09)
+        trees = _vessel_tree(
+            rng, n, inside, rng.integers(1, 5), rng.uniform(0.03, 0.05), rng.integers(12, 28), 0.15, 0.09
+        )
         colour = _blend(colour, trees * rng.uniform(0.7, 1.0), VESSEL)
     if rng.random() < 0.5:  # blue-grey ovoid nests and globules
-        colour = _dots(rng, colour, shape.rho < 0.8, rng.integers(1, 7), rng.uniform(0.04, 0.09),
-                       rng.uniform(0.5, 0.85), BLUE_GREY)
+        colour = _dots(
+            rng, colour, shape.rho < 0.8, rng.integers(1, 7), rng.uniform(0.04, 0.09), rng.uniform(0.5, 0.85), BLUE_GREY
+        )
     if rng.random() < 0.3:  # ulceration
         colour = _dots(rng, colour, shape.rho < 0.6, 1, rng.uniform(0.05, 0.12), 0.9, (0.45, 0.16, 0.12))
     if rng.random() < 0.3:  # shiny white lines
@@ -312,8 +363,19 @@ def _basal_cell_carcinoma(rng, X, Y, n, colour):
 
 
 def _actinic_keratosis(rng, X, Y, n, colour):
-    shape, colour = _lesion(rng, X, Y, n, colour, ERYTHEMA, opacity=(0.35, 0.7), radius=(0.35, 0.75),
-                            asymmetry=(0.05, 0.15), irregularity=(0.05, 0.15), edge=(0.1, 0.25))
+    shape, colour = _lesion(
+        rng,
+        X,
+        Y,
+        n,
+        colour,
+        ERYTHEMA,
+        opacity=(0.35, 0.7),
+        radius=(0.35, 0.75),
+        asymmetry=(0.05, 0.15),
+        irregularity=(0.05, 0.15),
+        edge=(0.1, 0.25),
+    )
     w = shape.weight
     if rng.random() < 0.6:  # strawberry pattern: red pseudo-network around pale follicular openings
         spacing = rng.uniform(0.09, 0.14)
@@ -324,8 +386,9 @@ def _actinic_keratosis(rng, X, Y, n, colour):
         scale = w * _patches(rng, n, rng.uniform(0.15, 0.4)) * np.clip(0.7 + 0.5 * _smooth_field(rng, 40, n), 0, 1)
         colour = _blend(colour, scale * rng.uniform(0.5, 0.9), WHITE)
     if rng.random() < 0.3:  # fine wavy vessels
-        colour = _blend(colour, _vessel_tree(rng, n, shape.rho < 0.9, rng.integers(2, 5), 0.02, 10, 0.5, 0.0) * 0.8,
-                        VESSEL)
+        colour = _blend(
+            colour, _vessel_tree(rng, n, shape.rho < 0.9, rng.integers(2, 5), 0.02, 10, 0.5, 0.0) * 0.8, VESSEL
+        )
     if rng.random() < 0.3:  # dotted vessels
         colour = _dots(rng, colour, shape.rho < 0.9, rng.integers(5, 20), rng.uniform(0.012, 0.02), 0.8, VESSEL)
     if rng.random() < 0.2:  # pigmented AK
@@ -335,15 +398,33 @@ def _actinic_keratosis(rng, X, Y, n, colour):
 
 def _benign_keratosis(rng, X, Y, n, colour):
     hue = _mix(TAN, DARK_BROWN, rng.uniform(0, 0.7))  # waxy tan to brown
-    shape, colour = _lesion(rng, X, Y, n, colour, hue, opacity=(0.8, 0.95), radius=(0.3, 0.7),
-                            asymmetry=(0.03, 0.1), irregularity=(0.04, 0.14), edge=(0.015, 0.04))
+    shape, colour = _lesion(
+        rng,
+        X,
+        Y,
+        n,
+        colour,
+        hue,
+        opacity=(0.8, 0.95),
+        radius=(0.3, 0.7),
+        asymmetry=(0.03, 0.1),
+        irregularity=(0.04, 0.14),
+        edge=(0.015, 0.04),
+    )
     w = shape.weight
     inside = shape.rho < 0.9
     if rng.random() < 0.6:  # milia-like cysts
         colour = _dots(rng, colour, inside, rng.integers(3, 16), rng.uniform(0.015, 0.03), rng.uniform(0.6, 0.9), WHITE)
     if rng.random() < 0.6:  # comedo-like openings
-        colour = _dots(rng, colour, inside, rng.integers(3, 16), rng.uniform(0.015, 0.035), rng.uniform(0.6, 0.9),
-                       _mix(DARK_BROWN, BLACK, 0.7))
+        colour = _dots(
+            rng,
+            colour,
+            inside,
+            rng.integers(3, 16),
+            rng.uniform(0.015, 0.035),
+            rng.uniform(0.6, 0.9),
+            _mix(DARK_BROWN, BLACK, 0.7),
+        )
     if rng.random() < 0.5:  # fissures and ridges (cerebriform)
         wave = _stripes(rng, shape, n, rng.uniform(0.08, 0.14), 4.0)
         colour = _blend(colour, w * _sigmoid((0.3 - np.abs(wave)) / 0.1) * rng.uniform(0.4, 0.7), DARK_BROWN)
@@ -359,8 +440,19 @@ def _benign_keratosis(rng, X, Y, n, colour):
 
 def _dermatofibroma(rng, X, Y, n, colour):
     hue = _mix(LIGHT_BROWN, PINK, rng.uniform(0, 0.6))
-    shape, colour = _lesion(rng, X, Y, n, colour, hue, opacity=(0.4, 0.65), radius=(0.18, 0.4),
-                            asymmetry=(0.02, 0.05), irregularity=(0.02, 0.06), edge=(0.05, 0.1))
+    shape, colour = _lesion(
+        rng,
+        X,
+        Y,
+        n,
+        colour,
+        hue,
+        opacity=(0.4, 0.65),
+        radius=(0.18, 0.4),
+        asymmetry=(0.02, 0.05),
+        irregularity=(0.02, 0.06),
+        edge=(0.05, 0.1),
+    )
     w = shape.weight
     if rng.random() < 0.85:  # delicate peripheral network
         ring = np.clip((shape.rho - 0.35) / 0.25, 0, 1)
@@ -373,8 +465,19 @@ def _dermatofibroma(rng, X, Y, n, colour):
 
 
 def _vascular(rng, X, Y, n, colour):
-    shape, colour = _lesion(rng, X, Y, n, colour, (0.88, 0.55, 0.58), opacity=(0.5, 0.8), radius=(0.15, 0.45),
-                            asymmetry=(0.03, 0.08), irregularity=(0.03, 0.1), edge=(0.02, 0.045))
+    shape, colour = _lesion(
+        rng,
+        X,
+        Y,
+        n,
+        colour,
+        (0.88, 0.55, 0.58),
+        opacity=(0.5, 0.8),
+        radius=(0.15, 0.45),
+        asymmetry=(0.03, 0.08),
+        irregularity=(0.03, 0.1),
+        edge=(0.02, 0.045),
+    )
     t = rng.uniform()  # red, purple, or dark (thrombosed)
     lacuna = _mix(LACUNA_RED, LACUNA_PURPLE, 2 * t) if t < 0.5 else _mix(LACUNA_PURPLE, LACUNA_DARK, 2 * t - 1)
     rows, cols = _pick(rng, shape.rho < 0.75, rng.integers(3, 15))
@@ -383,28 +486,55 @@ def _vascular(rng, X, Y, n, colour):
 
 
 def _squamous_cell_carcinoma(rng, X, Y, n, colour):
-    shape, colour = _lesion(rng, X, Y, n, colour, PINK, opacity=(0.5, 0.8), radius=(0.28, 0.6),
-                            asymmetry=(0.05, 0.15), irregularity=(0.06, 0.16), edge=(0.04, 0.1))
+    shape, colour = _lesion(
+        rng,
+        X,
+        Y,
+        n,
+        colour,
+        PINK,
+        opacity=(0.5, 0.8),
+        radius=(0.28, 0.6),
+        asymmetry=(0.05, 0.15),
+        irregularity=(0.06, 0.16),
+        edge=(0.04, 0.1),
+    )
     if rng.random() < 0.8:  # central keratin mass, rough
         mass = _sigmoid((rng.uniform(0.3, 0.7) - shape.rho * (1 + 0.3 * _smooth_field(rng, 8, n))) / 0.08)
         rough = np.clip(0.75 + 0.35 * _smooth_field(rng, 40, n), 0, 1)
         colour = _blend(colour, mass * rough * rng.uniform(0.6, 0.95), KERATIN)
     if rng.random() < 0.75:  # glomerular / dotted vessels, clustered
-        colour = _dots(rng, colour, (shape.rho > 0.35) & (shape.rho < 1.0), rng.integers(10, 40),
-                       rng.uniform(0.012, 0.022), rng.uniform(0.7, 0.95), VESSEL)
+        colour = _dots(
+            rng,
+            colour,
+            (shape.rho > 0.35) & (shape.rho < 1.0),
+            rng.integers(10, 40),
+            rng.uniform(0.012, 0.022),
+            rng.uniform(0.7, 0.95),
+            VESSEL,
+        )
     if rng.random() < 0.4:  # blood spots
         colour = _dots(rng, colour, shape.rho < 0.8, rng.integers(1, 5), rng.uniform(0.03, 0.06), 0.9, BLOOD)
     if rng.random() < 0.3:  # keratin-filled follicular openings (AK-like)
         rows, cols = _lattice(rng, shape.rho < 0.9, rng.uniform(0.09, 0.14), 0.3)
         colour = _blend(colour, _spots(n, rows, cols, rng.uniform(0.018, 0.03)) * 0.7, KERATIN)
     if rng.random() < 0.3:  # hairpin vessels
-        colour = _blend(colour, _vessel_tree(rng, n, shape.rho < 0.9, rng.integers(2, 6), 0.02, 6, 0.7, 0.0) * 0.8,
-                        VESSEL)
+        colour = _blend(
+            colour, _vessel_tree(rng, n, shape.rho < 0.9, rng.integers(2, 6), 0.02, 6, 0.7, 0.0) * 0.8, VESSEL
+        )
     return colour, shape.weight
 
 
-SKIN_LESIONS = dict(MEL=_melanoma, NV=_nevus, BCC=_basal_cell_carcinoma, AK=_actinic_keratosis,
-                    BKL=_benign_keratosis, DF=_dermatofibroma, VASC=_vascular, SCC=_squamous_cell_carcinoma)
+SKIN_LESIONS = dict(
+    MEL=_melanoma,
+    NV=_nevus,
+    BCC=_basal_cell_carcinoma,
+    AK=_actinic_keratosis,
+    BKL=_benign_keratosis,
+    DF=_dermatofibroma,
+    VASC=_vascular,
+    SCC=_squamous_cell_carcinoma,
+)
 
 
 def render_skin(label: int, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -425,8 +555,17 @@ def render_skin(label: int, rng: np.random.Generator, n: int) -> np.ndarray:
     if rng.random() < 0.45:
         segments = []
         for _ in range(rng.integers(1, 9)):
-            _grow(rng, segments, rng.uniform(-1.1, 1.1), rng.uniform(-1.1, 1.1), rng.uniform(0, 2 * np.pi),
-                  rng.uniform(0.02, 0.035), rng.integers(30, 90), 0.03, 0.0)
+            _grow(
+                rng,
+                segments,
+                rng.uniform(-1.1, 1.1),
+                rng.uniform(-1.1, 1.1),
+                rng.uniform(0, 2 * np.pi),
+                rng.uniform(0.02, 0.035),
+                rng.integers(30, 90),
+                0.03,
+                0.0,
+            )
         colour = _blend(colour, _lines(segments, n) * rng.uniform(0.7, 1.0), _mix(DARK_BROWN, BLACK, rng.uniform()))
     # gel bubbles: bright rims
     if rng.random() < 0.15:
@@ -501,8 +640,18 @@ class _Head:
             u, v = self.at(theta, self.csf_gap)
             x, y = self.to_image(u, v)
             inward = math.atan2(y - self.cy, x - self.cx) + np.pi
-            _grow(rng, segments, x, y, inward + rng.normal(0, 0.3), width,
-                  int(rng.uniform(0.05, 0.13) * (1 + 0.5 * self.age) / 0.015), 0.35, 0.08, step=0.015)
+            _grow(
+                rng,
+                segments,
+                x,
+                y,
+                inward + rng.normal(0, 0.3),
+                width,
+                int(rng.uniform(0.05, 0.13) * (1 + 0.5 * self.age) / 0.015),
+                0.35,
+                0.08,
+                step=0.015,
+            )
         return segments
 
     def render(self) -> tuple[np.ndarray, dict]:
@@ -511,7 +660,7 @@ class _Head:
         outer = self.outer_radius(self.theta) - np.hypot(self.u, self.v)  # depth below the scalp surface
         image = np.where(outer > 0, SCALP, AIR).astype(np.float32) * _sigmoid(outer / 0.004)
         bone = _sigmoid((outer - self.scalp) / 0.004) * _sigmoid(-self.depth / 0.004)
-        diploe = np.exp(-((outer - self.scalp - self.skull / 2) / (self.skull / 3)) ** 2)  # spongy middle layer
+        diploe = np.exp(-(((outer - self.scalp - self.skull / 2) / (self.skull / 3)) ** 2))  # spongy middle layer
         image = _blend(image, bone, BONE - 0.12 * diploe)
         brain = _sigmoid(self.depth / 0.003)
         cortex = _sigmoid((0.045 + 0.01 * _smooth_field(rng, 12, n) - (self.depth - self.csf_gap)) / 0.012)
@@ -524,25 +673,44 @@ class _Head:
         fissure = []
         for end, stop in ((-np.pi / 2, -0.3 + 0.25 * level), (np.pi / 2, 0.35 - 0.25 * level)):
             u, v = self.at(end, 0.0)
-            _grow(rng, fissure, *self.to_image(self.shift, v), (1 if end < 0 else -1) * np.pi / 2 + self.angle,
-                  0.02 + 0.01 * age, max(int(abs(v - stop) / 0.02), 1), 0.02, 0.0)
+            _grow(
+                rng,
+                fissure,
+                *self.to_image(self.shift, v),
+                (1 if end < 0 else -1) * np.pi / 2 + self.angle,
+                0.02 + 0.01 * age,
+                max(int(abs(v - stop) / 0.02), 1),
+                0.02,
+                0.0,
+            )
         if 0.25 < level < 0.55:
             for side in (0.0, np.pi):
                 theta = side + (0.3 if side else -0.3) + rng.normal(0, 0.1)
                 u, v = self.at(theta, self.csf_gap)
                 x, y = self.to_image(u, v)
-                _grow(rng, fissure, x, y, math.atan2(y - self.cy, x - self.cx) + np.pi, 0.025 + 0.015 * age,
-                      int(rng.uniform(0.18, 0.28) / 0.02), 0.15, 0.1)
+                _grow(
+                    rng,
+                    fissure,
+                    x,
+                    y,
+                    math.atan2(y - self.cy, x - self.cx) + np.pi,
+                    0.025 + 0.015 * age,
+                    int(rng.uniform(0.18, 0.28) / 0.02),
+                    0.15,
+                    0.1,
+                )
         masks["fissures"] = fissure
         # ventricles, third ventricle, basal cisterns: CSF, centred on the (possibly shifted) midline
         m = self.shift
         ventricles = np.zeros((n, n), np.float32)
         if 0.3 < level < 0.75:
-            width = (0.6 + 0.9 * age) * math.exp(-((level - 0.5) / 0.17) ** 2) * rng.uniform(0.8, 1.2)
+            width = (0.6 + 0.9 * age) * math.exp(-(((level - 0.5) / 0.17) ** 2)) * rng.uniform(0.8, 1.2)
             for side in (-1.0, 1.0):
-                horns = [self.ellipse(m + side * 0.07, -0.17, 0.035 * width + 0.008, 0.11, side * 0.35),
-                         self.ellipse(m + side * 0.1, 0.06, 0.04 * width + 0.008, 0.13, -side * 0.15),
-                         self.ellipse(m + side * 0.13, 0.24, 0.035 * width + 0.006, 0.08, -side * 0.4)]
+                horns = [
+                    self.ellipse(m + side * 0.07, -0.17, 0.035 * width + 0.008, 0.11, side * 0.35),
+                    self.ellipse(m + side * 0.1, 0.06, 0.04 * width + 0.008, 0.13, -side * 0.15),
+                    self.ellipse(m + side * 0.13, 0.24, 0.035 * width + 0.006, 0.08, -side * 0.4),
+                ]
                 ventricles = np.maximum(ventricles, np.maximum.reduce(horns))
         if 0.25 < level < 0.45:
             ventricles = np.maximum(ventricles, self.ellipse(m, 0.0, 0.012 * (1 + age), 0.07))
@@ -550,7 +718,7 @@ class _Head:
         if level < 0.32:
             du, dv = self.u - m, self.v + 0.08
             star = _sigmoid((0.05 + 0.03 * np.cos(5 * np.arctan2(dv, du)) - np.hypot(du, dv)) / 0.008)
-            ring = np.exp(-((np.hypot(self.u - m, self.v - 0.06) - 0.11) / 0.015) ** 2) * (self.v > 0.0)
+            ring = np.exp(-(((np.hypot(self.u - m, self.v - 0.06) - 0.11) / 0.015) ** 2)) * (self.v > 0.0)
             cisterns = np.maximum(star, ring * (0.7 + 0.5 * age)).clip(0, 1)
             ventricles = np.maximum(ventricles, self.ellipse(m, 0.33, 0.03, 0.02))  # fourth ventricle
         if 0.3 < level < 0.55:  # basal ganglia and thalami, a little brighter
@@ -559,11 +727,21 @@ class _Head:
         masks.update(ventricles=ventricles * brain, cisterns=cisterns * brain)
         return image, masks
 
-    def finish(self, image: np.ndarray, masks: dict, sulcal_blood: list | None = None,
-               blood_value: float = 0.8) -> np.ndarray:
+    def finish(
+        self, image: np.ndarray, masks: dict, sulcal_blood: list | None = None, blood_value: float = 0.8
+    ) -> np.ndarray:
         """Draw CSF spaces (and blood in some sulci), then return the slice."""
-        csf = np.maximum.reduce([_lines(masks["sulci"], self.n) * 0.7, _lines(masks["fissures"], self.n) * 0.7,
-                                 masks["ventricles"], masks["cisterns"]]) * masks["brain"]
+        csf = (
+            np.maximum.reduce(
+                [
+                    _lines(masks["sulci"], self.n) * 0.7,
+                    _lines(masks["fissures"], self.n) * 0.7,
+                    masks["ventricles"],
+                    masks["cisterns"],
+                ]
+            )
+            * masks["brain"]
+        )
         image = _blend(image, csf, CSF)
         if sulcal_blood:
             image = _blend(image, _lines(sulcal_blood, self.n) * masks["brain"], blood_value)
@@ -601,8 +779,9 @@ def _subdural(rng, head: _Head):
     image, masks = head.render()
     image = head.finish(image, masks)
     if rng.random() < 0.1:  # along the falx
-        band = head.ellipse(head.shift, rng.uniform(-0.3, 0.3), thickness / 2 + 0.01, rng.uniform(0.15, 0.35),
-                            edge=0.15)
+        band = head.ellipse(
+            head.shift, rng.uniform(-0.3, 0.3), thickness / 2 + 0.01, rng.uniform(0.15, 0.35), edge=0.15
+        )
         return _blend(image, band * masks["brain"], value)
     profile = thickness * np.clip(1 - (_angle_offset(head.theta, theta0) / half) ** 2, 0, 1) ** 0.3
     crescent = _sigmoid((profile - head.depth) / 0.005) * _sigmoid(head.depth / 0.003)
@@ -673,8 +852,12 @@ def render_ct(label: int, rng: np.random.Generator, n: int) -> np.ndarray:
     if name == "subarachnoid":
         image = _subarachnoid(rng, head, pattern)
     else:
-        image = dict(epidural=_epidural, intraparenchymal=_intraparenchymal, intraventricular=_intraventricular,
-                     subdural=_subdural)[name](rng, head)
+        image = dict(
+            epidural=_epidural,
+            intraparenchymal=_intraparenchymal,
+            intraventricular=_intraventricular,
+            subdural=_subdural,
+        )[name](rng, head)
     # window level and width vary by site and scan
     return (image - 0.45) * rng.uniform(0.85, 1.2) + 0.45 + rng.uniform(-0.05, 0.05)
 

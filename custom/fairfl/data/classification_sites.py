@@ -70,14 +70,34 @@ ICH_CLASSES = ("epidural", "intraparenchymal", "intraventricular", "subarachnoid
 
 SETTINGS = {
     # ISIC 2019 training set: 4522 MEL, 12875 NV, 3323 BCC, 867 AK, 2624 BKL, 239 DF, 253 VASC, 628 SCC
-    "skin": Setting("skin", "ISIC 2019 dermoscopy", SKIN_CLASSES,
-                    ("melanoma", "melanocytic nevus", "basal cell carcinoma", "actinic keratosis",
-                     "benign keratosis", "dermatofibroma", "vascular lesion", "squamous cell carcinoma"),
-                    (0.17, 0.46, 0.13, 0.05, 0.10, 0.03, 0.03, 0.03), 3, 2000),
+    "skin": Setting(
+        "skin",
+        "ISIC 2019 dermoscopy",
+        SKIN_CLASSES,
+        (
+            "melanoma",
+            "melanocytic nevus",
+            "basal cell carcinoma",
+            "actinic keratosis",
+            "benign keratosis",
+            "dermatofibroma",
+            "vascular lesion",
+            "squamous cell carcinoma",
+        ),
+        (0.17, 0.46, 0.13, 0.05, 0.10, 0.03, 0.03, 0.03),
+        3,
+        2000,
+    ),
     # FFL4MIA's ICH selection (train + test): 548, 5127, 3247, 5364, 10714 slices
-    "ich": Setting("ich", "RSNA intracranial hemorrhage CT (single-type slices)", ICH_CLASSES,
-                   ("epidural", "intraparenchymal", "intraventricular", "subarachnoid", "subdural"),
-                   (0.04, 0.20, 0.13, 0.21, 0.42), 1, 1600),
+    "ich": Setting(
+        "ich",
+        "RSNA intracranial hemorrhage CT (single-type slices)",
+        ICH_CLASSES,
+        ("epidural", "intraparenchymal", "intraventricular", "subarachnoid", "subdural"),
+        (0.04, 0.20, 0.13, 0.21, 0.42),
+        1,
+        1600,
+    ),
 }
 
 
@@ -85,8 +105,14 @@ SETTINGS = {
 # splitting a labelled pool over sites and splits (shared with the converters)
 
 
-def split_by_dirichlet(labels: Sequence[int], num_sites: int, alpha: float, rng: np.random.Generator,
-                       min_per_site: int = 1, max_tries: int = 1000) -> list[np.ndarray]:
+def split_by_dirichlet(
+    labels: Sequence[int],
+    num_sites: int,
+    alpha: float,
+    rng: np.random.Generator,
+    min_per_site: int = 1,
+    max_tries: int = 1000,
+) -> list[np.ndarray]:
     """Indices of `labels` per site: for every class, site shares drawn from Dirichlet(alpha, ..., alpha)
     and the class's (shuffled) samples cut in those proportions (Hsu et al. 2019; Li et al.'s NIID-Bench).
 
@@ -107,8 +133,10 @@ def split_by_dirichlet(labels: Sequence[int], num_sites: int, alpha: float, rng:
                 site.extend(part.tolist())
         if min(len(site) for site in sites) >= min_per_site:
             return [np.sort(np.asarray(site, dtype=int)) for site in sites]
-    raise ValueError(f"no Dirichlet({alpha}) split of {len(labels)} samples gave each of {num_sites} sites "
-                     f"{min_per_site} in {max_tries} tries: lower min_per_site or raise alpha")
+    raise ValueError(
+        f"no Dirichlet({alpha}) split of {len(labels)} samples gave each of {num_sites} sites "
+        f"{min_per_site} in {max_tries} tries: lower min_per_site or raise alpha"
+    )
 
 
 def split_by_counts(labels: Sequence[int], counts, rng: np.random.Generator) -> list[np.ndarray]:
@@ -140,10 +168,19 @@ def stratified_sample(labels: Sequence[int], fraction: float, rng: np.random.Gen
     return np.sort(order[np.floor(rng.uniform(0, step) + step * np.arange(k)).astype(int)])
 
 
-def plan_sites(labels: Sequence[int], num_sites: int, rng: np.random.Generator, alpha: float = 1.0,
-               num_corrupted: int = 0, site_of: Sequence[int] | None = None, test_set: str = "shared",
-               test_fraction: float = 0.2, validation_fraction: float = 0.15, min_per_site: int = 3,
-               groups: Sequence[str] | None = None) -> list[dict[str, np.ndarray]]:
+def plan_sites(
+    labels: Sequence[int],
+    num_sites: int,
+    rng: np.random.Generator,
+    alpha: float = 1.0,
+    num_corrupted: int = 0,
+    site_of: Sequence[int] | None = None,
+    test_set: str = "shared",
+    test_fraction: float = 0.2,
+    validation_fraction: float = 0.15,
+    min_per_site: int = 3,
+    groups: Sequence[str] | None = None,
+) -> list[dict[str, np.ndarray]]:
     """Indices of `labels` per site and split: `[{"training", "validation", "testing"}, ...]`.
 
     Sites come from `site_of` (a site index per sample, -1 to leave a sample out) or else from a
@@ -194,8 +231,12 @@ def plan_sites(labels: Sequence[int], num_sites: int, rng: np.random.Generator, 
             raise ValueError(f"site {k + 1} has {len(mine)} unit(s) for training and validation; 2 at least")
         validation = mine[stratified_sample(unit_labels[mine], validation_fraction, rng)]
         training = np.setdiff1d(mine, validation)
-        plan.append({split: np.sort(np.concatenate([members[u] for u in part] or [np.zeros(0, int)]))
-                     for split, part in zip(SPLITS, (training, validation, test))})
+        plan.append(
+            {
+                split: np.sort(np.concatenate([members[u] for u in part] or [np.zeros(0, int)]))
+                for split, part in zip(SPLITS, (training, validation, test))
+            }
+        )
     return plan
 
 
@@ -217,10 +258,18 @@ def _dirichlet_sites(units, unit_labels, num_sites, num_corrupted, alpha, rng, m
     return sites
 
 
-def write_classification_sites(root: Path, plan: Sequence[dict], ids: Sequence[str], labels: Sequence[int],
-                               image_of: Callable[[int], np.ndarray | Path], site_names: Sequence[str],
-                               num_classes: int, num_corrupted: int = 0, corruption: Corruption | None = None,
-                               seed: int = 0) -> dict:
+def write_classification_sites(
+    root: Path,
+    plan: Sequence[dict],
+    ids: Sequence[str],
+    labels: Sequence[int],
+    image_of: Callable[[int], np.ndarray | Path],
+    site_names: Sequence[str],
+    num_classes: int,
+    num_corrupted: int = 0,
+    corruption: Corruption | None = None,
+    seed: int = 0,
+) -> dict:
     """Write the images and datalists of `plan` (from `plan_sites`) under `root`; return per-site facts.
 
     `image_of(i)` gives sample i as a uint8/uint16 array [H, W] or [H, W, C] (written as PNG) or as a file
@@ -255,22 +304,31 @@ def write_classification_sites(root: Path, plan: Sequence[dict], ids: Sequence[s
         written[(folder, i)] = relative
         return relative
 
-    corrupted_sites = list(site_names[len(site_names) - num_corrupted:]) if num_corrupted else []
+    corrupted_sites = list(site_names[len(site_names) - num_corrupted :]) if num_corrupted else []
     sites = {}
     for site, parts in zip(site_names, plan):
         corrupt = site in corrupted_sites
-        splits = {split: [{"image": write(int(i), site, corrupt and split != "testing"), "label": int(labels[i])}
-                          for i in parts[split]] for split in ("training", "validation")}
-        splits["testing"] = [{"image": write(int(i), "test/clean", False), "label": int(labels[i])}
-                             for i in parts["testing"]]
+        splits = {
+            split: [
+                {"image": write(int(i), site, corrupt and split != "testing"), "label": int(labels[i])}
+                for i in parts[split]
+            ]
+            for split in ("training", "validation")
+        }
+        splits["testing"] = [
+            {"image": write(int(i), "test/clean", False), "label": int(labels[i])} for i in parts["testing"]
+        ]
         path = write_datalist(root / f"{site}.json", splits)
         if corruption is not None:
             datalist = json.loads(path.read_text())
-            datalist[CORRUPTED_SPLIT] = [{"image": write(int(i), f"test/{corruption.kind}", True),
-                                          "label": int(labels[i])} for i in parts["testing"]]
+            datalist[CORRUPTED_SPLIT] = [
+                {"image": write(int(i), f"test/{corruption.kind}", True), "label": int(labels[i])}
+                for i in parts["testing"]
+            ]
             path.write_text(json.dumps(datalist, indent=1) + "\n")
-        sites[site] = dict(corrupted=corrupt,
-                           class_counts={split: class_counts(labels[parts[split]], num_classes) for split in SPLITS})
+        sites[site] = dict(
+            corrupted=corrupt, class_counts={split: class_counts(labels[parts[split]], num_classes) for split in SPLITS}
+        )
     return sites
 
 
@@ -328,9 +386,18 @@ def convert_pool(
     num_corrupted = round(corrupted_fraction * len(site_list))
     quality = Corruption(corruption, severity) if num_corrupted else None
     try:
-        plan = plan_sites(labels, len(site_list), np.random.default_rng([seed, 1000]), alpha=alpha,
-                          num_corrupted=num_corrupted, site_of=site_of, test_set=test_set, test_fraction=test_fraction,
-                          validation_fraction=validation_fraction, groups=groups)
+        plan = plan_sites(
+            labels,
+            len(site_list),
+            np.random.default_rng([seed, 1000]),
+            alpha=alpha,
+            num_corrupted=num_corrupted,
+            site_of=site_of,
+            test_set=test_set,
+            test_fraction=test_fraction,
+            validation_fraction=validation_fraction,
+            groups=groups,
+        )
     except ValueError as err:
         raise DataError("-", src, f"cannot split {len(labels)} images over the sites: {err}") from err
 
@@ -340,20 +407,30 @@ def convert_pool(
     dst.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
     try:
-        sites = write_classification_sites(staging, plan, ids, labels, image_of, site_list, len(description["classes"]),
-                                           num_corrupted, quality, seed)
-        corrupted_sites = site_list[len(site_list) - num_corrupted:] if num_corrupted else []
+        sites = write_classification_sites(
+            staging, plan, ids, labels, image_of, site_list, len(description["classes"]), num_corrupted, quality, seed
+        )
+        corrupted_sites = site_list[len(site_list) - num_corrupted :] if num_corrupted else []
         for site, source in zip(site_list, origin):
             sites[site] = dict(source=source, **sites[site])
         description = dict(
-            description, source=str(src.resolve()), task="classification", num_classes=len(description["classes"]),
-            image_size=image_size, seed=seed,
-            split=dict(method="source" if sources is not None else "dirichlet",
-                       alpha=None if sources is not None else alpha, test_set=test_set, test_fraction=test_fraction,
-                       validation_fraction=validation_fraction,
-                       grouping="by group (no group in two sites or splits)" if groups is not None else "by image"),
+            description,
+            source=str(src.resolve()),
+            task="classification",
+            num_classes=len(description["classes"]),
+            image_size=image_size,
+            seed=seed,
+            split=dict(
+                method="source" if sources is not None else "dirichlet",
+                alpha=None if sources is not None else alpha,
+                test_set=test_set,
+                test_fraction=test_fraction,
+                validation_fraction=validation_fraction,
+                grouping="by group (no group in two sites or splits)" if groups is not None else "by image",
+            ),
             **quality_description(quality, corrupted_sites, image_size, test_set),
-            sites=sites)
+            sites=sites,
+        )
         (staging / "dataset.json").write_text(json.dumps(description, indent=1) + "\n")
         (staging / "sites.json").write_text(json.dumps(dict(zip(site_list, origin)), indent=1) + "\n")
         if dst.exists():
@@ -410,21 +487,28 @@ def read_csv(path: Path, required: Sequence[str], site: str = "-") -> list[dict[
     return rows
 
 
-def quality_description(corruption: Corruption | None, corrupted_sites: list[str], image_size: int | None,
-                        test_set: str) -> dict:
+def quality_description(
+    corruption: Corruption | None, corrupted_sites: list[str], image_size: int | None, test_set: str
+) -> dict:
     """The dataset.json fields that say which sites are corrupted, how, and which splits to evaluate."""
     return dict(
-        corruption=None if corruption is None else dict(
-            corruption.parameters(image_size or 224), sites=corrupted_sites,
-            applied_to="training and validation images of these sites, and every test image in testing_corrupted"),
+        corruption=None
+        if corruption is None
+        else dict(
+            corruption.parameters(image_size or 224),
+            sites=corrupted_sites,
+            applied_to="training and validation images of these sites, and every test image in testing_corrupted",
+        ),
         corrupted_sites=corrupted_sites,
-        test=dict(shared=test_set == "shared", clean="testing",
-                  corrupted=CORRUPTED_SPLIT if corruption is not None else None),
+        test=dict(
+            shared=test_set == "shared", clean="testing", corrupted=CORRUPTED_SPLIT if corruption is not None else None
+        ),
     )
 
 
-def add_extra_test_items(plan: list[dict], labels: np.ndarray, num_classes: int, test_scale: float,
-                         shared: bool) -> np.ndarray:
+def add_extra_test_items(
+    plan: list[dict], labels: np.ndarray, num_classes: int, test_scale: float, shared: bool
+) -> np.ndarray:
     """Enlarge the test sets of `plan` (from `plan_sites`, in place) for `test_scale`: each site's testing gains
     extra_test_count(its size) new samples numbered from len(labels) on (a shared test set once, the same in every
     site), their classes in the proportions of the samples that test set was drawn from (every sample, or the
@@ -449,4 +533,3 @@ def largest_remainder(amounts: np.ndarray) -> np.ndarray:
     short = int(round(amounts.sum())) - floors.sum()
     floors[np.argsort(floors - amounts)[:short]] += 1
     return floors
-

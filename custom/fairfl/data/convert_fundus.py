@@ -85,20 +85,28 @@ def convert_fundus(
     dst.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
     try:
-        summary = {names[source]: _convert_site(src / source, names[source], layout, staging, split, seed)
-                   for source, layout in layouts.items()}
+        summary = {
+            names[source]: _convert_site(src / source, names[source], layout, staging, split, seed)
+            for source, layout in layouts.items()
+        }
         description = dict(
             name="multi-site retinal fundus, optic disc and cup",
             converter="fairfl.data.convert_fundus",
             source=str(src.resolve()),
             labels=LABELS,
             regions=REGIONS,
-            mask_rule=(f"source grey levels {LEVELS[0]} background, {LEVELS[1]} disc rim, {LEVELS[2]} cup, "
-                       "nearest level (colour: channel mean) -> 0, 1, 2"),
+            mask_rule=(
+                f"source grey levels {LEVELS[0]} background, {LEVELS[1]} disc rim, {LEVELS[2]} cup, "
+                "nearest level (colour: channel mean) -> 0, 1, 2"
+            ),
             split=list(split),
             seed=seed,
-            sites={site: dict(source=info["source"], test_set=info["test_set"],
-                              images={s: len(info["images"][s]) for s in SPLITS}) for site, info in summary.items()},
+            sites={
+                site: dict(
+                    source=info["source"], test_set=info["test_set"], images={s: len(info["images"][s]) for s in SPLITS}
+                )
+                for site, info in summary.items()
+            },
         )
         (staging / "dataset.json").write_text(json.dumps(description, indent=1) + "\n")
         (staging / "sites.json").write_text(json.dumps({s: i["source"] for s, i in summary.items()}, indent=1) + "\n")
@@ -158,8 +166,11 @@ def _site_layout(site_dir: Path) -> dict[str, tuple[Path, Path]] | None:
 
 
 def _pictures(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")
-                  and p.name.lower().endswith(PIL_SUFFIXES))
+    return sorted(
+        p
+        for p in folder.iterdir()
+        if p.is_file() and not p.name.startswith(".") and p.name.lower().endswith(PIL_SUFFIXES)
+    )
 
 
 def _by_stem(files: list[Path], site: str) -> dict[str, Path]:
@@ -197,20 +208,31 @@ def _convert_site(site_dir: Path, site: str, layout: dict, dst: Path, split: Seq
             if image_id.lower() in seen:
                 raise DataError(site, image, f"image id {image_id} also in {seen[image_id.lower()]}")
             seen[image_id.lower()] = image
-    entries = {image_id: _convert_pair(image, mask, dst, site, image_id)
-               for found in pairs.values() for image_id, (image, mask) in found.items()}
+    entries = {
+        image_id: _convert_pair(image, mask, dst, site, image_id)
+        for found in pairs.values()
+        for image_id, (image, mask) in found.items()
+    }
 
     split_seed = [seed, zlib.crc32(site_dir.name.encode())]
     if "train" in pairs and "test" in pairs:
         if len(pairs["train"]) < 2 or not pairs["test"]:
-            raise DataError(site, site_dir, f"{len(pairs['train'])} training and {len(pairs['test'])} test image(s); "
-                            "at least 2 and 1 are needed for training, validation and testing")
+            raise DataError(
+                site,
+                site_dir,
+                f"{len(pairs['train'])} training and {len(pairs['test'])} test image(s); "
+                "at least 2 and 1 are needed for training, validation and testing",
+            )
         training, validation = _split_two(list(pairs["train"]), split[0], split[1], split_seed)
         ids = {"training": training, "validation": validation, "testing": sorted(pairs["test"])}
     else:
         if len(entries) < len(SPLITS):
-            raise DataError(site, site_dir, f"{len(entries)} image(s) found; at least {len(SPLITS)} are needed "
-                            "to give training, validation and testing one each")
+            raise DataError(
+                site,
+                site_dir,
+                f"{len(entries)} image(s) found; at least {len(SPLITS)} are needed "
+                "to give training, validation and testing one each",
+            )
         ids = split_cases(list(entries), split, seed=split_seed)
     write_datalist(dst / f"{site}.json", {s: [entries[i] for i in ids[s]] for s in SPLITS})
     return dict(source=site_dir.name, test_set="given" if "test" in pairs and "train" in pairs else "split", images=ids)
@@ -231,8 +253,9 @@ def _convert_pair(image_path: Path, mask_path: Path, dst: Path, site: str, image
     image = _open(image_path, site, "image")
     mask = _open(mask_path, site, "mask")
     if image.size != mask.size:
-        raise DataError(site, mask_path,
-                        f"mask size {mask.size} does not match image {image_path.name} size {image.size}")
+        raise DataError(
+            site, mask_path, f"mask size {mask.size} does not match image {image_path.name} size {image.size}"
+        )
     if mask.mode in ("I", "I;16", "I;16B", "F"):
         raise DataError(site, mask_path, f"mask mode {mask.mode}: expected an 8-bit grey (or colour) mask")
     classes, off = mask_classes(np.asarray(mask.convert("RGB") if mask.mode != "L" else mask))
@@ -249,8 +272,10 @@ def _convert_pair(image_path: Path, mask_path: Path, dst: Path, site: str, image
         raise DataError(site, mask_path, f"{problem}; expected grey 255 background, 128 disc rim, 0 cup")
 
     # RGB files are copied as they are; RGBA, palette and grey ones become RGB PNG (3 input channels).
-    entry = {"image": f"{site}/images/{image_id}{image_path.suffix.lower() if image.mode == 'RGB' else '.png'}",
-             "label": f"{site}/labels/{image_id}.png"}
+    entry = {
+        "image": f"{site}/images/{image_id}{image_path.suffix.lower() if image.mode == 'RGB' else '.png'}",
+        "label": f"{site}/labels/{image_id}.png",
+    }
     for key in entry:
         (dst / entry[key]).parent.mkdir(parents=True, exist_ok=True)
     if image.mode == "RGB":

@@ -37,8 +37,8 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from fairfl.data.datalist import PIL_SUFFIXES
 from fairfl.data.classification_sites import SETTINGS, SKIN_CLASSES, convert_pool, read_csv
+from fairfl.data.datalist import PIL_SUFFIXES
 from fairfl.errors import DataError
 
 IMAGE_FOLDERS = ("ISIC_2019_Training_Input", "ISIC_2019_Training_Input_preprocessed")
@@ -104,16 +104,35 @@ def convert_isic(
         from_dataset = (src / METADATA_FL).is_file()
         sources = [_source(metadata.get(i, {}), from_dataset) for i in ids]
         if not any(sources):
-            raise DataError("-", src / METADATA_FL, "no source sites: needs FLamby's metadata (column 'dataset') "
-                            f"or {METADATA} with lesion_id")
+            raise DataError(
+                "-",
+                src / METADATA_FL,
+                f"no source sites: needs FLamby's metadata (column 'dataset') or {METADATA} with lesion_id",
+            )
         excluded["no source site"] = sum(s is None for s in sources)
     description = dict(
-        name="ISIC 2019 dermoscopy", converter="fairfl.data.convert_isic", classes=list(SKIN_CLASSES),
-        class_names=list(SETTINGS["skin"].class_names), in_channels=3, image_folder=folder.name,
-        excluded=excluded)
-    return convert_pool(src, Path(dst), ids, [labels[i] for i in ids], [images[i] for i in ids], description,
-                        groups=[lesion[i] or f"image:{i}" for i in ids] if any(lesion.values()) else None,
-                        sources=sources, site_names=site_names, mode="RGB", seed=seed, **options)
+        name="ISIC 2019 dermoscopy",
+        converter="fairfl.data.convert_isic",
+        classes=list(SKIN_CLASSES),
+        class_names=list(SETTINGS["skin"].class_names),
+        in_channels=3,
+        image_folder=folder.name,
+        excluded=excluded,
+    )
+    return convert_pool(
+        src,
+        Path(dst),
+        ids,
+        [labels[i] for i in ids],
+        [images[i] for i in ids],
+        description,
+        groups=[lesion[i] or f"image:{i}" for i in ids] if any(lesion.values()) else None,
+        sources=sources,
+        site_names=site_names,
+        mode="RGB",
+        seed=seed,
+        **options,
+    )
 
 
 def _ground_truth(path: Path) -> tuple[dict[str, int], set[str]]:
@@ -132,8 +151,12 @@ def _ground_truth(path: Path) -> tuple[dict[str, int], set[str]]:
         except ValueError as err:
             raise DataError("-", path, f"line {line} ({image}): labels must be 0 or 1 ({err})") from err
         if any(v not in (0.0, 1.0) for v in values) or sum(values) != 1:
-            raise DataError("-", path, f"line {line} ({image}): exactly one of {', '.join(columns)} must be 1, "
-                            f"got {', '.join(row[c] for c in columns)}")
+            raise DataError(
+                "-",
+                path,
+                f"line {line} ({image}): exactly one of {', '.join(columns)} must be 1, "
+                f"got {', '.join(row[c] for c in columns)}",
+            )
         if values[-1] and columns[-1] == UNKNOWN:
             unknown.add(image)
             continue

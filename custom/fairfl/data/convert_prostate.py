@@ -72,8 +72,12 @@ def convert_prostate(
             mask_path = _find_mask(image_path, _subfolder(site_dir, "Mask"), site)
             slices[case] = _convert_case(image_path, mask_path, dst, site, case, axis, keep_empty_slices)
         if len(slices) < len(SPLITS):
-            raise DataError(site, site_dir, f"{len(slices)} case(s) found; at least {len(SPLITS)} are needed "
-                            "to give training, validation and testing one case each")
+            raise DataError(
+                site,
+                site_dir,
+                f"{len(slices)} case(s) found; at least {len(SPLITS)} are needed "
+                "to give training, validation and testing one case each",
+            )
         cases = split_cases(list(slices), split, seed=[seed, zlib.crc32(site_dir.name.encode())])
         write_datalist(dst / f"{site}.json", {s: [e for c in cases[s] for e in slices[c]] for s in SPLITS})
         summary[site] = dict(
@@ -81,7 +85,9 @@ def convert_prostate(
             cases=cases,
             slices={s: sum(len(slices[c]) for c in cases[s]) for s in SPLITS},
         )
-    (dst / "sites.json").write_text(json.dumps({site: info["source"] for site, info in summary.items()}, indent=1) + "\n")
+    (dst / "sites.json").write_text(
+        json.dumps({site: info["source"] for site, info in summary.items()}, indent=1) + "\n"
+    )
     return {"sites": summary}
 
 
@@ -115,15 +121,18 @@ def _find_mask(image_path: Path, mask_dir: Path, site: str) -> Path:
     raise DataError(site, image_path, f"no mask for this image in {mask_dir} (looked for {tried})")
 
 
-def _convert_case(image_path: Path, mask_path: Path, dst: Path, site: str, case: str,
-                  axis: int, keep_empty_slices: bool | int) -> list[dict]:
+def _convert_case(
+    image_path: Path, mask_path: Path, dst: Path, site: str, case: str, axis: int, keep_empty_slices: bool | int
+) -> list[dict]:
     """Write one case's selected slices; return their datalist entries (paths relative to dst)."""
     import nibabel as nib
 
     image_nii, mask_nii = nib.load(image_path), nib.load(mask_path)
     image, mask = _volume(image_nii, image_path, site), _volume(mask_nii, mask_path, site)
     if image.shape != mask.shape:
-        raise DataError(site, mask_path, f"mask shape {mask.shape} does not match image {image_path.name} shape {image.shape}")
+        raise DataError(
+            site, mask_path, f"mask shape {mask.shape} does not match image {image_path.name} shape {image.shape}"
+        )
     axis %= 3
     mask = mask > 0  # releases store 0/1 or 0/255
     keep = _slices_to_keep(mask.any(axis=tuple(a for a in range(3) if a != axis)), keep_empty_slices)
@@ -139,8 +148,10 @@ def _convert_case(image_path: Path, mask_path: Path, dst: Path, site: str, case:
         affine[:, :3] = affine[:, [*in_plane, axis]]
         name = f"{case}_s{k:03d}.nii.gz"
         paths = {"image": f"{site}/images/{name}", "label": f"{site}/labels/{name}"}
-        for key, array in (("image", image.take(k, axis).astype(np.float32)),
-                           ("label", mask.take(k, axis).astype(np.uint8))):
+        for key, array in (
+            ("image", image.take(k, axis).astype(np.float32)),
+            ("label", mask.take(k, axis).astype(np.uint8)),
+        ):
             (dst / paths[key]).parent.mkdir(parents=True, exist_ok=True)
             nib.save(nib.Nifti1Image(array, affine), dst / paths[key])
         entries.append({**paths, "case": case})

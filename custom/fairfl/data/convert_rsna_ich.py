@@ -115,18 +115,38 @@ def convert_rsna_ich(
     if patients is not None:
         missing = [i for i in ids if i not in patients]
         if missing:
-            raise DataError("-", images[missing[0]], f"no patient in the metadata for {missing[0]} "
-                            f"({len(missing)} slice(s) without one)")
+            raise DataError(
+                "-",
+                images[missing[0]],
+                f"no patient in the metadata for {missing[0]} ({len(missing)} slice(s) without one)",
+            )
         groups = [patients[i] for i in ids]
 
     modes = {_mode(images[i]) for i in ids}
     description = dict(
-        name="RSNA intracranial hemorrhage CT, single-subtype slices", converter="fairfl.data.convert_rsna_ich",
-        classes=classes, class_names=classes, in_channels=3 if modes == {"RGB"} else 1, image_folder=folder.name,
-        labels_file=label_path.name, label_rule="the one positive subtype; several subtypes or none: left out"
-        + (" (none kept as class 5)" if include_none else ""), excluded=excluded)
-    return convert_pool(src, Path(dst), ids, [labels[i] for i in ids], [images[i] for i in ids], description,
-                        groups=groups, site_names=site_names, seed=seed, **options)
+        name="RSNA intracranial hemorrhage CT, single-subtype slices",
+        converter="fairfl.data.convert_rsna_ich",
+        classes=classes,
+        class_names=classes,
+        in_channels=3 if modes == {"RGB"} else 1,
+        image_folder=folder.name,
+        labels_file=label_path.name,
+        label_rule="the one positive subtype; several subtypes or none: left out"
+        + (" (none kept as class 5)" if include_none else ""),
+        excluded=excluded,
+    )
+    return convert_pool(
+        src,
+        Path(dst),
+        ids,
+        [labels[i] for i in ids],
+        [images[i] for i in ids],
+        description,
+        groups=groups,
+        site_names=site_names,
+        seed=seed,
+        **options,
+    )
 
 
 def _find(src: Path, given, defaults, kind: str) -> Path | None:
@@ -145,8 +165,12 @@ def _labels(path: Path) -> dict[str, dict[str, int]]:
     for line, row in enumerate(rows, start=2):
         image_id, _, subtype = row["ID"].rpartition("_")
         if not image_id or subtype not in (*SUBTYPES, ANY):
-            raise DataError("-", path, f"line {line}: ID {row['ID']!r} is not ID_<image id>_<subtype> with a subtype "
-                            f"in {', '.join((*SUBTYPES, ANY))}")
+            raise DataError(
+                "-",
+                path,
+                f"line {line}: ID {row['ID']!r} is not ID_<image id>_<subtype> with a subtype "
+                f"in {', '.join((*SUBTYPES, ANY))}",
+            )
         if row["Label"] not in ("0", "1"):
             raise DataError("-", path, f"line {line} ({row['ID']}): label {row['Label']!r} is not 0 or 1")
         seen = labels.setdefault(image_id, {})
@@ -158,8 +182,11 @@ def _labels(path: Path) -> dict[str, dict[str, int]]:
         if missing:
             raise DataError("-", path, f"{image_id}: no row for {', '.join(missing)}")
         if seen[ANY] != max(seen[name] for name in SUBTYPES):
-            raise DataError("-", path, f"{image_id}: 'any' is {seen[ANY]} but the subtypes say "
-                            f"{max(seen[name] for name in SUBTYPES)}")
+            raise DataError(
+                "-",
+                path,
+                f"{image_id}: 'any' is {seen[ANY]} but the subtypes say {max(seen[name] for name in SUBTYPES)}",
+            )
     if not labels:
         raise DataError("-", path, "no label rows")
     return labels
@@ -175,8 +202,12 @@ def _patients(src: Path, given) -> dict[str, str] | None:
     id_column = next((c for c in ID_COLUMNS if c in header), None)
     patient_column = next((c for c in PATIENT_COLUMNS if c in header), None)
     if id_column is None or patient_column is None:
-        raise DataError("-", path, f"needs an image-ID column ({' or '.join(ID_COLUMNS)}) and a patient column "
-                        f"({' or '.join(PATIENT_COLUMNS)})")
+        raise DataError(
+            "-",
+            path,
+            f"needs an image-ID column ({' or '.join(ID_COLUMNS)}) and a patient column "
+            f"({' or '.join(PATIENT_COLUMNS)})",
+        )
     patients = {}
     for line, row in enumerate(rows, start=2):
         image_id = row[id_column] if row[id_column].startswith("ID_") else f"ID_{row[id_column]}"

@@ -49,13 +49,22 @@ class Corruption:
     def parameters(self, image_size: int) -> dict:
         """What is applied to an image of `image_size` pixels, for the dataset description."""
         if self.kind == "noise":
-            return {"kind": "noise", "severity": self.severity, "sigma": NOISE_SIGMA[self.severity - 1],
-                    "scale": "0-1 intensity, per pixel and channel"}
+            return {
+                "kind": "noise",
+                "severity": self.severity,
+                "sigma": NOISE_SIGMA[self.severity - 1],
+                "scale": "0-1 intensity, per pixel and channel",
+            }
         radius, sigma = blur_size(self.severity, image_size)
-        return {"kind": "blur", "severity": self.severity, "radius_px": round(radius, 3), "sigma_px": round(sigma, 3),
-                "angle_deg": list(BLUR_ANGLES),
-                "reference": f"ImageMagick motion blur (radius, sigma) {MOTION_BLUR[self.severity - 1]} "
-                f"at {REFERENCE_SIZE} px, scaled to {image_size} px"}
+        return {
+            "kind": "blur",
+            "severity": self.severity,
+            "radius_px": round(radius, 3),
+            "sigma_px": round(sigma, 3),
+            "angle_deg": list(BLUR_ANGLES),
+            "reference": f"ImageMagick motion blur (radius, sigma) {MOTION_BLUR[self.severity - 1]} "
+            f"at {REFERENCE_SIZE} px, scaled to {image_size} px",
+        }
 
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         if self.kind == "noise":
@@ -84,8 +93,9 @@ def motion_blur(image: np.ndarray, radius: float, sigma: float, angle: float) ->
     unit, restore = _to_unit(image)
     if unit.ndim == 2:
         return restore(ndimage.correlate(unit, kernel, mode="nearest"))
-    return restore(np.stack([ndimage.correlate(unit[..., c], kernel, mode="nearest")
-                             for c in range(unit.shape[-1])], axis=-1))
+    return restore(
+        np.stack([ndimage.correlate(unit[..., c], kernel, mode="nearest") for c in range(unit.shape[-1])], axis=-1)
+    )
 
 
 def motion_kernel(radius: float, sigma: float, angle: float) -> np.ndarray:
@@ -101,8 +111,12 @@ def motion_kernel(radius: float, sigma: float, angle: float) -> np.ndarray:
         x, y = centre + i * dx, centre + i * dy
         x0, y0 = math.floor(x), math.floor(y)
         fx, fy = x - x0, y - y0
-        for (row, col), share in (((y0, x0), (1 - fx) * (1 - fy)), ((y0, x0 + 1), fx * (1 - fy)),
-                                  ((y0 + 1, x0), (1 - fx) * fy), ((y0 + 1, x0 + 1), fx * fy)):
+        for (row, col), share in (
+            ((y0, x0), (1 - fx) * (1 - fy)),
+            ((y0, x0 + 1), fx * (1 - fy)),
+            ((y0 + 1, x0), (1 - fx) * fy),
+            ((y0 + 1, x0 + 1), fx * fy),
+        ):
             if share > 0:
                 kernel[row, col] += weight * share
     return (kernel / kernel.sum()).astype(np.float32)

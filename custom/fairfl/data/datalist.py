@@ -62,8 +62,12 @@ def load_datalist(
     if not datalist_path.is_file():
         raise DataError(site, datalist_path, "datalist not found (expected <data_root>/<site>.json)")
     if not allow_absolute_paths and not _inside(datalist_path, root):
-        raise DataError(site, datalist_path, f"the datalist is a link out of the data root {root}; "
-                                             f"the site allows that only with {ALLOW_ABSOLUTE_PATHS_ENV}=1")
+        raise DataError(
+            site,
+            datalist_path,
+            f"the datalist is a link out of the data root {root}; "
+            f"the site allows that only with {ALLOW_ABSOLUTE_PATHS_ENV}=1",
+        )
     try:
         datalist = json.loads(datalist_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -79,15 +83,24 @@ def load_datalist(
         if not isinstance(entries, list) or not entries:
             raise DataError(site, datalist_path, f"split {split!r} is empty (or not a list)")
         result[split] = [
-            _checked_entry(entry, root, site, datalist_path, f"{split}[{index}]", task, num_classes,
-                           allow_absolute_paths)
+            _checked_entry(
+                entry, root, site, datalist_path, f"{split}[{index}]", task, num_classes, allow_absolute_paths
+            )
             for index, entry in enumerate(entries)
         ]
     return result
 
 
-def _checked_entry(entry, root: Path, site: str, datalist_path: Path, where: str, task: str, num_classes: int,
-                   allow_absolute_paths: bool) -> dict:
+def _checked_entry(
+    entry,
+    root: Path,
+    site: str,
+    datalist_path: Path,
+    where: str,
+    task: str,
+    num_classes: int,
+    allow_absolute_paths: bool,
+) -> dict:
     if not isinstance(entry, dict) or "image" not in entry or "label" not in entry:
         raise DataError(site, datalist_path, f"entry {where} must be an object with 'image' and 'label'")
     image = _existing_file(entry["image"], root, site, datalist_path, where, "image", allow_absolute_paths)
@@ -98,8 +111,10 @@ def _checked_entry(entry, root: Path, site: str, datalist_path: Path, where: str
         # bool is an int subclass, but `true` as a class label is almost surely a mistake.
         if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < num_classes:
             raise DataError(
-                site, image, f"classification label {label!r} (entry {where} of {datalist_path.name}) "
-                f"is not an integer in [0, {num_classes - 1}]"
+                site,
+                image,
+                f"classification label {label!r} (entry {where} of {datalist_path.name}) "
+                f"is not an integer in [0, {num_classes - 1}]",
             )
         return checked
     mask = _existing_file(label, root, site, datalist_path, where, "label", allow_absolute_paths)
@@ -111,16 +126,21 @@ def _checked_entry(entry, root: Path, site: str, datalist_path: Path, where: str
     return checked
 
 
-def _existing_file(value, root: Path, site: str, datalist_path: Path, where: str, kind: str,
-                   allow_absolute_paths: bool) -> Path:
+def _existing_file(
+    value, root: Path, site: str, datalist_path: Path, where: str, kind: str, allow_absolute_paths: bool
+) -> Path:
     if not isinstance(value, str) or not value or "\0" in value:
         raise DataError(site, datalist_path, f"entry {where}: {kind} must be a file path, got {value!r}")
     path = Path(value).expanduser()
     path = path if path.is_absolute() else root / path
     if not allow_absolute_paths and not _inside(path, root):
-        raise DataError(site, path, f"{kind} path {value!r} (entry {where} of {datalist_path.name}) leads outside the "
-                                    f"data root {root} (absolute, '../' or a link out of it); the site allows that "
-                                    f"only with {ALLOW_ABSOLUTE_PATHS_ENV}=1 in its environment")
+        raise DataError(
+            site,
+            path,
+            f"{kind} path {value!r} (entry {where} of {datalist_path.name}) leads outside the "
+            f"data root {root} (absolute, '../' or a link out of it); the site allows that "
+            f"only with {ALLOW_ABSOLUTE_PATHS_ENV}=1 in its environment",
+        )
     if not path.is_file():
         raise DataError(site, path, f"{kind} file not found (entry {where} of {datalist_path.name})")
     # the file checked, not the name: a link swapped in after this check cannot lead the loader elsewhere
@@ -138,8 +158,10 @@ def _check_mask_values(mask: np.ndarray, path: Path, site: str, num_classes: int
     outside = values[(values < 0) | (values > num_classes - 1)]
     if outside.size:
         raise DataError(
-            site, path, f"mask values {outside[:5].tolist()} outside [0, {num_classes - 1}] "
-            "(masks must hold class indices; binarise 0/255 masks)"
+            site,
+            path,
+            f"mask values {outside[:5].tolist()} outside [0, {num_classes - 1}] "
+            "(masks must hold class indices; binarise 0/255 masks)",
         )
 
 
@@ -177,11 +199,19 @@ def spatial_shape(path: Path, site: str, modes: Sequence[str] = IMAGE_MODES) -> 
     except Exception as err:  # unsupported, corrupt or unreadable: say which file
         raise DataError(site, path, f"cannot read image header: {err}") from err
     if len(shape) != 2 or min(shape) < 1:
-        raise DataError(site, path, f"not a 2-D slice: shape {shape} (a volume? fairfl trains on 2-D slices; "
-                                    f"the converters, e.g. fairfl convert-prostate, cut volumes into slices)")
+        raise DataError(
+            site,
+            path,
+            f"not a 2-D slice: shape {shape} (a volume? fairfl trains on 2-D slices; "
+            f"the converters, e.g. fairfl convert-prostate, cut volumes into slices)",
+        )
     if mode is not None and mode not in modes:
-        raise DataError(site, path, f"PIL image mode {mode!r} is not one of {', '.join(modes)} "
-                                    f"(convert it to grey or RGB{'' if 'P' in modes else '; masks: one channel'})")
+        raise DataError(
+            site,
+            path,
+            f"PIL image mode {mode!r} is not one of {', '.join(modes)} "
+            f"(convert it to grey or RGB{'' if 'P' in modes else '; masks: one channel'})",
+        )
     return shape
 
 
@@ -214,12 +244,20 @@ def load_dataset_info(data_root: str | Path, site: str, num_classes: int) -> dic
         raise DataError(site, path, "must be a JSON object")
     regions, corrupted = info.get("regions"), info.get("corrupted_sites") or []
     if regions is not None and not (
-            isinstance(regions, dict) and regions and all(
-                isinstance(classes, list) and classes and all(
-                    isinstance(c, int) and not isinstance(c, bool) and 0 < c < num_classes for c in classes)
-                for classes in regions.values())):
-        raise DataError(site, path, f"'regions' must map names to non-empty lists of classes in "
-                                    f"[1, {num_classes - 1}], got {regions!r}")
+        isinstance(regions, dict)
+        and regions
+        and all(
+            isinstance(classes, list)
+            and classes
+            and all(isinstance(c, int) and not isinstance(c, bool) and 0 < c < num_classes for c in classes)
+            for classes in regions.values()
+        )
+    ):
+        raise DataError(
+            site,
+            path,
+            f"'regions' must map names to non-empty lists of classes in [1, {num_classes - 1}], got {regions!r}",
+        )
     if not isinstance(corrupted, list) or not all(isinstance(s, str) for s in corrupted):
         raise DataError(site, path, f"'corrupted_sites' must be a list of site names, got {corrupted!r}")
     return {**({"regions": regions} if regions is not None else {}), "corrupted_sites": corrupted}

@@ -58,8 +58,9 @@ def isic_like_counts(size_scale: float = 1.0) -> np.ndarray:
     return np.where(table > 0, np.maximum(scaled, 1), 0)
 
 
-def ich_like_counts(num_sites: int = ICH_SITES, size_scale: float = 1.0, rng: np.random.Generator | None = None,
-                    max_tries: int = 1000) -> np.ndarray:
+def ich_like_counts(
+    num_sites: int = ICH_SITES, size_scale: float = 1.0, rng: np.random.Generator | None = None, max_tries: int = 1000
+) -> np.ndarray:
     """[num_sites, 5] images per site and class: each (site, class) removed with probability ICH_REMOVAL,
     then every class's images split over the sites that keep it by Dirichlet(alpha_c). Drawn again until
     every site has two classes and MIN_SITE_IMAGES images and every class is somewhere (ValueError after
@@ -77,24 +78,41 @@ def ich_like_counts(num_sites: int = ICH_SITES, size_scale: float = 1.0, rng: np
                 counts[sites, c] = largest_remainder(rng.dirichlet(np.full(len(sites), alpha)) * total)
         if ((counts > 0).sum(1) >= 2).all() and (counts.sum(1) >= MIN_SITE_IMAGES).all() and counts.sum(0).all():
             return counts
-    raise ValueError(f"no ICH-like split of {totals.sum()} slices over {num_sites} sites gave every site two classes "
-                     f"and {MIN_SITE_IMAGES} slices in {max_tries} tries: raise size_scale")
+    raise ValueError(
+        f"no ICH-like split of {totals.sum()} slices over {num_sites} sites gave every site two classes "
+        f"and {MIN_SITE_IMAGES} slices in {max_tries} tries: raise size_scale"
+    )
 
 
-def _generate(root, setting: str, counts: np.ndarray, image_size: int, seed: int, size_scale: float,
-              benchmark: dict, test_scale: float = 1.0) -> Path:
+def _generate(
+    root,
+    setting: str,
+    counts: np.ndarray,
+    image_size: int,
+    seed: int,
+    size_scale: float,
+    benchmark: dict,
+    test_scale: float = 1.0,
+) -> Path:
     """The generator's natural-split mode on `counts`, site test sets (enlarged by `test_scale`, extra images in
     the site's own class proportions), no corruption; `benchmark` and the real number of sites and size scale
     recorded in dataset.json. `counts` stays the table of the images at test_scale 1."""
     if (counts.sum(1) < MIN_SITE_IMAGES).any():
         raise ValueError(f"size_scale {size_scale} leaves a site fewer than {MIN_SITE_IMAGES} images: raise it")
-    root = generate_classification_sites(root, setting, image_size=image_size, seed=seed, site_class_counts=counts,
-                                         corrupted_fraction=0.0, test_set="site", test_scale=test_scale)
+    root = generate_classification_sites(
+        root,
+        setting,
+        image_size=image_size,
+        seed=seed,
+        site_class_counts=counts,
+        corrupted_fraction=0.0,
+        test_set="site",
+        test_scale=test_scale,
+    )
     path = root / "dataset.json"
     description = json.loads(path.read_text())
     description["name"] = f"fairfl synthetic class-imbalanced multi-site classification, {setting} (FedNPR)"
-    description["parameters"].update(num_sites=len(counts), size_scale=size_scale,
-                                     **recorded_test_scale(test_scale))
+    description["parameters"].update(num_sites=len(counts), size_scale=size_scale, **recorded_test_scale(test_scale))
     description["benchmark"] = dict(benchmark, split_version=SPLIT_VERSION, site_class_counts=counts.tolist())
     path.write_text(json.dumps(description, indent=1) + "\n")
     return root
@@ -102,45 +120,95 @@ def _generate(root, setting: str, counts: np.ndarray, image_size: int, seed: int
 
 def _isic_sites(num_sites: int) -> None:
     if num_sites > len(ISIC_SOURCES):
-        raise ValueError(f"skin_imbalanced has the {len(ISIC_SOURCES)} sources of FedNPR's Table I; "
-                         f"{num_sites} sites asked for")
+        raise ValueError(
+            f"skin_imbalanced has the {len(ISIC_SOURCES)} sources of FedNPR's Table I; {num_sites} sites asked for"
+        )
 
 
-def generate_skin_imbalanced_sites(root, num_sites: int = 6, image_size: int = 64, seed: int = 0,
-                                   size_scale: float = 1.0, test_scale: float = 1.0) -> Path:
+def generate_skin_imbalanced_sites(
+    root, num_sites: int = 6, image_size: int = 64, seed: int = 0, size_scale: float = 1.0, test_scale: float = 1.0
+) -> Path:
     """The ISIC-like natural split (module docstring). Always all six sources: a run with fewer sites uses
     the first ones; more than six is an error."""
     _isic_sites(num_sites)
-    return _generate(root, "skin", isic_like_counts(size_scale), image_size, seed, size_scale,
-                     dict(kind="isic_natural", table="FedNPR Table I", sources=[s for s, _ in ISIC_SOURCES]),
-                     test_scale)
+    return _generate(
+        root,
+        "skin",
+        isic_like_counts(size_scale),
+        image_size,
+        seed,
+        size_scale,
+        dict(kind="isic_natural", table="FedNPR Table I", sources=[s for s, _ in ISIC_SOURCES]),
+        test_scale,
+    )
 
 
-def generate_ich_imbalanced_sites(root, num_sites: int = ICH_SITES, image_size: int = 64, seed: int = 0,
-                                  size_scale: float = 1.0, test_scale: float = 1.0) -> Path:
+def generate_ich_imbalanced_sites(
+    root,
+    num_sites: int = ICH_SITES,
+    image_size: int = 64,
+    seed: int = 0,
+    size_scale: float = 1.0,
+    test_scale: float = 1.0,
+) -> Path:
     """The ICH-like per-class Dirichlet split with removed classes over `num_sites` sites (module docstring)."""
     counts = ich_like_counts(num_sites, size_scale, np.random.default_rng([seed, 2000]))
-    return _generate(root, "ich", counts, image_size, seed, size_scale,
-                     dict(kind="ich_dirichlet", table="FedNPR Table II", alphas=ICH_ALPHAS, removal=ICH_REMOVAL),
-                     test_scale)
+    return _generate(
+        root,
+        "ich",
+        counts,
+        image_size,
+        seed,
+        size_scale,
+        dict(kind="ich_dirichlet", table="FedNPR Table II", alphas=ICH_ALPHAS, removal=ICH_REMOVAL),
+        test_scale,
+    )
 
 
-def ensure_builtin_skin_imbalanced(image_size: int = 64, seed: int = 0, num_sites: int = 6,
-                                   cache_dir: str | Path | None = None, size_scale: float = 1.0,
-                                   test_scale: float = 1.0) -> Path:
+def ensure_builtin_skin_imbalanced(
+    image_size: int = 64,
+    seed: int = 0,
+    num_sites: int = 6,
+    cache_dir: str | Path | None = None,
+    size_scale: float = 1.0,
+    test_scale: float = 1.0,
+) -> Path:
     """Path of the cached `skin_imbalanced` dataset (always six sites), generating it on first use."""
     _isic_sites(num_sites)
-    name = cache_name(f"skin_imbalanced-p{SPLIT_VERSION}", GENERATOR_VERSION, image_size, seed, len(ISIC_SOURCES),
-                      size_scale, test_scale)
-    return ensure_cached(name, lambda folder: generate_skin_imbalanced_sites(
-        folder, image_size=image_size, seed=seed, size_scale=size_scale, test_scale=test_scale), cache_dir)
+    name = cache_name(
+        f"skin_imbalanced-p{SPLIT_VERSION}",
+        GENERATOR_VERSION,
+        image_size,
+        seed,
+        len(ISIC_SOURCES),
+        size_scale,
+        test_scale,
+    )
+    return ensure_cached(
+        name,
+        lambda folder: generate_skin_imbalanced_sites(
+            folder, image_size=image_size, seed=seed, size_scale=size_scale, test_scale=test_scale
+        ),
+        cache_dir,
+    )
 
 
-def ensure_builtin_ich_imbalanced(image_size: int = 64, seed: int = 0, num_sites: int = ICH_SITES,
-                                  cache_dir: str | Path | None = None, size_scale: float = 1.0,
-                                  test_scale: float = 1.0) -> Path:
+def ensure_builtin_ich_imbalanced(
+    image_size: int = 64,
+    seed: int = 0,
+    num_sites: int = ICH_SITES,
+    cache_dir: str | Path | None = None,
+    size_scale: float = 1.0,
+    test_scale: float = 1.0,
+) -> Path:
     """Path of the cached `ich_imbalanced` dataset for `num_sites` sites, generating it on first use."""
-    name = cache_name(f"ich_imbalanced-p{SPLIT_VERSION}", GENERATOR_VERSION, image_size, seed, num_sites, size_scale,
-                      test_scale)
-    return ensure_cached(name, lambda folder: generate_ich_imbalanced_sites(
-        folder, num_sites, image_size=image_size, seed=seed, size_scale=size_scale, test_scale=test_scale), cache_dir)
+    name = cache_name(
+        f"ich_imbalanced-p{SPLIT_VERSION}", GENERATOR_VERSION, image_size, seed, num_sites, size_scale, test_scale
+    )
+    return ensure_cached(
+        name,
+        lambda folder: generate_ich_imbalanced_sites(
+            folder, num_sites, image_size=image_size, seed=seed, size_scale=size_scale, test_scale=test_scale
+        ),
+        cache_dir,
+    )

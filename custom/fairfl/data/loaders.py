@@ -57,8 +57,11 @@ class LoadCheckedd(MapTransform):
             raise DataError(self.site, data["image"], f"cannot be prepared: {_root_cause(err)}") from err
         for key in self.key_iterator(d):  # finite values can still overflow float32 in the normalisation
             if d[key].is_floating_point() and not torch.isfinite(d[key]).all():
-                raise DataError(self.site, data[key], f"the {key} is not finite after normalisation (values too "
-                                                      f"large for float32 arithmetic, e.g. 1e38)")
+                raise DataError(
+                    self.site,
+                    data[key],
+                    f"the {key} is not finite after normalisation (values too large for float32 arithmetic, e.g. 1e38)",
+                )
         return d
 
 
@@ -111,7 +114,7 @@ class MatchChannelsd(MapTransform):
             if have == self.channels:
                 continue
             if have in (2, 4):  # grey + alpha, RGBA: transparency is not part of the image
-                array, have = array[:have - 1], have - 1
+                array, have = array[: have - 1], have - 1
                 d[key] = array
             if have == self.channels:
                 continue
@@ -132,8 +135,11 @@ def check_augmentation(names) -> list:
     """The augmentation names of a job argument as a list (None: all of them); ValueError for anything else."""
     if names is None:
         return list(AUGMENTATIONS)
-    if not isinstance(names, (list, tuple)) or any(n not in AUGMENTATIONS for n in names) \
-            or len(set(names)) != len(names):
+    if (
+        not isinstance(names, (list, tuple))
+        or any(n not in AUGMENTATIONS for n in names)
+        or len(set(names)) != len(names)
+    ):
         raise ValueError(f"augmentation must be a list of distinct names from {list(AUGMENTATIONS)}, got {names!r}")
     return list(names)
 
@@ -150,12 +156,16 @@ def _augmentation(spatial_keys, names=AUGMENTATIONS) -> list:
     if "rotate90" in names:
         chosen += [RandRotate90d(spatial_keys, prob=0.5, max_k=3)]
     if "intensity" in names:
-        chosen += [RandScaleIntensityd("image", factors=0.1, prob=0.5), RandShiftIntensityd("image", offsets=0.1, prob=0.5)]
+        chosen += [
+            RandScaleIntensityd("image", factors=0.1, prob=0.5),
+            RandShiftIntensityd("image", offsets=0.1, prob=0.5),
+        ]
     return chosen
 
 
-def segmentation_transforms(image_size: int, num_classes: int, train: bool, in_channels: int = 1,
-                            site: str = "?", augmentation=AUGMENTATIONS) -> Compose:
+def segmentation_transforms(
+    image_size: int, num_classes: int, train: bool, in_channels: int = 1, site: str = "?", augmentation=AUGMENTATIONS
+) -> Compose:
     """Load, normalise and resize an image/mask pair to `image_size` squared; augment if `train`.
 
     Output: image float32 [in_channels, S, S], label int64 [1, S, S]. `num_classes` needs no
@@ -181,8 +191,9 @@ def segmentation_transforms(image_size: int, num_classes: int, train: bool, in_c
     return Compose([LoadCheckedd(KEYS, site, deterministic), *augmentation, EnsureTyped(KEYS, track_meta=False)])
 
 
-def classification_transforms(image_size: int, train: bool, in_channels: int = 1, site: str = "?",
-                              augmentation=AUGMENTATIONS) -> Compose:
+def classification_transforms(
+    image_size: int, train: bool, in_channels: int = 1, site: str = "?", augmentation=AUGMENTATIONS
+) -> Compose:
     """Load, normalise and resize an image to `image_size` squared; augment if `train`. The label is a
     class index (already checked by `load_datalist`).
 
@@ -199,8 +210,14 @@ def classification_transforms(image_size: int, train: bool, in_channels: int = 1
         Resized("image", spatial_size=(image_size, image_size), mode="bilinear", anti_aliasing=True),
     ]
     augmentation = _augmentation("image", augmentation) if train else []
-    return Compose([LoadCheckedd("image", site, deterministic), *augmentation, EnsureTyped("image", track_meta=False),
-                    EnsureTyped("label", dtype=torch.long, track_meta=False)])
+    return Compose(
+        [
+            LoadCheckedd("image", site, deterministic),
+            *augmentation,
+            EnsureTyped("image", track_meta=False),
+            EnsureTyped("label", dtype=torch.long, track_meta=False),
+        ]
+    )
 
 
 def make_loader(
@@ -233,14 +250,18 @@ def make_loader(
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     entries, generator, sampler = list(entries), torch.Generator().manual_seed(seed), None
-    transform = (segmentation_transforms(image_size, num_classes, train, in_channels, site, augmentation)
-                 if task == "segmentation" else classification_transforms(image_size, train, in_channels, site, augmentation))
+    transform = (
+        segmentation_transforms(image_size, num_classes, train, in_channels, site, augmentation)
+        if task == "segmentation"
+        else classification_transforms(image_size, train, in_channels, site, augmentation)
+    )
     if max_samples is not None:
         if max_samples < 1:
             raise ValueError(f"max_samples must be >= 1, got {max_samples}")
         entries.sort(key=lambda entry: json.dumps(entry, sort_keys=True, default=str))  # datalist order is irrelevant
-        sampler = torch.utils.data.RandomSampler(entries, num_samples=min(max_samples, len(entries)),
-                                                 generator=generator)
+        sampler = torch.utils.data.RandomSampler(
+            entries, num_samples=min(max_samples, len(entries)), generator=generator
+        )
         dataset = CheckedDataset(entries, transform=transform)
     else:
         try:

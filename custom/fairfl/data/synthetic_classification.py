@@ -30,8 +30,15 @@ import numpy as np
 
 from fairfl.data.builtin import cache_name, check_test_scale, ensure_cached, extra_test_rng, recorded_test_scale
 from fairfl.data.classification_renderers import render_image
-from fairfl.data.classification_sites import (SETTINGS, add_extra_test_items, largest_remainder, plan_sites,
-                                              quality_description, split_by_counts, write_classification_sites)
+from fairfl.data.classification_sites import (
+    SETTINGS,
+    add_extra_test_items,
+    largest_remainder,
+    plan_sites,
+    quality_description,
+    split_by_counts,
+    write_classification_sites,
+)
 from fairfl.data.corruption import Corruption
 
 GENERATOR_VERSION = 1
@@ -103,9 +110,18 @@ def generate_classification_sites(
         site_of = None
     num_corrupted = round(corrupted_fraction * num_sites)
     quality = Corruption(corruption, severity) if num_corrupted else None
-    plan = plan_sites(labels, num_sites, split_rng, alpha=alpha, num_corrupted=num_corrupted, site_of=site_of,
-                      test_set=test_set, test_fraction=test_fraction, validation_fraction=validation_fraction,
-                      min_per_site=3 if test_set == "shared" else 5)
+    plan = plan_sites(
+        labels,
+        num_sites,
+        split_rng,
+        alpha=alpha,
+        num_corrupted=num_corrupted,
+        site_of=site_of,
+        test_set=test_set,
+        test_fraction=test_fraction,
+        validation_fraction=validation_fraction,
+        min_per_site=3 if test_set == "shared" else 5,
+    )
     digits = len(str(len(labels) - 1))
     drawn = len(labels)  # image i < drawn is the same at every test_scale; the extra test images follow
     extra_labels = add_extra_test_items(plan, labels, len(spec.classes), test_scale, test_set == "shared")
@@ -115,8 +131,11 @@ def generate_classification_sites(
     site_names = [f"site-{k + 1}" for k in range(num_sites)]
 
     def image_of(i: int) -> np.ndarray:
-        rng = np.random.default_rng([seed, setting_index, i]) if i < drawn else \
-            extra_test_rng(seed, setting_index, i - drawn)
+        rng = (
+            np.random.default_rng([seed, setting_index, i])
+            if i < drawn
+            else extra_test_rng(seed, setting_index, i - drawn)
+        )
         return render_image(setting, int(labels[i]), image_size, rng)
 
     from threadpoolctl import threadpool_limits
@@ -126,9 +145,10 @@ def generate_classification_sites(
     # One BLAS thread: the products here are tiny, and threads spinning on cores that other FLARE
     # clients are using made generation several times slower (as in synthetic_fundus).
     with threadpool_limits(limits=1, user_api="blas"):
-        sites = write_classification_sites(root, plan, ids, labels, image_of, site_names, len(spec.classes),
-                                           num_corrupted, quality, seed)
-    corrupted_sites = site_names[num_sites - num_corrupted:] if num_corrupted else []
+        sites = write_classification_sites(
+            root, plan, ids, labels, image_of, site_names, len(spec.classes), num_corrupted, quality, seed
+        )
+    corrupted_sites = site_names[num_sites - num_corrupted :] if num_corrupted else []
     description = dict(
         name=f"fairfl synthetic multi-site classification, {setting} ({spec.imitates}-like)",
         generator=f"fairfl.data.synthetic_classification v{GENERATOR_VERSION}",
@@ -138,15 +158,30 @@ def generate_classification_sites(
         num_classes=len(spec.classes),
         in_channels=spec.in_channels,
         image_size=image_size,
-        parameters=dict(setting=setting, num_sites=num_sites, image_size=image_size, seed=seed,
-                        size_scale=size_scale, alpha=alpha, corrupted_fraction=corrupted_fraction,
-                        corruption=corruption, severity=severity, test_set=test_set,
-                        test_fraction=test_fraction, validation_fraction=validation_fraction,
-                        **recorded_test_scale(test_scale)),
+        parameters=dict(
+            setting=setting,
+            num_sites=num_sites,
+            image_size=image_size,
+            seed=seed,
+            size_scale=size_scale,
+            alpha=alpha,
+            corrupted_fraction=corrupted_fraction,
+            corruption=corruption,
+            severity=severity,
+            test_set=test_set,
+            test_fraction=test_fraction,
+            validation_fraction=validation_fraction,
+            **recorded_test_scale(test_scale),
+        ),
         prior=list(spec.prior),
-        split=dict(method="counts" if site_class_counts is not None else "dirichlet", alpha=alpha,
-                   test_set=test_set, test_fraction=test_fraction, validation_fraction=validation_fraction,
-                   site_class_counts=None if site_class_counts is None else counts.tolist()),
+        split=dict(
+            method="counts" if site_class_counts is not None else "dirichlet",
+            alpha=alpha,
+            test_set=test_set,
+            test_fraction=test_fraction,
+            validation_fraction=validation_fraction,
+            site_class_counts=None if site_class_counts is None else counts.tolist(),
+        ),
         **quality_description(quality, corrupted_sites, image_size, test_set),
         sites=sites,
     )
@@ -154,21 +189,31 @@ def generate_classification_sites(
     return root
 
 
-def generate_skin_sites(root, num_sites: int = 20, image_size: int = 64, seed: int = 0, size_scale: float = 1.0,
-                        **options) -> Path:
+def generate_skin_sites(
+    root, num_sites: int = 20, image_size: int = 64, seed: int = 0, size_scale: float = 1.0, **options
+) -> Path:
     """`generate_classification_sites` for the skin setting (the signature `fairfl prepare-data` calls)."""
     return generate_classification_sites(root, "skin", num_sites, image_size, seed, size_scale, **options)
 
 
-def generate_ich_sites(root, num_sites: int = 20, image_size: int = 64, seed: int = 0, size_scale: float = 1.0,
-                       **options) -> Path:
+def generate_ich_sites(
+    root, num_sites: int = 20, image_size: int = 64, seed: int = 0, size_scale: float = 1.0, **options
+) -> Path:
     """`generate_classification_sites` for the ich setting (the signature `fairfl prepare-data` calls)."""
     return generate_classification_sites(root, "ich", num_sites, image_size, seed, size_scale, **options)
 
 
-def builtin_classification_name(setting: str, image_size: int = 64, seed: int = 0, num_sites: int = 20,
-                                size_scale: float = 1.0, corruption: str = "noise", corrupted_fraction: float = 0.2,
-                                alpha: float = 1.0, test_scale: float = 1.0) -> str:
+def builtin_classification_name(
+    setting: str,
+    image_size: int = 64,
+    seed: int = 0,
+    num_sites: int = 20,
+    size_scale: float = 1.0,
+    corruption: str = "noise",
+    corrupted_fraction: float = 0.2,
+    alpha: float = 1.0,
+    test_scale: float = 1.0,
+) -> str:
     """Cache folder name: changes whenever the generator or its parameters do."""
     kind = f"{setting}-{corruption}"
     if corrupted_fraction != 0.2 or alpha != 1.0:
@@ -176,43 +221,97 @@ def builtin_classification_name(setting: str, image_size: int = 64, seed: int = 
     return cache_name(kind, GENERATOR_VERSION, image_size, seed, num_sites, size_scale, test_scale)
 
 
-def _ensure(setting: str, image_size: int, seed: int, num_sites: int, cache_dir, size_scale: float,
-            corruption: str, corrupted_fraction: float, alpha: float, test_scale: float) -> Path:
-    name = builtin_classification_name(setting, image_size, seed, num_sites, size_scale, corruption,
-                                       corrupted_fraction, alpha, test_scale)
-    return ensure_cached(name, lambda folder: generate_classification_sites(
-        folder, setting, num_sites, image_size, seed, size_scale, alpha, corrupted_fraction, corruption,
-        test_scale=test_scale), cache_dir)
+def _ensure(
+    setting: str,
+    image_size: int,
+    seed: int,
+    num_sites: int,
+    cache_dir,
+    size_scale: float,
+    corruption: str,
+    corrupted_fraction: float,
+    alpha: float,
+    test_scale: float,
+) -> Path:
+    name = builtin_classification_name(
+        setting, image_size, seed, num_sites, size_scale, corruption, corrupted_fraction, alpha, test_scale
+    )
+    return ensure_cached(
+        name,
+        lambda folder: generate_classification_sites(
+            folder,
+            setting,
+            num_sites,
+            image_size,
+            seed,
+            size_scale,
+            alpha,
+            corrupted_fraction,
+            corruption,
+            test_scale=test_scale,
+        ),
+        cache_dir,
+    )
 
 
-def ensure_builtin_skin(image_size: int = 64, seed: int = 0, num_sites: int = 20, cache_dir: str | Path | None = None,
-                        size_scale: float = 1.0, corruption: str = "noise", corrupted_fraction: float = 0.2,
-                        alpha: float = 1.0, test_scale: float = 1.0) -> Path:
+def ensure_builtin_skin(
+    image_size: int = 64,
+    seed: int = 0,
+    num_sites: int = 20,
+    cache_dir: str | Path | None = None,
+    size_scale: float = 1.0,
+    corruption: str = "noise",
+    corrupted_fraction: float = 0.2,
+    alpha: float = 1.0,
+    test_scale: float = 1.0,
+) -> Path:
     """Path of the cached built-in skin dataset, generating it on first use (`ensure_cached`: one
     generator at a time, never half-written)."""
-    return _ensure("skin", image_size, seed, num_sites, cache_dir, size_scale, corruption, corrupted_fraction, alpha,
-                   test_scale)
+    return _ensure(
+        "skin", image_size, seed, num_sites, cache_dir, size_scale, corruption, corrupted_fraction, alpha, test_scale
+    )
 
 
-def ensure_builtin_ich(image_size: int = 64, seed: int = 0, num_sites: int = 20, cache_dir: str | Path | None = None,
-                       size_scale: float = 1.0, corruption: str = "noise", corrupted_fraction: float = 0.2,
-                       alpha: float = 1.0, test_scale: float = 1.0) -> Path:
+def ensure_builtin_ich(
+    image_size: int = 64,
+    seed: int = 0,
+    num_sites: int = 20,
+    cache_dir: str | Path | None = None,
+    size_scale: float = 1.0,
+    corruption: str = "noise",
+    corrupted_fraction: float = 0.2,
+    alpha: float = 1.0,
+    test_scale: float = 1.0,
+) -> Path:
     """Path of the cached built-in ICH dataset, generating it on first use."""
-    return _ensure("ich", image_size, seed, num_sites, cache_dir, size_scale, corruption, corrupted_fraction, alpha,
-                   test_scale)
+    return _ensure(
+        "ich", image_size, seed, num_sites, cache_dir, size_scale, corruption, corrupted_fraction, alpha, test_scale
+    )
 
 
-def ensure_builtin_skin_blur(image_size: int = 64, seed: int = 0, num_sites: int = 20,
-                             cache_dir: str | Path | None = None, size_scale: float = 1.0,
-                             test_scale: float = 1.0) -> Path:
+def ensure_builtin_skin_blur(
+    image_size: int = 64,
+    seed: int = 0,
+    num_sites: int = 20,
+    cache_dir: str | Path | None = None,
+    size_scale: float = 1.0,
+    test_scale: float = 1.0,
+) -> Path:
     """The skin dataset with motion-blurred sites (for a BUILTIN_DATASETS entry of its own)."""
-    return ensure_builtin_skin(image_size, seed, num_sites, cache_dir, size_scale, corruption="blur",
-                               test_scale=test_scale)
+    return ensure_builtin_skin(
+        image_size, seed, num_sites, cache_dir, size_scale, corruption="blur", test_scale=test_scale
+    )
 
 
-def ensure_builtin_ich_blur(image_size: int = 64, seed: int = 0, num_sites: int = 20,
-                            cache_dir: str | Path | None = None, size_scale: float = 1.0,
-                            test_scale: float = 1.0) -> Path:
+def ensure_builtin_ich_blur(
+    image_size: int = 64,
+    seed: int = 0,
+    num_sites: int = 20,
+    cache_dir: str | Path | None = None,
+    size_scale: float = 1.0,
+    test_scale: float = 1.0,
+) -> Path:
     """The ICH dataset with motion-blurred sites (for a BUILTIN_DATASETS entry of its own)."""
-    return ensure_builtin_ich(image_size, seed, num_sites, cache_dir, size_scale, corruption="blur",
-                              test_scale=test_scale)
+    return ensure_builtin_ich(
+        image_size, seed, num_sites, cache_dir, size_scale, corruption="blur", test_scale=test_scale
+    )

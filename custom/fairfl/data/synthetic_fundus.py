@@ -31,8 +31,14 @@ from pathlib import Path
 import numpy as np
 from scipy import ndimage
 
-from fairfl.data.builtin import (cache_name, check_test_scale, ensure_cached, extra_test_count, extra_test_rng,
-                                 recorded_test_scale)
+from fairfl.data.builtin import (
+    cache_name,
+    check_test_scale,
+    ensure_cached,
+    extra_test_count,
+    extra_test_rng,
+    recorded_test_scale,
+)
 from fairfl.data.datalist import SPLITS, split_cases, write_datalist
 from fairfl.data.synthetic_prostate import _box_mean, _unit
 
@@ -78,37 +84,138 @@ class SiteProfile:
 # values are plausible, not measured: they imitate the kind and size of differences between
 # sources, and none was tuned to favour a method.
 PROFILES = (
-    SiteProfile(imitates="Drishti-GS", camera="30-degree mydriatic camera, disc-centred, PNG", images=40,
-                size_factor=1.5, field_of_view_deg=30.0, disc_eccentricity_deg=3.0, disc_radius=0.42,
-                disc_radius_sd=0.08, glaucoma_fraction=0.7, pigment=0.55, exposure=1.05,
-                colour_gain=(1.0, 1.0, 0.85), colour_mix=0.05, gamma=0.5, contrast=1.0, vignetting=0.25,
-                illumination=0.08, blur=0.006, noise=0.01, compression=0.0),
-    SiteProfile(imitates="RIM-ONE r3", camera="Nidek AFC-210 stereo, Canon EOS 5D back, JPEG", images=50,
-                size_factor=1.25, field_of_view_deg=30.0, disc_eccentricity_deg=1.0, disc_radius=0.52,
-                disc_radius_sd=0.08, glaucoma_fraction=0.45, pigment=0.3, exposure=0.8,
-                colour_gain=(1.05, 0.8, 0.7), colour_mix=0.0, gamma=0.6, contrast=0.95, vignetting=0.3,
-                illumination=0.15, blur=0.012, noise=0.015, compression=0.35),
-    SiteProfile(imitates="REFUGE training (Zeiss)", camera="Zeiss Visucam 500, 45 degrees, JPEG", images=80,
-                size_factor=2.0, field_of_view_deg=45.0, disc_eccentricity_deg=8.0, disc_radius=0.3,
-                disc_radius_sd=0.1, glaucoma_fraction=0.1, pigment=0.45, exposure=0.8,
-                colour_gain=(0.95, 0.9, 0.75), colour_mix=0.05, gamma=0.55, contrast=0.95, vignetting=0.35,
-                illumination=0.2, blur=0.008, noise=0.012, compression=0.2),
-    SiteProfile(imitates="REFUGE validation (Canon)", camera="Canon CR-2, 45 degrees, JPEG", images=80,
-                size_factor=1.75, field_of_view_deg=45.0, disc_eccentricity_deg=8.0, disc_radius=0.26,
-                disc_radius_sd=0.1, glaucoma_fraction=0.1, pigment=0.45, exposure=1.1,
-                colour_gain=(1.1, 0.95, 0.8), colour_mix=0.0, gamma=0.45, contrast=1.0, vignetting=0.2,
-                illumination=0.1, blur=0.005, noise=0.008, compression=0.15),
-    SiteProfile(imitates="shifted minority source (FedCE client 5)",
-                camera="low-cost wide-field non-mydriatic camera, strong JPEG", images=30, size_factor=1.0,
-                field_of_view_deg=50.0, disc_eccentricity_deg=12.0, disc_radius=0.16, disc_radius_sd=0.12,
-                glaucoma_fraction=0.3, pigment=0.6, exposure=0.7, colour_gain=(0.55, 1.0, 0.6),
-                colour_mix=0.3, gamma=0.7, contrast=0.7, vignetting=0.55, illumination=0.3, blur=0.025,
-                noise=0.03, compression=0.6),
-    SiteProfile(imitates="MESSIDOR (RIGA)", camera="Topcon TRC NW6 non-mydriatic, 45 degrees", images=60,
-                size_factor=1.5, field_of_view_deg=45.0, disc_eccentricity_deg=8.0, disc_radius=0.32,
-                disc_radius_sd=0.1, glaucoma_fraction=0.15, pigment=0.4, exposure=0.95,
-                colour_gain=(1.0, 0.92, 0.8), colour_mix=0.1, gamma=0.5, contrast=0.9, vignetting=0.3,
-                illumination=0.15, blur=0.008, noise=0.01, compression=0.1),
+    SiteProfile(
+        imitates="Drishti-GS",
+        camera="30-degree mydriatic camera, disc-centred, PNG",
+        images=40,
+        size_factor=1.5,
+        field_of_view_deg=30.0,
+        disc_eccentricity_deg=3.0,
+        disc_radius=0.42,
+        disc_radius_sd=0.08,
+        glaucoma_fraction=0.7,
+        pigment=0.55,
+        exposure=1.05,
+        colour_gain=(1.0, 1.0, 0.85),
+        colour_mix=0.05,
+        gamma=0.5,
+        contrast=1.0,
+        vignetting=0.25,
+        illumination=0.08,
+        blur=0.006,
+        noise=0.01,
+        compression=0.0,
+    ),
+    SiteProfile(
+        imitates="RIM-ONE r3",
+        camera="Nidek AFC-210 stereo, Canon EOS 5D back, JPEG",
+        images=50,
+        size_factor=1.25,
+        field_of_view_deg=30.0,
+        disc_eccentricity_deg=1.0,
+        disc_radius=0.52,
+        disc_radius_sd=0.08,
+        glaucoma_fraction=0.45,
+        pigment=0.3,
+        exposure=0.8,
+        colour_gain=(1.05, 0.8, 0.7),
+        colour_mix=0.0,
+        gamma=0.6,
+        contrast=0.95,
+        vignetting=0.3,
+        illumination=0.15,
+        blur=0.012,
+        noise=0.015,
+        compression=0.35,
+    ),
+    SiteProfile(
+        imitates="REFUGE training (Zeiss)",
+        camera="Zeiss Visucam 500, 45 degrees, JPEG",
+        images=80,
+        size_factor=2.0,
+        field_of_view_deg=45.0,
+        disc_eccentricity_deg=8.0,
+        disc_radius=0.3,
+        disc_radius_sd=0.1,
+        glaucoma_fraction=0.1,
+        pigment=0.45,
+        exposure=0.8,
+        colour_gain=(0.95, 0.9, 0.75),
+        colour_mix=0.05,
+        gamma=0.55,
+        contrast=0.95,
+        vignetting=0.35,
+        illumination=0.2,
+        blur=0.008,
+        noise=0.012,
+        compression=0.2,
+    ),
+    SiteProfile(
+        imitates="REFUGE validation (Canon)",
+        camera="Canon CR-2, 45 degrees, JPEG",
+        images=80,
+        size_factor=1.75,
+        field_of_view_deg=45.0,
+        disc_eccentricity_deg=8.0,
+        disc_radius=0.26,
+        disc_radius_sd=0.1,
+        glaucoma_fraction=0.1,
+        pigment=0.45,
+        exposure=1.1,
+        colour_gain=(1.1, 0.95, 0.8),
+        colour_mix=0.0,
+        gamma=0.45,
+        contrast=1.0,
+        vignetting=0.2,
+        illumination=0.1,
+        blur=0.005,
+        noise=0.008,
+        compression=0.15,
+    ),
+    SiteProfile(
+        imitates="shifted minority source (FedCE client 5)",
+        camera="low-cost wide-field non-mydriatic camera, strong JPEG",
+        images=30,
+        size_factor=1.0,
+        field_of_view_deg=50.0,
+        disc_eccentricity_deg=12.0,
+        disc_radius=0.16,
+        disc_radius_sd=0.12,
+        glaucoma_fraction=0.3,
+        pigment=0.6,
+        exposure=0.7,
+        colour_gain=(0.55, 1.0, 0.6),
+        colour_mix=0.3,
+        gamma=0.7,
+        contrast=0.7,
+        vignetting=0.55,
+        illumination=0.3,
+        blur=0.025,
+        noise=0.03,
+        compression=0.6,
+    ),
+    SiteProfile(
+        imitates="MESSIDOR (RIGA)",
+        camera="Topcon TRC NW6 non-mydriatic, 45 degrees",
+        images=60,
+        size_factor=1.5,
+        field_of_view_deg=45.0,
+        disc_eccentricity_deg=8.0,
+        disc_radius=0.32,
+        disc_radius_sd=0.1,
+        glaucoma_fraction=0.15,
+        pigment=0.4,
+        exposure=0.95,
+        colour_gain=(1.0, 0.92, 0.8),
+        colour_mix=0.1,
+        gamma=0.5,
+        contrast=0.9,
+        vignetting=0.3,
+        illumination=0.15,
+        blur=0.008,
+        noise=0.01,
+        compression=0.1,
+    ),
 )
 
 # Vertical cup-to-disc ratio (mean, sd, clip range): normal discs mostly 0.2-0.6, glaucomatous
@@ -154,8 +261,10 @@ class _Eye:
         self.temporal = float(rng.choice([-1.0, 1.0]))
         radius = profile.disc_radius * math.exp(normal(0, profile.disc_radius_sd))
         self.disc = dict(
-            x=normal(0, 0.05), y=normal(0, 0.05),  # ROI crops are centred by a detector, not exactly
-            a=radius * uniform(0.88, 0.98), b=radius * uniform(1.0, 1.1),  # discs are vertically oval
+            x=normal(0, 0.05),
+            y=normal(0, 0.05),  # ROI crops are centred by a detector, not exactly
+            a=radius * uniform(0.88, 0.98),
+            b=radius * uniform(1.0, 1.1),  # discs are vertically oval
             angle=normal(0, 0.12),
             harmonics=[(k, normal(0, 0.025), uniform(0, 2 * np.pi)) for k in (2, 3, 4, 5)],
         )
@@ -166,8 +275,13 @@ class _Eye:
         hcdr = min(max(vcdr * (uniform(0.75, 0.95) if self.glaucoma else uniform(0.88, 1.08)), 0.12), 0.85)
         # Cups sit slightly temporal in the disc; the offset keeps the cup inside the rim.
         shift = self.temporal * uniform(0.0, 0.6) * max(0.0, 0.9 - max(hcdr, vcdr))
-        self.cup = dict(u=shift, v=normal(0, 0.03), a=hcdr, b=vcdr,
-                        harmonics=[(k, normal(0, 0.04), uniform(0, 2 * np.pi)) for k in (2, 3)])
+        self.cup = dict(
+            u=shift,
+            v=normal(0, 0.03),
+            a=hcdr,
+            b=vcdr,
+            harmonics=[(k, normal(0, 0.04), uniform(0, 2 * np.pi)) for k in (2, 3)],
+        )
         self.vcdr, self.hcdr = vcdr, hcdr
         self.pigment = min(max(normal(profile.pigment, 0.12), 0.0), 1.0)
         self.atrophy = uniform(0.1, 0.35) if rng.random() < (0.6 if self.glaucoma else 0.25) else 0.0
@@ -177,8 +291,10 @@ class _Eye:
         per_degree = self.disc["a"] / DISC_DEGREES
         self.fov_radius = 0.5 * profile.field_of_view_deg * per_degree
         eccentricity = profile.disc_eccentricity_deg * per_degree * uniform(0.8, 1.2)
-        self.fov_centre = (self.disc["x"] + self.temporal * eccentricity,
-                           self.disc["y"] + normal(0, 0.3) * eccentricity)
+        self.fov_centre = (
+            self.disc["x"] + self.temporal * eccentricity,
+            self.disc["y"] + normal(0, 0.3) * eccentricity,
+        )
 
     def disc_coordinates(self, X, Y):
         """(u, v): coordinates in which the disc ellipse is the unit circle."""
@@ -216,8 +332,9 @@ class _Eye:
                     heading = np.arctan2(vertical, side * (spread + rng.normal(0, 0.1)))
                     # arcades end up running horizontally temporal (round the macula) or fanning nasally
                     target = np.arctan2(vertical * (0.35 if side == self.temporal else 1.0), side)
-                    self._walk(segments, start, heading, target, width, darkness * rng.uniform(0.85, 1.1), depth=0,
-                               in_cup=True)
+                    self._walk(
+                        segments, start, heading, target, width, darkness * rng.uniform(0.85, 1.1), depth=0, in_cup=True
+                    )
         for _ in range(rng.integers(3, 7)):
             angle = rng.uniform(0, 2 * np.pi)
             edge = (d["x"] + 0.95 * d["a"] * np.cos(angle), d["y"] + 0.95 * d["b"] * np.sin(angle))
@@ -293,7 +410,8 @@ class _Eye:
         fx, fy = self.fov_centre
         distance = np.hypot(X - fx, Y - fy) / self.fov_radius
         light = (1 - profile.vignetting * np.clip(distance, 0, 1) ** 2) * np.exp(
-            profile.illumination * _smooth_field(rng, 3, n))
+            profile.illumination * _smooth_field(rng, 3, n)
+        )
         fov = np.clip((1 - distance) * self.fov_radius * n / 3, 0, 1)
         radiance = colour * (light * fov)[..., None]
         return radiance.astype(np.float32), disc, cup, fov.astype(np.float32)
@@ -390,8 +508,9 @@ def generate_site_images(profile: SiteProfile, native_size: int, rng: np.random.
             eye = _Eye(rng, profile)
             radiance, disc, cup, fov = eye.render(native_size * SUPERSAMPLE)
             image = _camera(_box_mean_rgb(radiance), _box_mean(fov, SUPERSAMPLE), profile, rng)
-        mask = ((_box_mean(disc.astype(np.float32), SUPERSAMPLE) >= 0.5).astype(np.uint8)
-                + (_box_mean(cup.astype(np.float32), SUPERSAMPLE) >= 0.5).astype(np.uint8))
+        mask = (_box_mean(disc.astype(np.float32), SUPERSAMPLE) >= 0.5).astype(np.uint8) + (
+            _box_mean(cup.astype(np.float32), SUPERSAMPLE) >= 0.5
+        ).astype(np.uint8)
         yield f"img{index:03d}", image, mask, eye
 
 
@@ -404,7 +523,11 @@ def _box_mean_rgb(array: np.ndarray) -> np.ndarray:
 
 
 def generate_fundus_sites(
-    root: str | Path, num_sites: int = 6, image_size: int = 64, seed: int = 0, size_scale: float = 1.0,
+    root: str | Path,
+    num_sites: int = 6,
+    image_size: int = 64,
+    seed: int = 0,
+    size_scale: float = 1.0,
     test_scale: float = 1.0,
 ) -> Path:
     """Write `num_sites` synthetic fundus sites as PNG plus one datalist per site; return `root`.
@@ -462,8 +585,13 @@ def generate_fundus_sites(
     description = dict(
         name="fairfl synthetic multi-site retinal fundus (optic disc and cup)",
         generator=f"fairfl.data.synthetic_fundus v{GENERATOR_VERSION}",
-        parameters=dict(num_sites=num_sites, image_size=image_size, seed=seed, size_scale=size_scale,
-                        **recorded_test_scale(test_scale)),
+        parameters=dict(
+            num_sites=num_sites,
+            image_size=image_size,
+            seed=seed,
+            size_scale=size_scale,
+            **recorded_test_scale(test_scale),
+        ),
         labels=LABELS,
         regions=REGIONS,
         note=(
@@ -479,17 +607,28 @@ def generate_fundus_sites(
     return root
 
 
-def builtin_fundus_name(image_size: int = 64, seed: int = 0, num_sites: int = 6, size_scale: float = 1.0,
-                        test_scale: float = 1.0) -> str:
+def builtin_fundus_name(
+    image_size: int = 64, seed: int = 0, num_sites: int = 6, size_scale: float = 1.0, test_scale: float = 1.0
+) -> str:
     """Cache folder name: changes whenever the generator or its parameters do."""
     return cache_name("fundus", GENERATOR_VERSION, image_size, seed, num_sites, size_scale, test_scale)
 
 
-def ensure_builtin_fundus(image_size: int = 64, seed: int = 0, num_sites: int = 6, cache_dir: str | Path | None = None,
-                          size_scale: float = 1.0, test_scale: float = 1.0) -> Path:
+def ensure_builtin_fundus(
+    image_size: int = 64,
+    seed: int = 0,
+    num_sites: int = 6,
+    cache_dir: str | Path | None = None,
+    size_scale: float = 1.0,
+    test_scale: float = 1.0,
+) -> Path:
     """Path of the cached built-in fundus dataset (`generate_fundus_sites` output), generating it on
     first use (`fairfl.data.builtin.ensure_cached`: one generator at a time, never half-written)."""
     name = builtin_fundus_name(image_size, seed, num_sites, size_scale, test_scale)
-    return ensure_cached(name, lambda folder: generate_fundus_sites(
-        folder, num_sites=num_sites, image_size=image_size, seed=seed, size_scale=size_scale, test_scale=test_scale),
-        cache_dir)
+    return ensure_cached(
+        name,
+        lambda folder: generate_fundus_sites(
+            folder, num_sites=num_sites, image_size=image_size, seed=seed, size_scale=size_scale, test_scale=test_scale
+        ),
+        cache_dir,
+    )

@@ -22,8 +22,14 @@ from pathlib import Path
 import numpy as np
 from scipy import ndimage
 
-from fairfl.data.builtin import (cache_name, check_test_scale, ensure_cached, extra_test_count, extra_test_rng,
-                                 recorded_test_scale)
+from fairfl.data.builtin import (
+    cache_name,
+    check_test_scale,
+    ensure_cached,
+    extra_test_count,
+    extra_test_rng,
+    recorded_test_scale,
+)
 from fairfl.data.datalist import SPLITS, split_cases, write_datalist
 
 GENERATOR_VERSION = 1
@@ -58,30 +64,108 @@ class SiteProfile:
 # acquire coarser matrices. Case counts keep the real ordering roughly (30, 30, 19, 13, 12, 12
 # cases) at a size CPU training can afford, with BIDMC as the smallest, most shifted site.
 PROFILES = (
-    SiteProfile(imitates="RUNMC", scanner="Siemens 3T, pelvic phased-array coil", cases=16,
-                slices_per_case=(6, 8), fov_mm=180.0, slice_thickness_mm=3.6, intensity_scale=1000.0,
-                gamma=1.0, contrast=1.0, bias_field=0.15, endorectal_coil=0.0, noise=0.025,
-                resolution=1.0, organ_scale=1.0, organ_scale_sd=0.10),
-    SiteProfile(imitates="BMC", scanner="Philips 1.5T, endorectal coil", cases=14,
-                slices_per_case=(5, 7), fov_mm=160.0, slice_thickness_mm=4.0, intensity_scale=2400.0,
-                gamma=0.85, contrast=0.95, bias_field=0.15, endorectal_coil=1.0, noise=0.045,
-                resolution=1.3, organ_scale=1.08, organ_scale_sd=0.14),
-    SiteProfile(imitates="I2CVB", scanner="Siemens 3T, phased-array coil", cases=12,
-                slices_per_case=(6, 8), fov_mm=210.0, slice_thickness_mm=3.0, intensity_scale=400.0,
-                gamma=1.15, contrast=1.1, bias_field=0.20, endorectal_coil=0.0, noise=0.02,
-                resolution=1.0, organ_scale=0.95, organ_scale_sd=0.10),
-    SiteProfile(imitates="UCL", scanner="Siemens 1.5T and 3T, phased-array coil", cases=10,
-                slices_per_case=(5, 7), fov_mm=190.0, slice_thickness_mm=3.6, intensity_scale=800.0,
-                gamma=1.0, contrast=0.9, bias_field=0.30, endorectal_coil=0.0, noise=0.035,
-                resolution=1.25, organ_scale=1.0, organ_scale_sd=0.12),
-    SiteProfile(imitates="HK", scanner="Siemens 1.5T, endorectal coil", cases=9,
-                slices_per_case=(5, 7), fov_mm=165.0, slice_thickness_mm=3.0, intensity_scale=1600.0,
-                gamma=0.9, contrast=1.0, bias_field=0.20, endorectal_coil=1.5, noise=0.045,
-                resolution=1.4, organ_scale=1.05, organ_scale_sd=0.12),
-    SiteProfile(imitates="BIDMC", scanner="GE 3T, endorectal coil (minority site)", cases=6,
-                slices_per_case=(5, 6), fov_mm=150.0, slice_thickness_mm=3.0, intensity_scale=3000.0,
-                gamma=1.8, contrast=0.6, bias_field=0.40, endorectal_coil=3.5, noise=0.09,
-                resolution=2.0, organ_scale=1.15, organ_scale_sd=0.20),
+    SiteProfile(
+        imitates="RUNMC",
+        scanner="Siemens 3T, pelvic phased-array coil",
+        cases=16,
+        slices_per_case=(6, 8),
+        fov_mm=180.0,
+        slice_thickness_mm=3.6,
+        intensity_scale=1000.0,
+        gamma=1.0,
+        contrast=1.0,
+        bias_field=0.15,
+        endorectal_coil=0.0,
+        noise=0.025,
+        resolution=1.0,
+        organ_scale=1.0,
+        organ_scale_sd=0.10,
+    ),
+    SiteProfile(
+        imitates="BMC",
+        scanner="Philips 1.5T, endorectal coil",
+        cases=14,
+        slices_per_case=(5, 7),
+        fov_mm=160.0,
+        slice_thickness_mm=4.0,
+        intensity_scale=2400.0,
+        gamma=0.85,
+        contrast=0.95,
+        bias_field=0.15,
+        endorectal_coil=1.0,
+        noise=0.045,
+        resolution=1.3,
+        organ_scale=1.08,
+        organ_scale_sd=0.14,
+    ),
+    SiteProfile(
+        imitates="I2CVB",
+        scanner="Siemens 3T, phased-array coil",
+        cases=12,
+        slices_per_case=(6, 8),
+        fov_mm=210.0,
+        slice_thickness_mm=3.0,
+        intensity_scale=400.0,
+        gamma=1.15,
+        contrast=1.1,
+        bias_field=0.20,
+        endorectal_coil=0.0,
+        noise=0.02,
+        resolution=1.0,
+        organ_scale=0.95,
+        organ_scale_sd=0.10,
+    ),
+    SiteProfile(
+        imitates="UCL",
+        scanner="Siemens 1.5T and 3T, phased-array coil",
+        cases=10,
+        slices_per_case=(5, 7),
+        fov_mm=190.0,
+        slice_thickness_mm=3.6,
+        intensity_scale=800.0,
+        gamma=1.0,
+        contrast=0.9,
+        bias_field=0.30,
+        endorectal_coil=0.0,
+        noise=0.035,
+        resolution=1.25,
+        organ_scale=1.0,
+        organ_scale_sd=0.12,
+    ),
+    SiteProfile(
+        imitates="HK",
+        scanner="Siemens 1.5T, endorectal coil",
+        cases=9,
+        slices_per_case=(5, 7),
+        fov_mm=165.0,
+        slice_thickness_mm=3.0,
+        intensity_scale=1600.0,
+        gamma=0.9,
+        contrast=1.0,
+        bias_field=0.20,
+        endorectal_coil=1.5,
+        noise=0.045,
+        resolution=1.4,
+        organ_scale=1.05,
+        organ_scale_sd=0.12,
+    ),
+    SiteProfile(
+        imitates="BIDMC",
+        scanner="GE 3T, endorectal coil (minority site)",
+        cases=6,
+        slices_per_case=(5, 6),
+        fov_mm=150.0,
+        slice_thickness_mm=3.0,
+        intensity_scale=3000.0,
+        gamma=1.8,
+        contrast=0.6,
+        bias_field=0.40,
+        endorectal_coil=3.5,
+        noise=0.09,
+        resolution=2.0,
+        organ_scale=1.15,
+        organ_scale_sd=0.20,
+    ),
 )
 
 # Nominal T2w signal of each tissue (fast spin echo; fat and fluid bright, muscle and cortical
@@ -177,28 +261,46 @@ class _Case:
             posterior_flat=rng.uniform(0.15, 0.35) + (0.25 if erc else 0.0),
             tz=rng.uniform(0.55, 0.85),  # transition-zone share: larger with benign hyperplasia
             nodules=[
-                (rng.uniform(-0.6, 0.6), rng.uniform(-0.5, 0.5), rng.uniform(0.15, 0.35), rng.uniform(0.15, 0.3),
-                 rng.uniform(0, np.pi), rng.uniform(0.6, 1.6))
+                (
+                    rng.uniform(-0.6, 0.6),
+                    rng.uniform(-0.5, 0.5),
+                    rng.uniform(0.15, 0.35),
+                    rng.uniform(0.15, 0.3),
+                    rng.uniform(0, np.pi),
+                    rng.uniform(0.6, 1.6),
+                )
                 for _ in range(rng.integers(4, 9))
             ],
             lesion=(rng.uniform(-0.6, 0.6), rng.uniform(0.12, 0.3)) if rng.random() < 0.3 else None,
         )
         self.body = dict(
-            a=rng.uniform(135, 165), b=rng.uniform(86, 100), y=rng.uniform(14, 24),
-            fat=rng.uniform(10, 28), power=rng.uniform(2.2, 2.8),
+            a=rng.uniform(135, 165),
+            b=rng.uniform(86, 100),
+            y=rng.uniform(14, 24),
+            fat=rng.uniform(10, 28),
+            power=rng.uniform(2.2, 2.8),
         )
         self.rectum = dict(
-            a=rng.uniform(17, 23), b=rng.uniform(9, 12), lumen=str(rng.choice(["gas", "mucus", "collapsed"])),
+            a=rng.uniform(17, 23),
+            b=rng.uniform(9, 12),
+            lumen=str(rng.choice(["gas", "mucus", "collapsed"])),
             balloon=rng.uniform(17, 21) if erc else 0.0,
         )
         self.pelvis = dict(
-            width=rng.uniform(0.92, 1.08), femur_x=rng.uniform(88, 96), femur_r=rng.uniform(21, 25),
+            width=rng.uniform(0.92, 1.08),
+            femur_x=rng.uniform(88, 96),
+            femur_r=rng.uniform(21, 25),
             pubis_y=rng.uniform(-48, -40),
         )
         # Thin fat planes between muscles: arcs of random ellipses.
         self.planes = [
-            (rng.uniform(-130, 130), rng.uniform(-70, 130), rng.uniform(30, 80), rng.uniform(20, 60),
-             rng.uniform(0, np.pi))
+            (
+                rng.uniform(-130, 130),
+                rng.uniform(-70, 130),
+                rng.uniform(30, 80),
+                rng.uniform(20, 60),
+                rng.uniform(0, np.pi),
+            )
             for _ in range(rng.integers(4, 9))
         ]
         self.veins = rng.uniform([-1.4, -1.5], [1.4, -0.6], size=(int(rng.integers(5, 10)), 2))
@@ -207,8 +309,11 @@ class _Case:
         # Anatomical variability: a smooth displacement field (patient shape) plus a finer, weaker
         # one so that no boundary is a perfect ellipse; the same for every slice of the case.
         self.shift = rng.normal(0, 4, size=2)  # patient position: anatomy coordinate = grid + shift
-        warp = [rng.uniform(2, 5) * _unit(_upsample(rng.standard_normal((5, 5)), n))
-                + 0.8 * _unit(_upsample(rng.standard_normal((16, 16)), n)) for _ in range(2)]
+        warp = [
+            rng.uniform(2, 5) * _unit(_upsample(rng.standard_normal((5, 5)), n))
+            + 0.8 * _unit(_upsample(rng.standard_normal((16, 16)), n))
+            for _ in range(2)
+        ]
         self.X = grid[None, :] + np.float32(self.shift[0]) + warp[0]
         self.Y = grid[:, None] + np.float32(self.shift[1]) + warp[1]
         self.margin = float(max(np.abs(warp[0]).max(), np.abs(warp[1]).max())) + 2 * self.fine_spacing
@@ -260,7 +365,9 @@ class _Case:
         body, pelvis = self.body, self.pelvis
         w = pelvis["width"]
         paint(_radius(X, Y, 0, body["y"], body["a"], body["b"], power=body["power"]) < 1, "fat")
-        muscle = _radius(X, Y, 0, body["y"], body["a"] - body["fat"], body["b"] - 0.8 * body["fat"], power=body["power"]) < 1
+        muscle = (
+            _radius(X, Y, 0, body["y"], body["a"] - body["fat"], body["b"] - 0.8 * body["fat"], power=body["power"]) < 1
+        )
         paint(muscle, "muscle")
         back = body["y"] + body["b"]
         paint((np.abs(X) < 1.0 + 0.05 * (Y - back + 40).clip(0)) & (Y > back - 40), "air")  # gluteal cleft
@@ -434,7 +541,11 @@ def generate_site_cases(profile: SiteProfile, image_size: int, rng: np.random.Ge
 
 
 def generate_prostate_sites(
-    root: str | Path, num_sites: int = 6, image_size: int = 64, seed: int = 0, size_scale: float = 1.0,
+    root: str | Path,
+    num_sites: int = 6,
+    image_size: int = 64,
+    seed: int = 0,
+    size_scale: float = 1.0,
     test_scale: float = 1.0,
 ) -> Path:
     """Write `num_sites` synthetic sites as NIfTI slices plus one datalist per site; return `root`.
@@ -462,13 +573,17 @@ def generate_prostate_sites(
             organ_fraction.append(float(masks.mean()))
         cases = split_cases(list(slices), SPLIT_FRACTIONS, seed=[seed, index])
         extra = extra_test_count(len(cases["testing"]), test_scale)
-        for case_id, spacing, images, masks in generate_site_cases(profile, image_size, extra_test_rng(seed, index),
-                                                                   extra):
-            slices[f"extra-{case_id}"] = _write_case(root, site, f"extra-{case_id}", spacing,
-                                                     profile.slice_thickness_mm, images, masks)
+        for case_id, spacing, images, masks in generate_site_cases(
+            profile, image_size, extra_test_rng(seed, index), extra
+        ):
+            slices[f"extra-{case_id}"] = _write_case(
+                root, site, f"extra-{case_id}", spacing, profile.slice_thickness_mm, images, masks
+            )
             cases["testing"].append(f"extra-{case_id}")
-        write_datalist(root / f"{site}.json", {split: [entry for case in cases[split] for entry in slices[case]]
-                                              for split in SPLITS})
+        write_datalist(
+            root / f"{site}.json",
+            {split: [entry for case in cases[split] for entry in slices[case]] for split in SPLITS},
+        )
         sites[site] = dict(
             profile=asdict(profile),
             family_seed=[seed, index],
@@ -479,8 +594,13 @@ def generate_prostate_sites(
     description = dict(
         name="fairfl synthetic multi-site prostate T2w MRI",
         generator=f"fairfl.data.synthetic_prostate v{GENERATOR_VERSION}",
-        parameters=dict(num_sites=num_sites, image_size=image_size, seed=seed, size_scale=size_scale,
-                        **recorded_test_scale(test_scale)),
+        parameters=dict(
+            num_sites=num_sites,
+            image_size=image_size,
+            seed=seed,
+            size_scale=size_scale,
+            **recorded_test_scale(test_scale),
+        ),
         labels={"0": "background", "1": "prostate"},
         note=(
             "Synthetic 2-D axial T2w slices (cases of a few slices from apex to base), sites modelled on "
@@ -495,8 +615,9 @@ def generate_prostate_sites(
     return root
 
 
-def _write_case(root: Path, site: str, case_id: str, spacing: float, thickness: float,
-                images: np.ndarray, masks: np.ndarray) -> list[dict]:
+def _write_case(
+    root: Path, site: str, case_id: str, spacing: float, thickness: float, images: np.ndarray, masks: np.ndarray
+) -> list[dict]:
     """Save one case's slices as 2-D NIfTI; return their datalist entries (paths relative to root)."""
     import nibabel as nib
 
@@ -516,17 +637,28 @@ def _write_case(root: Path, site: str, case_id: str, spacing: float, thickness: 
     return entries
 
 
-def builtin_data_name(image_size: int = 64, seed: int = 0, num_sites: int = 6, size_scale: float = 1.0,
-                      test_scale: float = 1.0) -> str:
+def builtin_data_name(
+    image_size: int = 64, seed: int = 0, num_sites: int = 6, size_scale: float = 1.0, test_scale: float = 1.0
+) -> str:
     """Cache folder name: changes whenever the generator or its parameters do."""
     return cache_name("prostate", GENERATOR_VERSION, image_size, seed, num_sites, size_scale, test_scale)
 
 
-def ensure_builtin_data(image_size: int = 64, seed: int = 0, num_sites: int = 6, cache_dir: str | Path | None = None,
-                        size_scale: float = 1.0, test_scale: float = 1.0) -> Path:
+def ensure_builtin_data(
+    image_size: int = 64,
+    seed: int = 0,
+    num_sites: int = 6,
+    cache_dir: str | Path | None = None,
+    size_scale: float = 1.0,
+    test_scale: float = 1.0,
+) -> Path:
     """Path of the cached built-in dataset (`generate_prostate_sites` output), generating it on first use
     (`fairfl.data.builtin.ensure_cached`: one generator at a time, never half-written)."""
     name = builtin_data_name(image_size, seed, num_sites, size_scale, test_scale)
-    return ensure_cached(name, lambda folder: generate_prostate_sites(
-        folder, num_sites=num_sites, image_size=image_size, seed=seed, size_scale=size_scale, test_scale=test_scale),
-        cache_dir)
+    return ensure_cached(
+        name,
+        lambda folder: generate_prostate_sites(
+            folder, num_sites=num_sites, image_size=image_size, seed=seed, size_scale=size_scale, test_scale=test_scale
+        ),
+        cache_dir,
+    )

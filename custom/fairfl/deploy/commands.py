@@ -18,10 +18,12 @@ def _poc(args) -> int:
     try:
         if args.action == "prepare":
             ws = poc.prepare(args.n_sites, args.port, args.force)
-            print(f"POC workspace {ws}: server localhost:{args.port} (127.0.0.1 only), sites "
-                  f"site-1..site-{args.n_sites}, admin {poc.ADMIN}; class allow-list admits fairfl's "
-                  f"component classes only\n"
-                  f"next: fairfl poc start")
+            print(
+                f"POC workspace {ws}: server localhost:{args.port} (127.0.0.1 only), sites "
+                f"site-1..site-{args.n_sites}, admin {poc.ADMIN}; class allow-list admits fairfl's "
+                f"component classes only\n"
+                f"next: fairfl poc start"
+            )
         elif args.action == "start":
             poc.start(args.timeout)
             print(f"POC federation running from {poc.workspace()}\nnext: fairfl poc submit jobs/fedlwr")
@@ -82,10 +84,13 @@ def _provision_complete(args) -> int:
     except (OSError, ValueError) as e:
         return _fail("provision-complete", e)
     for kit, kind in done.items():
-        print(f"{kind:6} {kit}: local/resources.json (allow-list + fairfl's component classes), "
-              f"local/authorization.json")
-    print("private keys and startup/ folders are now owner-only; keep the provisioning state/ folder (the root "
-          "CA's private key) offline")
+        print(
+            f"{kind:6} {kit}: local/resources.json (allow-list + fairfl's component classes), local/authorization.json"
+        )
+    print(
+        "private keys and startup/ folders are now owner-only; keep the provisioning state/ folder (the root "
+        "CA's private key) offline"
+    )
     return 0
 
 
@@ -107,12 +112,16 @@ def _dashboard(args) -> int:
     from fairfl.deploy.dashboard import make_app, needs_admin, serve
 
     if PASSWORD_ENV in os.environ:  # a password in the environment is visible to every process of this user
-        return _fail("dashboard", f"${PASSWORD_ENV} is no longer read (the environment leaks to other processes): "
-                                  f"unset it; type the password when asked, or pass it with --password-fd")
+        return _fail(
+            "dashboard",
+            f"${PASSWORD_ENV} is no longer read (the environment leaks to other processes): "
+            f"unset it; type the password when asked, or pass it with --password-fd",
+        )
     try:
         # the password is never bound here: nothing holds it once make_app has stored its hash (refusing a weak one)
-        app = make_app(args.root, args.admin, _read_password(args) if args.admin and needs_admin(args.root)
-                       else None, args.org)
+        app = make_app(
+            args.root, args.admin, _read_password(args) if args.admin and needs_admin(args.root) else None, args.org
+        )
         serve(app, args.root, args.port)
     except (OSError, ValueError) as e:
         return _fail("dashboard", e)
@@ -124,8 +133,11 @@ def add_commands(sub) -> None:
     from fairfl.cli import at_least
 
     port = at_least(1, at_most=65535)
-    p = sub.add_parser("poc", help="a POC federation on this machine (127.0.0.1 only): prepare, start, submit, "
-                                   "download, stop, clean; workspace $NVFLARE_POC_WORKSPACE or workspaces/poc")
+    p = sub.add_parser(
+        "poc",
+        help="a POC federation on this machine (127.0.0.1 only): prepare, start, submit, "
+        "download, stop, clean; workspace $NVFLARE_POC_WORKSPACE or workspaces/poc",
+    )
     actions = p.add_subparsers(dest="action", required=True)
     a = actions.add_parser("prepare", help="provision the server and N sites, allow-list fairfl's components")
     a.add_argument("-n", "--n-sites", type=at_least(1), default=2)
@@ -144,8 +156,10 @@ def add_commands(sub) -> None:
     actions.add_parser("clean", help="delete the POC workspace (stop first)")
     p.set_defaults(func=_poc)
 
-    for name, what in (("submit", "submit a job to a federation as an admin, and wait for it"),
-                       ("download", "download a finished job's workspace and write its report")):
+    for name, what in (
+        ("submit", "submit a job to a federation as an admin, and wait for it"),
+        ("download", "download a finished job's workspace and write its report"),
+    ):
         p = sub.add_parser(name, help=what)
         if name == "submit":
             p.add_argument("job", help="job folder; any app/custom folder is left out (not BYOC)")
@@ -159,23 +173,42 @@ def add_commands(sub) -> None:
         p.add_argument("--admin", required=True, metavar="KIT", help="your admin startup kit folder")
         p.add_argument("--user", help="admin user name (default: the kit's folder name)")
 
-    p = sub.add_parser("provision-complete", help="allow-list fairfl's component classes, set the authorization "
-                                                  "policy (local/ only) and make the keys owner-only in the "
-                                                  "startup kits of `nvflare provision`")
+    p = sub.add_parser(
+        "provision-complete",
+        help="allow-list fairfl's component classes, set the authorization "
+        "policy (local/ only) and make the keys owner-only in the "
+        "startup kits of `nvflare provision`",
+    )
     p.add_argument("kits", help="the provisioned folder holding the kits, e.g. workspace/fairfl/prod_00")
     p.add_argument("--storage", help="server job storage (default <server kit>/storage)")
-    p.add_argument("--force", action="store_true", help="replace local/ files that differ from what it writes "
-                                                        "(a site's own edits are lost)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace local/ files that differ from what it writes (a site's own edits are lost)",
+    )
     p.set_defaults(func=_provision_complete)
 
-    p = sub.add_parser("dashboard", help="run the FLARE dashboard on 127.0.0.1 (a workstation; for a real "
-                                         "deployment use its container: nvflare dashboard --start)")
-    p.add_argument("--root", default=os.path.join("workspaces", "dashboard"),
-                   help="database folder (new, empty or the dashboard's own)")
+    p = sub.add_parser(
+        "dashboard",
+        help="run the FLARE dashboard on 127.0.0.1 (a workstation; for a real "
+        "deployment use its container: nvflare dashboard --start)",
+    )
+    p.add_argument(
+        "--root",
+        default=os.path.join("workspaces", "dashboard"),
+        help="database folder (new, empty or the dashboard's own)",
+    )
     p.add_argument("--port", type=port, default=8443)
-    p.add_argument("--admin", metavar="EMAIL", help="project admin, first start only (the password is asked "
-                                                    "twice; at least 12 characters of 3 kinds)")
-    p.add_argument("--password-fd", type=int, metavar="FD", help="read the admin's password from this open file "
-                                                                 "descriptor instead (automation: 3<secret-file)")
+    p.add_argument(
+        "--admin",
+        metavar="EMAIL",
+        help="project admin, first start only (the password is asked twice; at least 12 characters of 3 kinds)",
+    )
+    p.add_argument(
+        "--password-fd",
+        type=int,
+        metavar="FD",
+        help="read the admin's password from this open file descriptor instead (automation: 3<secret-file)",
+    )
     p.add_argument("--org", default="fairfl", help="project admin's organisation, first start only")
     p.set_defaults(func=_dashboard)

@@ -23,9 +23,31 @@ DASHBOARD_FILES = {INIT_DONE, SECRET_KEY_FILE, "db.sqlite"}
 MIN_PASSWORD_LENGTH = 12
 MAX_RUN = 4  # this many equal characters in a row (aaaa), or counting up or down (1234, dcba), is a pattern
 # the most common password stems, as letters after look-alikes are read (P@ssw0rd: password)
-COMMON_STEMS = ("password", "pass", "word", "qwerty", "asdf", "zxcv", "letmein", "welcome", "admin", "login",
-                "secret", "changeme", "iloveyou", "monkey", "dragon", "abc", "test", "user", "root", "nvflare",
-                "flare", "dashboard", "fairfl")
+COMMON_STEMS = (
+    "password",
+    "pass",
+    "word",
+    "qwerty",
+    "asdf",
+    "zxcv",
+    "letmein",
+    "welcome",
+    "admin",
+    "login",
+    "secret",
+    "changeme",
+    "iloveyou",
+    "monkey",
+    "dragon",
+    "abc",
+    "test",
+    "user",
+    "root",
+    "nvflare",
+    "flare",
+    "dashboard",
+    "fairfl",
+)
 LOOK_ALIKES = str.maketrans("@4310$5!7", "aaeiossit")
 
 
@@ -33,15 +55,18 @@ def needs_admin(web_root: str) -> bool:
     """Whether starting the dashboard on `web_root` creates its database, and so needs the project admin.
     Refuses a non-empty folder holding no dashboard files: starting would make everything in it owner-only."""
     if os.path.isdir(web_root) and os.listdir(web_root) and not DASHBOARD_FILES & set(os.listdir(web_root)):
-        raise ValueError(f"{web_root} is not empty and holds no dashboard database: choose an empty or new "
-                         f"folder for --root")
+        raise ValueError(
+            f"{web_root} is not empty and holds no dashboard database: choose an empty or new folder for --root"
+        )
     return not os.path.exists(os.path.join(web_root, INIT_DONE))
 
 
 def _pattern_run(text: str) -> bool:
     """Whether `text` holds MAX_RUN characters in a row that repeat or count up or down by one."""
     steps = [ord(b) - ord(a) for a, b in zip(text, text[1:])]
-    return any(len(set(steps[i:i + MAX_RUN - 1])) == 1 and abs(steps[i]) <= 1 for i in range(len(steps) - MAX_RUN + 2))
+    return any(
+        len(set(steps[i : i + MAX_RUN - 1])) == 1 and abs(steps[i]) <= 1 for i in range(len(steps) - MAX_RUN + 2)
+    )
 
 
 def _common_stem(password: str) -> bool:
@@ -61,8 +86,9 @@ def password_problem(password: str, email: str = "", org: str = "") -> str | Non
         return "it holds control characters"
     if len(password) < MIN_PASSWORD_LENGTH:
         return f"it has {len(password)} characters; use at least {MIN_PASSWORD_LENGTH}"
-    kinds = sum(any(test(c) for c in password) for test in (str.islower, str.isupper, str.isdigit,
-                                                            lambda c: not c.isalnum()))
+    kinds = sum(
+        any(test(c) for c in password) for test in (str.islower, str.isupper, str.isdigit, lambda c: not c.isalnum())
+    )
     if kinds < 3:
         return "use at least three of: lower-case letters, upper-case letters, digits, other characters"
     lowered = password.lower()
@@ -89,8 +115,10 @@ def make_app(web_root: str, admin_email: str | None = None, password: str | None
     seeding = needs_admin(web_root)
     if seeding:
         if not (admin_email and password and org):
-            raise ValueError(f"{web_root} holds no dashboard database yet: give the project admin's email, "
-                             f"password and organisation to create it")
+            raise ValueError(
+                f"{web_root} holds no dashboard database yet: give the project admin's email, "
+                f"password and organisation to create it"
+            )
         problem = password_problem(password, admin_email, org)
         if problem:
             raise ValueError(f"the project admin's password is too weak: {problem}")

@@ -35,15 +35,39 @@ OWN_PACKAGE = "fairfl."
 AUTHORIZATION = {
     "format_version": "1.0",
     "permissions": {
-        "project_admin": {"submit_job": "any", "clone_job": "any", "manage_job": "any", "download_job": "any",
-                          "view": "any", "operate": "any", "shell_commands": "none", "byoc": "none",
-                          "server-predeployed-flwr": "none"},
-        "org_admin": {"submit_job": "none", "clone_job": "none", "manage_job": "none", "download_job": "none",
-                      "view": "any", "operate": "o:site", "shell_commands": "o:site", "byoc": "none",
-                      "server-predeployed-flwr": "none"},
-        "lead": {"submit_job": "none", "clone_job": "none", "manage_job": "none", "download_job": "none",
-                 "view": "any", "operate": "o:site", "shell_commands": "o:site", "byoc": "none",
-                 "server-predeployed-flwr": "none"},
+        "project_admin": {
+            "submit_job": "any",
+            "clone_job": "any",
+            "manage_job": "any",
+            "download_job": "any",
+            "view": "any",
+            "operate": "any",
+            "shell_commands": "none",
+            "byoc": "none",
+            "server-predeployed-flwr": "none",
+        },
+        "org_admin": {
+            "submit_job": "none",
+            "clone_job": "none",
+            "manage_job": "none",
+            "download_job": "none",
+            "view": "any",
+            "operate": "o:site",
+            "shell_commands": "o:site",
+            "byoc": "none",
+            "server-predeployed-flwr": "none",
+        },
+        "lead": {
+            "submit_job": "none",
+            "clone_job": "none",
+            "manage_job": "none",
+            "download_job": "none",
+            "view": "any",
+            "operate": "o:site",
+            "shell_commands": "o:site",
+            "byoc": "none",
+            "server-predeployed-flwr": "none",
+        },
         "member": {"view": "any"},
     },
 }
@@ -85,8 +109,11 @@ def allow_listed(resources: dict) -> dict:
     if "*" in listed:
         raise ValueError("class_allow_list is '*' (every class allowed); refusing to narrow it silently")
     kept = [entry for entry in listed if not entry.startswith(OWN_PACKAGE)]
-    return {**resources, "class_list_enforcement_mode": "enforce",
-            "class_allow_list": list(dict.fromkeys([*kept, *ALLOW_LIST]))}
+    return {
+        **resources,
+        "class_list_enforcement_mode": "enforce",
+        "class_allow_list": list(dict.fromkeys([*kept, *ALLOW_LIST])),
+    }
 
 
 def _read_json(path: str):
@@ -102,9 +129,11 @@ def _kit_files(kit: str, kind: str, storage: str | None) -> dict:
     local = os.path.join(kit, "local")
     for folder in (local, os.path.join(kit, "startup")):
         if os.path.exists(os.path.join(folder, "signature.json")):
-            raise ValueError(f"{folder}/signature.json: this kit is signed (HE or confidential computing "
-                             f"provisioning); its local/ folder cannot be edited. Provision without those, or "
-                             f"add fairfl.flare.components.ALLOW_LIST to class_allow_list when provisioning")
+            raise ValueError(
+                f"{folder}/signature.json: this kit is signed (HE or confidential computing "
+                f"provisioning); its local/ folder cannot be edited. Provision without those, or "
+                f"add fairfl.flare.components.ALLOW_LIST to class_allow_list when provisioning"
+            )
     current = os.path.join(local, "resources.json")
     source = current if os.path.exists(current) else current + ".default"
     if not os.path.exists(source):
@@ -184,17 +213,23 @@ def complete_kits(root: str, storage: str | None = None, force: bool = False) ->
     planned, done = {}, {}
     for kit, kind in kits.items():
         if kind in ("server", "client"):
-            planned.update(_kit_files(kit, kind, storage or (os.path.join(kit, "storage") if kind == "server"
-                                                             else None)))
+            planned.update(
+                _kit_files(kit, kind, storage or (os.path.join(kit, "storage") if kind == "server" else None))
+            )
             done[kit] = kind
     # resources.json is written merged into the site's own (its settings kept): refused only where that would
     # change one; authorization.json is ours as a whole: refused if it differs at all
-    edited = [path for path, content in planned.items() if os.path.exists(path) and (
-        _overrides(_read_json(path), content) if path.endswith("resources.json") else _read_json(path) != content)]
+    edited = [
+        path
+        for path, content in planned.items()
+        if os.path.exists(path)
+        and (_overrides(_read_json(path), content) if path.endswith("resources.json") else _read_json(path) != content)
+    ]
     if edited and not force:
-        raise FileExistsError("completing these files would change settings made at the site (or by another "
-                              "version); nothing was changed. Keep them, or replace them with --force: "
-                              + ", ".join(edited))
+        raise FileExistsError(
+            "completing these files would change settings made at the site (or by another "
+            "version); nothing was changed. Keep them, or replace them with --force: " + ", ".join(edited)
+        )
     for path, content in planned.items():  # atomic: a crash never leaves a site a truncated policy file
         write_json_atomic(path, content, indent=2)
     return done

@@ -46,17 +46,26 @@ def project(n_sites: int, port: int = 8002) -> dict:
     """A POC project.yml: server `localhost` (loopback only), one project admin, sites site-1..site-N."""
     if n_sites < 1:
         raise ValueError(f"need at least one site, got {n_sites}")
-    participants = [{"name": SERVER, "type": "server", "org": "fairfl", "fed_learn_port": port},
-                    {"name": ADMIN, "type": "admin", "org": "fairfl", "role": "project_admin"}]
+    participants = [
+        {"name": SERVER, "type": "server", "org": "fairfl", "fed_learn_port": port},
+        {"name": ADMIN, "type": "admin", "org": "fairfl", "role": "project_admin"},
+    ]
     participants += [{"name": f"site-{i}", "type": "client", "org": "fairfl"} for i in range(1, n_sites + 1)]
-    return {"api_version": 3, "name": PROJECT, "description": "fairfl POC federation on 127.0.0.1",
-            "participants": participants,
-            "builders": [{"path": "nvflare.lighter.impl.workspace.WorkspaceBuilder",
-                          "args": {"template_file": ["master_template.yml"]}},
-                         {"path": "nvflare.lighter.impl.static_file.StaticFileBuilder",
-                          "args": {"config_folder": "config"}},
-                         {"path": "nvflare.lighter.impl.cert.CertBuilder"},
-                         {"path": "nvflare.lighter.impl.signature.SignatureBuilder"}]}
+    return {
+        "api_version": 3,
+        "name": PROJECT,
+        "description": "fairfl POC federation on 127.0.0.1",
+        "participants": participants,
+        "builders": [
+            {
+                "path": "nvflare.lighter.impl.workspace.WorkspaceBuilder",
+                "args": {"template_file": ["master_template.yml"]},
+            },
+            {"path": "nvflare.lighter.impl.static_file.StaticFileBuilder", "args": {"config_folder": "config"}},
+            {"path": "nvflare.lighter.impl.cert.CertBuilder"},
+            {"path": "nvflare.lighter.impl.signature.SignatureBuilder"},
+        ],
+    }
 
 
 def _nvflare(*args, ws: str | None = None, timeout: float = 300) -> None:

@@ -15,8 +15,14 @@ METHOD_STATE_FILE = "method_state.json"
 CHECKPOINT_FILE = "checkpoint.pt"
 # how long the run is and how it waits for sites may change on resume: a site that stays down may need a lower
 # min_clients to go on
-RESUME_MAY_CHANGE = ("num_rounds", "eval_every", "min_clients", "task_timeout", "straggler_timeout",
-                     "task_check_period")
+RESUME_MAY_CHANGE = (
+    "num_rounds",
+    "eval_every",
+    "min_clients",
+    "task_timeout",
+    "straggler_timeout",
+    "task_check_period",
+)
 
 
 class Checkpointing:
@@ -27,8 +33,9 @@ class Checkpointing:
         state = self.method_state()
         if state is None:
             return
-        write_json_atomic(os.path.join(run_dir, METHOD_STATE_FILE),
-                          {"method": self.method, "round": round_num, "state": state})
+        write_json_atomic(
+            os.path.join(run_dir, METHOD_STATE_FILE), {"method": self.method, "round": round_num, "state": state}
+        )
 
     def _checkpoint_path(self) -> str:
         root = self.engine.get_workspace().get_root_dir()
@@ -37,10 +44,19 @@ class Checkpointing:
     def _save_checkpoint(self, path, round_num, global_state) -> None:
         """Everything the next round needs, in one file replaced atomically: a crash keeps the previous one."""
         # tensors and plain JSON values only, so that it loads with weights_only=True (no pickled objects)
-        checkpoint = {"round": round_num, **json_safe({"config": self.config(), "method_state": self.method_state(),
-                                                        "results": self.results.data,
-                                                        "declared_samples": self.declared_samples}),
-                      "global_state": state_to_torch(global_state), "method_tensors": self.method_tensors()}
+        checkpoint = {
+            "round": round_num,
+            **json_safe(
+                {
+                    "config": self.config(),
+                    "method_state": self.method_state(),
+                    "results": self.results.data,
+                    "declared_samples": self.declared_samples,
+                }
+            ),
+            "global_state": state_to_torch(global_state),
+            "method_tensors": self.method_tensors(),
+        }
         save_atomic(checkpoint, path)
 
     def _load_checkpoint(self, path) -> dict | None:
@@ -54,24 +70,34 @@ class Checkpointing:
         try:  # tensors, numbers, strings, lists and dicts only: a pickled object is never run
             checkpoint = load_tensors(path)
         except ValueError as e:
-            raise ValueError(f"run {self.run_name!r}: the checkpoint cannot be loaded safely: {e}; delete it or "
-                             f"choose another run_name") from e
+            raise ValueError(
+                f"run {self.run_name!r}: the checkpoint cannot be loaded safely: {e}; delete it or "
+                f"choose another run_name"
+            ) from e
         saved, current = checkpoint["config"], json_safe(self.config())
         # an argument added since the checkpoint was written ran at its default then
         defaults = json_safe(component_arguments(type(self)))
         missing = object()
-        differing = sorted(k for k in set(saved) | set(current) if k not in RESUME_MAY_CHANGE
-                           and saved.get(k, defaults.get(k, missing)) != current.get(k, missing))
+        differing = sorted(
+            k
+            for k in set(saved) | set(current)
+            if k not in RESUME_MAY_CHANGE and saved.get(k, defaults.get(k, missing)) != current.get(k, missing)
+        )
         if differing or checkpoint["results"]["method"] != self.method:
-            raise ValueError(f"run {self.run_name!r}: the checkpoint {path} was made with other settings "
-                             f"({', '.join(differing) or 'method'}); choose another run_name or delete it")
+            raise ValueError(
+                f"run {self.run_name!r}: the checkpoint {path} was made with other settings "
+                f"({', '.join(differing) or 'method'}); choose another run_name or delete it"
+            )
         if checkpoint["method_state"] is not None:
             self.load_method_state(checkpoint["method_state"])
         if checkpoint.get("method_tensors") is not None:
             self.load_method_tensors(checkpoint["method_tensors"])
         self.declared_samples = dict(checkpoint.get("declared_samples") or {})
-        self.results.data.update(rounds=checkpoint["results"]["rounds"], final=checkpoint["results"]["final"],
-                                 resumed=checkpoint["round"] + 1)
+        self.results.data.update(
+            rounds=checkpoint["results"]["rounds"],
+            final=checkpoint["results"]["final"],
+            resumed=checkpoint["round"] + 1,
+        )
         self.results.write()
         self.info(f"run {self.run_name!r}: resuming after round {checkpoint['round']} from {path}")
         return {"round": checkpoint["round"], "global_state": state_to_numpy(checkpoint["global_state"])}

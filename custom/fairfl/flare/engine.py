@@ -53,9 +53,9 @@ DEFAULT_MODEL = {"segmentation": "unet", "classification": "cnn"}
 class SiteUpdate(NamedTuple):
     """One site's accepted answer to `train`."""
 
-    state: dict        # its trained model, {name: torch.Tensor}
-    num_samples: int   # its training-set size
-    meta: dict         # everything else it reported (FedCE: the leave-one-out error)
+    state: dict  # its trained model, {name: torch.Tensor}
+    num_samples: int  # its training-set size
+    meta: dict  # everything else it reported (FedCE: the leave-one-out error)
 
 
 class FairRoundController(Checkpointing, TaskFanOut):
@@ -66,15 +66,38 @@ class FairRoundController(Checkpointing, TaskFanOut):
     start_from = protocol.FROM_GLOBAL
     evaluate = protocol.FROM_GLOBAL
 
-    def __init__(self, num_rounds: int = 20, eval_every: int = 5, min_clients: int = 0,
-                 task_timeout: int = 3600, seed: int = 0, data_seed: int = 0, dataset: str = "prostate",
-                 num_classes=None, in_channels=None, model=None, model_channels=None,
-                 model_strides=(2, 2, 2), model_norm=None, weighting: str = "samples",
-                 exclude_sites=(), preset: str = "", task_check_period: float = 0.5, straggler_timeout: int = 600,
-                 run_name: str = "", max_samples: int = MAX_SAMPLES, max_update_ratio: float = 10.0,
-                 max_share=None, robust_aggregation: str = "none", trim_fraction: float = 0.2,
-                 local_optimizer: str = "adam", momentum: float = 0.0, keep_optimizer_state: bool = False,
-                 average_last: int = 1, test_scale: float = 1.0):
+    def __init__(
+        self,
+        num_rounds: int = 20,
+        eval_every: int = 5,
+        min_clients: int = 0,
+        task_timeout: int = 3600,
+        seed: int = 0,
+        data_seed: int = 0,
+        dataset: str = "prostate",
+        num_classes=None,
+        in_channels=None,
+        model=None,
+        model_channels=None,
+        model_strides=(2, 2, 2),
+        model_norm=None,
+        weighting: str = "samples",
+        exclude_sites=(),
+        preset: str = "",
+        task_check_period: float = 0.5,
+        straggler_timeout: int = 600,
+        run_name: str = "",
+        max_samples: int = MAX_SAMPLES,
+        max_update_ratio: float = 10.0,
+        max_share=None,
+        robust_aggregation: str = "none",
+        trim_fraction: float = 0.2,
+        local_optimizer: str = "adam",
+        momentum: float = 0.0,
+        keep_optimizer_state: bool = False,
+        average_last: int = 1,
+        test_scale: float = 1.0,
+    ):
         """
         Args:
             num_rounds: communication rounds (the paper: 200; CPU default 20).
@@ -133,12 +156,16 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 ones drawn from each site's own distribution, for a more precise test metric; training and
                 validation data are unchanged. A site with a data root ignores it.
         """
-        if isinstance(task_check_period, bool) or not isinstance(task_check_period, (int, float)) \
-                or not 0.01 <= task_check_period <= 60:
+        if (
+            isinstance(task_check_period, bool)
+            or not isinstance(task_check_period, (int, float))
+            or not 0.01 <= task_check_period <= 60
+        ):
             raise ValueError(f"task_check_period must be a number of seconds in [0.01, 60], got {task_check_period!r}")
         super().__init__(persistor_id="", task_check_period=task_check_period)
-        problem = check_optimizer_settings({"name": local_optimizer, "momentum": momentum,
-                                            "keep_state": keep_optimizer_state})
+        problem = check_optimizer_settings(
+            {"name": local_optimizer, "momentum": momentum, "keep_state": keep_optimizer_state}
+        )
         if problem:
             raise ValueError(f"local_optimizer / momentum / keep_optimizer_state: {problem}")
         self.local_optimizer, self.momentum = local_optimizer, float(momentum)
@@ -166,15 +193,18 @@ class FairRoundController(Checkpointing, TaskFanOut):
             raise ValueError(f"max_samples must be a positive integer, got {max_samples!r}")
         max_share = self.default_max_share if max_share is None else max_share
         if not 0 <= max_update_ratio or not 0 < max_share <= 1:
-            raise ValueError(f"max_update_ratio must be >= 0 and max_share in (0, 1], got {max_update_ratio}, "
-                             f"{max_share}")
+            raise ValueError(
+                f"max_update_ratio must be >= 0 and max_share in (0, 1], got {max_update_ratio}, {max_share}"
+            )
         if robust_aggregation not in ROBUST_MODES or not 0 <= trim_fraction < 0.5:
-            raise ValueError(f"robust_aggregation must be one of {ROBUST_MODES} and trim_fraction in [0, 0.5), got "
-                             f"{robust_aggregation!r}, {trim_fraction}")
+            raise ValueError(
+                f"robust_aggregation must be one of {ROBUST_MODES} and trim_fraction in [0, 0.5), got "
+                f"{robust_aggregation!r}, {trim_fraction}"
+            )
         self.max_samples, self.max_update_ratio, self.max_share = max_samples, float(max_update_ratio), float(max_share)
         self.robust_aggregation, self.trim_fraction = robust_aggregation, float(trim_fraction)
         self.declared_samples = {}  # {site: num_samples of its first accepted answer}: it may not grow later
-        self.failed = {}            # {site: return code} of the current round's tasks that failed at the site
+        self.failed = {}  # {site: return code} of the current round's tasks that failed at the site
 
     # --- the round loop --------------------------------------------------------------------------------
     def run(self):
@@ -189,9 +219,15 @@ class FairRoundController(Checkpointing, TaskFanOut):
     def _stop(self, reason: str, round_num=None, seconds: float = 0.0, **extras) -> None:
         """Record in results.json that the run ends early and why (created now if the run had not begun)."""
         if getattr(self, "results", None) is None:
-            self.results = ResultsLog(os.path.join(self.get_run_dir(), RESULTS_FILE), method=self.method,
-                                      task=self.task, metric=self.metric, seed=self.seed,
-                                      sites=getattr(self, "sites", []), config=self.config())
+            self.results = ResultsLog(
+                os.path.join(self.get_run_dir(), RESULTS_FILE),
+                method=self.method,
+                task=self.task,
+                metric=self.metric,
+                seed=self.seed,
+                sites=getattr(self, "sites", []),
+                config=self.config(),
+            )
         if round_num is None:
             self.results.data["stopped"] = reason
             self.results.write()
@@ -210,8 +246,15 @@ class FairRoundController(Checkpointing, TaskFanOut):
         self.absent = []
         self.task_meta = self.common_task_meta(sites)
         run_dir = self.get_run_dir()
-        self.results = ResultsLog(os.path.join(run_dir, RESULTS_FILE), method=self.method, task=self.task,
-                                  metric=self.metric, seed=self.seed, sites=sites, config=self.config())
+        self.results = ResultsLog(
+            os.path.join(run_dir, RESULTS_FILE),
+            method=self.method,
+            task=self.task,
+            metric=self.metric,
+            seed=self.seed,
+            sites=sites,
+            config=self.config(),
+        )
         self.writers = {}
         self.tb_dir = os.path.join(run_dir, "tb_events")
         global_state = initial_state(self.model_spec(), self.seed)
@@ -220,8 +263,10 @@ class FairRoundController(Checkpointing, TaskFanOut):
             checkpoint = self._load_checkpoint(self._checkpoint_path())
             if checkpoint:
                 global_state, first_round = checkpoint["global_state"], checkpoint["round"] + 1
-        self.info(f"{self.method}: rounds {first_round}..{self.num_rounds - 1} on {len(sites)} sites; results -> "
-                  f"{self.results.path}")
+        self.info(
+            f"{self.method}: rounds {first_round}..{self.num_rounds - 1} on {len(sites)} sites; results -> "
+            f"{self.results.path}"
+        )
         per_site = None
         for round_num in range(first_round, self.num_rounds):
             started, self.absent, self.failed = time.time(), [], {}
@@ -232,12 +277,20 @@ class FairRoundController(Checkpointing, TaskFanOut):
             required = min(self.min_responses, len(self.trainers))
             if len(train_metrics) < required:  # too few sites answered: end, never wait forever
                 failed = ", ".join(f"{s} ({rc})" for s, rc in sorted(self.failed.items()))
-                reason = (f"round {round_num}: {len(train_metrics)} of {len(self.trainers)} sites answered, fewer than "
-                          f"min_clients {required}; absent: {', '.join(self.absent) or 'none'}; failed: "
-                          f"{failed or 'none'}. The job ends here; the last global model and results are those of "
-                          f"round {round_num - 1}")
-                self._stop(reason, round_num, time.time() - started, absent=list(self.absent) or None,
-                           failed=dict(self.failed) or None, rejected=rejected or None)
+                reason = (
+                    f"round {round_num}: {len(train_metrics)} of {len(self.trainers)} sites answered, fewer than "
+                    f"min_clients {required}; absent: {', '.join(self.absent) or 'none'}; failed: "
+                    f"{failed or 'none'}. The job ends here; the last global model and results are those of "
+                    f"round {round_num - 1}"
+                )
+                self._stop(
+                    reason,
+                    round_num,
+                    time.time() - started,
+                    absent=list(self.absent) or None,
+                    failed=dict(self.failed) or None,
+                    rejected=rejected or None,
+                )
                 self.system_panic(reason, self.fl_ctx)
                 return
             extras = {}
@@ -247,43 +300,73 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 self.error(f"round {round_num}: no acceptable site result; the global model is kept unchanged")
             last = round_num == self.num_rounds - 1
             per_site = None
-            if last or round_num >= self.num_rounds - self.average_last \
-                    or (self.eval_every > 0 and (round_num + 1) % self.eval_every == 0):
+            if (
+                last
+                or round_num >= self.num_rounds - self.average_last
+                or (self.eval_every > 0 and (round_num + 1) % self.eval_every == 0)
+            ):
                 per_site = self._evaluate(round_num, global_state, rejected)
             self._log_tensorboard(round_num, per_site, train_metrics)
-            record = self.results.add_round(round_num, time.time() - started, per_site, train=train_metrics,
-                                            rejected=rejected or None, absent=list(self.absent) or None,
-                                            failed=dict(self.failed) or None, **extras)
+            record = self.results.add_round(
+                round_num,
+                time.time() - started,
+                per_site,
+                train=train_metrics,
+                rejected=rejected or None,
+                absent=list(self.absent) or None,
+                failed=dict(self.failed) or None,
+                **extras,
+            )
             if per_site:
-                self.info(f"round {round_num}: mean {self.metric} {record.get('mean', float('nan')):.4f} "
-                          f"std {record.get('std', float('nan')):.4f} worst {record.get('worst_site')}")
+                self.info(
+                    f"round {round_num}: mean {self.metric} {record.get('mean', float('nan')):.4f} "
+                    f"std {record.get('std', float('nan')):.4f} worst {record.get('worst_site')}"
+                )
             if self.start_from == protocol.FROM_GLOBAL:
                 save_atomic(state_to_torch(global_state), os.path.join(run_dir, GLOBAL_MODEL_FILE))
             self._save_method_state(run_dir, round_num)
             if self.run_name:
                 self._save_checkpoint(self._checkpoint_path(), round_num, global_state)
         if per_site:
-            mean_of_last = self.results.mean_of_last(self.num_rounds - 1, self.average_last) \
-                if self.average_last > 1 else None
+            mean_of_last = (
+                self.results.mean_of_last(self.num_rounds - 1, self.average_last) if self.average_last > 1 else None
+            )
             final = self.results.finish(per_site, mean_of_last=mean_of_last, **self.final_extras())
             if self.run_name:  # with the final record: submitting the finished run again changes nothing
                 self._save_checkpoint(self._checkpoint_path(), self.num_rounds - 1, global_state)
-            self.info(f"final: mean {self.metric} {final.get('mean', float('nan')):.4f} std {final.get('std', float('nan')):.4f}"
-                      f"; results: {self.results.path}")
+            self.info(
+                f"final: mean {self.metric} {final.get('mean', float('nan')):.4f} "
+                f"std {final.get('std', float('nan')):.4f}; results: {self.results.path}"
+            )
         elif first_round < self.num_rounds:  # every site's last evaluation failed or was rejected
-            self._stop(f"round {self.num_rounds - 1}: no site's evaluation could be used (see the round's rejected, "
-                       f"failed and absent); there are no final results")
+            self._stop(
+                f"round {self.num_rounds - 1}: no site's evaluation could be used (see the round's rejected, "
+                f"failed and absent); there are no final results"
+            )
         for writer in self.writers.values():
             writer.close()
 
     def _train_round(self, round_num, global_state):
         send_global = self.start_from == protocol.FROM_GLOBAL or round_num == 0
-        meta = {**self.task_meta, protocol.START_FROM: self.start_from,
-                protocol.SEND_PARAMS: self.start_from == protocol.FROM_GLOBAL, **self.train_meta(round_num)}
-        results = self._ask_models(round_num, protocol.TASK_TRAIN,
-                                   FLModel(params_type=ParamsType.FULL, params=global_state if send_global else {},
-                                           current_round=round_num, total_rounds=self.num_rounds, meta=meta),
-                                   self.trainers, global_state)
+        meta = {
+            **self.task_meta,
+            protocol.START_FROM: self.start_from,
+            protocol.SEND_PARAMS: self.start_from == protocol.FROM_GLOBAL,
+            **self.train_meta(round_num),
+        }
+        results = self._ask_models(
+            round_num,
+            protocol.TASK_TRAIN,
+            FLModel(
+                params_type=ParamsType.FULL,
+                params=global_state if send_global else {},
+                current_round=round_num,
+                total_rounds=self.num_rounds,
+                meta=meta,
+            ),
+            self.trainers,
+            global_state,
+        )
         updates, rejected, train_metrics = {}, {}, {}
         reference = self.update_reference(global_state)
         for result in sorted(results, key=lambda r: r.meta.get("client_name", "?")):
@@ -312,8 +395,11 @@ class FairRoundController(Checkpointing, TaskFanOut):
             return None, metrics, None  # Solo: weights never leave the site
         state, problem = tensor_state({} if result.params is None else result.params)
         num_samples = result.meta.get(protocol.NUM_SAMPLES)
-        problem = problem or check_site_state(state, reference) or \
-            samples_problem(num_samples, self.declared_samples.get(site), self.max_samples)
+        problem = (
+            problem
+            or check_site_state(state, reference)
+            or samples_problem(num_samples, self.declared_samples.get(site), self.max_samples)
+        )
         if problem:
             return None, metrics, problem
         self.declared_samples.setdefault(site, int(num_samples))
@@ -330,12 +416,19 @@ class FairRoundController(Checkpointing, TaskFanOut):
         self.error(f"round {round_num}: rejected the {what} of {site}: {problem}")
 
     def _evaluate(self, round_num, global_state, rejected) -> dict:
-        results = self._ask_models(round_num, protocol.TASK_VALIDATE,
-                                   FLModel(params_type=ParamsType.FULL,
-                                           params=global_state if self.evaluate != protocol.FROM_LOCAL else {},
-                                           current_round=round_num, total_rounds=self.num_rounds,
-                                           meta={**self.task_meta, protocol.EVALUATE: self.evaluate}),
-                                   self.sites, global_state)
+        results = self._ask_models(
+            round_num,
+            protocol.TASK_VALIDATE,
+            FLModel(
+                params_type=ParamsType.FULL,
+                params=global_state if self.evaluate != protocol.FROM_LOCAL else {},
+                current_round=round_num,
+                total_rounds=self.num_rounds,
+                meta={**self.task_meta, protocol.EVALUATE: self.evaluate},
+            ),
+            self.sites,
+            global_state,
+        )
         per_site = {}
         for result in results:  # every evaluation metric is a score in [0, 1]
             site = result.meta.get("client_name", "?")
@@ -353,9 +446,20 @@ class FairRoundController(Checkpointing, TaskFanOut):
         own = self.models_for(round_num, global_state, targets)
         if own is None:
             return self.ask(round_num, task_name, model, targets)
-        return self.ask_each(round_num, task_name, {
-            s: FLModel(params_type=model.params_type, params=own[s], current_round=model.current_round,
-                       total_rounds=model.total_rounds, meta=model.meta) for s in targets})
+        return self.ask_each(
+            round_num,
+            task_name,
+            {
+                s: FLModel(
+                    params_type=model.params_type,
+                    params=own[s],
+                    current_round=model.current_round,
+                    total_rounds=model.total_rounds,
+                    meta=model.meta,
+                )
+                for s in targets
+            },
+        )
 
     # --- the method's hook -------------------------------------------------------------------------------
     def aggregate(self, round_num, global_state, updates, rejected):
@@ -433,11 +537,19 @@ class FairRoundController(Checkpointing, TaskFanOut):
     def common_task_meta(self, sites: list[str]) -> dict:
         """What every task of the run tells every site: the model, the data (built-in: which, its seed, sites and
         test scale), the local optimiser, the run's name and the method's own settings (`site_meta`)."""
-        meta = {protocol.MODEL_SPEC: self.model_spec(), protocol.DATASET: self.dataset, protocol.TASK: self.task,
-                protocol.NUM_SITES: max(builtin_dataset(self.dataset).min_sites, len(sites)),
-                protocol.DATA_SEED: self.data_seed, protocol.TEST_SCALE: self.test_scale,
-                protocol.OPTIMIZER: {"name": self.local_optimizer, "momentum": self.momentum,
-                                     "keep_state": self.keep_optimizer_state}}
+        meta = {
+            protocol.MODEL_SPEC: self.model_spec(),
+            protocol.DATASET: self.dataset,
+            protocol.TASK: self.task,
+            protocol.NUM_SITES: max(builtin_dataset(self.dataset).min_sites, len(sites)),
+            protocol.DATA_SEED: self.data_seed,
+            protocol.TEST_SCALE: self.test_scale,
+            protocol.OPTIMIZER: {
+                "name": self.local_optimizer,
+                "momentum": self.momentum,
+                "keep_state": self.keep_optimizer_state,
+            },
+        }
         if self.run_name:
             meta[protocol.RUN_NAME] = self.run_name
         return {**meta, **self.site_meta()}
@@ -458,8 +570,12 @@ class FairRoundController(Checkpointing, TaskFanOut):
         of the controller (each stored under its own name, as resolved: a null model is the task's default), the
         task and the preset environment; not how often the server polls for answers, which changes no result."""
         arguments = [k for k in component_arguments(type(self)) if k != "task_check_period"]
-        return {"controller": type(self).__name__, **{k: getattr(self, k) for k in arguments}, "task": self.task,
-                "preset_env": os.environ.get("FAIRFL_PRESET", "")}
+        return {
+            "controller": type(self).__name__,
+            **{k: getattr(self, k) for k in arguments},
+            "task": self.task,
+            "preset_env": os.environ.get("FAIRFL_PRESET", ""),
+        }
 
     def _log_tensorboard(self, round_num, per_site, train_metrics):
         from torch.utils.tensorboard import SummaryWriter  # imported late: tensorboard is slow to import

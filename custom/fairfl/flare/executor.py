@@ -25,22 +25,36 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from fairfl.classification import LogitAdjustedCrossEntropy, class_counts, evaluate_classification
-from fairfl.methods.fedlwr.cka import MIN_BATCH, layerwise_cka
 from fairfl.data.builtin import builtin_dataset, check_test_scale, ensure_builtin
-from fairfl.data.datalist import load_dataset_info, load_datalist
+from fairfl.data.classification_sites import CORRUPTED_SPLIT
+from fairfl.data.datalist import load_datalist, load_dataset_info
 from fairfl.data.free_rider import free_rider_datalist
 from fairfl.data.loaders import check_augmentation, make_loader
-from fairfl.data.classification_sites import CORRUPTED_SPLIT
 from fairfl.errors import DataError
 from fairfl.files import save_round_keeping_previous
 from fairfl.flare import protocol
-from fairfl.methods.steps import StepContext, TaskSteps, problems as step_problems
+from fairfl.methods.fedlwr.cka import MIN_BATCH, layerwise_cka
+from fairfl.methods.steps import StepContext, TaskSteps
+from fairfl.methods.steps import problems as step_problems
 from fairfl.models import build_model, check_model_spec, is_int_in, load_numpy_state, state_to_numpy
 from fairfl.presets import apply_preset
 from fairfl.site_settings import site_settings
-from fairfl.training import (TrainSettings, check_optimizer_settings, configure_threads, evaluate_dice,
-                             load_optimizer_state, load_tensors, make_optimizer, optimizer_state, save_model,
-                             seed_everything, segmentation_loss, select_device, site_seed, train_local)
+from fairfl.training import (
+    TrainSettings,
+    check_optimizer_settings,
+    configure_threads,
+    evaluate_dice,
+    load_optimizer_state,
+    load_tensors,
+    make_optimizer,
+    optimizer_state,
+    save_model,
+    seed_everything,
+    segmentation_loss,
+    select_device,
+    site_seed,
+    train_local,
+)
 
 SEGMENTATION, CLASSIFICATION = "segmentation", "classification"
 LOO_SCORE = {SEGMENTATION: "dice", CLASSIFICATION: "balanced_accuracy"}  # validation_score (FedCE: 1 - this, CFFL)
@@ -50,12 +64,26 @@ CKA_BATCH_SIZE = 32  # docs/methods/fedlwr.md: measured against 8 and 64
 
 
 class FairflExecutor(Executor):
-    def __init__(self, data_root: str = "", image_size: int = 64, batch_size: int | None = None,
-                 lr: float | None = None, weight_decay: float | None = None, local_epochs: int = 1, local_steps: int = 0,
-                 cka_max_samples: int = 64, cka_batch_size: int = CKA_BATCH_SIZE, cka_split: str = "training",
-                 synthetic_size_scale: float | None = None, seed: int = 0,
-                 num_threads: int = 1, device: str = "auto", logit_adjustment: float = 1.0, preset: str = "",
-                 augmentation=None):
+    def __init__(
+        self,
+        data_root: str = "",
+        image_size: int = 64,
+        batch_size: int | None = None,
+        lr: float | None = None,
+        weight_decay: float | None = None,
+        local_epochs: int = 1,
+        local_steps: int = 0,
+        cka_max_samples: int = 64,
+        cka_batch_size: int = CKA_BATCH_SIZE,
+        cka_split: str = "training",
+        synthetic_size_scale: float | None = None,
+        seed: int = 0,
+        num_threads: int = 1,
+        device: str = "auto",
+        logit_adjustment: float = 1.0,
+        preset: str = "",
+        augmentation=None,
+    ):
         """Local training, evaluation and CKA probing for one site.
 
         Args:
@@ -90,8 +118,10 @@ class FairflExecutor(Executor):
         self.local_epochs, self.local_steps = local_epochs, local_steps
         counts = (cka_batch_size, cka_max_samples)
         if cka_split not in CKA_SPLITS or not all(type(n) is int and n >= MIN_BATCH for n in counts):
-            raise ValueError(f"need cka_split in {CKA_SPLITS} and integers cka_batch_size, cka_max_samples >= "
-                             f"{MIN_BATCH}; got {cka_split!r}, {cka_batch_size!r}, {cka_max_samples!r}")
+            raise ValueError(
+                f"need cka_split in {CKA_SPLITS} and integers cka_batch_size, cka_max_samples >= "
+                f"{MIN_BATCH}; got {cka_split!r}, {cka_batch_size!r}, {cka_max_samples!r}"
+            )
         self.cka_max_samples, self.cka_batch_size, self.cka_split = cka_max_samples, cka_batch_size, cka_split
         self.synthetic_size_scale = synthetic_size_scale
         self.seed, self.num_threads, self.device, self.preset = seed, num_threads, device, preset
@@ -101,8 +131,11 @@ class FairflExecutor(Executor):
 
     # --- task dispatch ---------------------------------------------------------------------------------
     def execute(self, task_name, shareable, fl_ctx, abort_signal):
-        handlers = {protocol.TASK_TRAIN: self._train, protocol.TASK_VALIDATE: self._validate,
-                    protocol.TASK_CKA: self._cka}
+        handlers = {
+            protocol.TASK_TRAIN: self._train,
+            protocol.TASK_VALIDATE: self._validate,
+            protocol.TASK_CKA: self._cka,
+        }
         if task_name not in handlers:
             self.log_error(fl_ctx, f"unknown task {task_name!r}; this executor answers {sorted(handlers)}")
             return make_reply(ReturnCode.TASK_UNKNOWN)
@@ -151,11 +184,21 @@ class FairflExecutor(Executor):
         steps.after_training(ctx, model)
         params = state_to_numpy(model.state_dict()) if meta.get(protocol.SEND_PARAMS, True) else {}
         params = steps.outgoing(ctx, params, model)
-        metrics = {**ctx.metrics, **{k: float(stats[k]) for k in ("train_loss", "train_perturbed_loss", "rho")
-                                     if k in stats}}
-        return FLModel(params_type=ParamsType.FULL, params=params, metrics=metrics,
-                       meta={protocol.NUM_SAMPLES: len(loader.dataset), protocol.NUM_STEPS: stats["steps"],
-                             protocol.LR: self.lr, **ctx.reply})
+        metrics = {
+            **ctx.metrics,
+            **{k: float(stats[k]) for k in ("train_loss", "train_perturbed_loss", "rho") if k in stats},
+        }
+        return FLModel(
+            params_type=ParamsType.FULL,
+            params=params,
+            metrics=metrics,
+            meta={
+                protocol.NUM_SAMPLES: len(loader.dataset),
+                protocol.NUM_STEPS: stats["steps"],
+                protocol.LR: self.lr,
+                **ctx.reply,
+            },
+        )
 
     def _validate(self, site, task: FLModel, state_dir: str) -> FLModel:
         """Segmentation: Dice on the `testing` split. Classification: accuracy, balanced accuracy and macro
@@ -173,12 +216,20 @@ class FairflExecutor(Executor):
             scores = {"clean": metrics}
             if CORRUPTED_SPLIT in self._datalist:
                 scores["corrupted"] = self._evaluate(
-                    model, self._loader(site, meta, CORRUPTED_SPLIT, train=False, seed=self.seed), meta)
+                    model, self._loader(site, meta, CORRUPTED_SPLIT, train=False, seed=self.seed), meta
+                )
             corrupted_site = site in self._corrupted_sites and "corrupted" in scores
-            metrics = {**scores["corrupted" if corrupted_site else "clean"], "corrupted_site": float(corrupted_site),
-                       **{f"{quality}_{name}": v for quality, values in scores.items() for name, v in values.items()}}
-        return FLModel(params_type=ParamsType.FULL, params={}, metrics={**metrics, **ctx.metrics},
-                       meta={protocol.NUM_SAMPLES: len(loader.dataset)})
+            metrics = {
+                **scores["corrupted" if corrupted_site else "clean"],
+                "corrupted_site": float(corrupted_site),
+                **{f"{quality}_{name}": v for quality, values in scores.items() for name, v in values.items()},
+            }
+        return FLModel(
+            params_type=ParamsType.FULL,
+            params={},
+            metrics={**metrics, **ctx.metrics},
+            meta={protocol.NUM_SAMPLES: len(loader.dataset)},
+        )
 
     def _cka(self, site, task: FLModel, state_dir: str) -> FLModel:
         """Per-layer CKA between the site's local model and the anchor on a random sample of the site's images,
@@ -188,17 +239,24 @@ class FairflExecutor(Executor):
         meta = task.meta
         local = self._load_local(meta, state_dir)
         anchor = load_numpy_state(build_model(meta[protocol.MODEL_SPEC]), task.params)
-        loader = self._loader(site, meta, self.cka_split, train=False,
-                              seed=site_seed(self.seed, site) + int(task.current_round or 0),
-                              max_samples=self.cka_max_samples, batch_size=self.cka_batch_size)
+        loader = self._loader(
+            site,
+            meta,
+            self.cka_split,
+            train=False,
+            seed=site_seed(self.seed, site) + int(task.current_round or 0),
+            max_samples=self.cka_max_samples,
+            batch_size=self.cka_batch_size,
+        )
         cka = layerwise_cka(local, anchor, (b["image"] for b in loader), device=select_device(self.device))
         return FLModel(params_type=ParamsType.FULL, params={}, meta={protocol.CKA: cka})
 
     def _validation_score(self, site, model, meta: dict, device):
         """Dice (classification: balanced accuracy) of `model` on the validation split; None when NaN (no foreground
         to score)."""
-        score = self._evaluate(model, self._loader(site, meta, "validation", train=False, seed=self.seed), meta,
-                               device)[LOO_SCORE[self._task(meta)]]
+        score = self._evaluate(
+            model, self._loader(site, meta, "validation", train=False, seed=self.seed), meta, device
+        )[LOO_SCORE[self._task(meta)]]
         return score if score == score else None
 
     # --- helpers ---------------------------------------------------------------------------------------
@@ -254,13 +312,23 @@ class FairflExecutor(Executor):
         """What the methods' steps see of this task and of this site (fairfl.methods.steps.StepContext)."""
         meta, device, round_num = task.meta, select_device(self.device), int(task.current_round or 0)
         return StepContext(
-            site=site, meta=meta, params=task.params, round=round_num, seed=site_seed(self.seed, site) + round_num,
-            device=device, state_dir=state_dir, task=self._task(meta),
-            loader=lambda split, train, seed=None: self._loader(site, meta, split, train=train,
-                                                                seed=self.seed if seed is None else seed),
+            site=site,
+            meta=meta,
+            params=task.params,
+            round=round_num,
+            seed=site_seed(self.seed, site) + round_num,
+            device=device,
+            state_dir=state_dir,
+            task=self._task(meta),
+            loader=lambda split, train, seed=None: self._loader(
+                site, meta, split, train=train, seed=self.seed if seed is None else seed
+            ),
             validation_score=lambda model: self._validation_score(site, model, meta, device),
-            base_loss=lambda: self._loss(meta), class_counts=lambda: self._class_counts(meta),
-            train_settings=lambda: self._train_settings(meta), log_error=self.logger.error)
+            base_loss=lambda: self._loss(meta),
+            class_counts=lambda: self._class_counts(meta),
+            train_settings=lambda: self._train_settings(meta),
+            log_error=self.logger.error,
+        )
 
     def _load_local(self, meta: dict, state_dir: str):
         path = os.path.join(state_dir, protocol.LOCAL_MODEL_FILE)
@@ -277,9 +345,15 @@ class FairflExecutor(Executor):
 
     def _train_settings(self, meta: dict) -> TrainSettings:
         chosen = self._optimizer_settings(meta)
-        return TrainSettings(lr=self.lr, weight_decay=self.weight_decay, batch_size=self.batch_size,
-                             local_epochs=self.local_epochs, local_steps=self.local_steps,
-                             optimizer=chosen.get("name", "adam"), momentum=float(chosen.get("momentum", 0.0)))
+        return TrainSettings(
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            batch_size=self.batch_size,
+            local_epochs=self.local_epochs,
+            local_steps=self.local_steps,
+            optimizer=chosen.get("name", "adam"),
+            momentum=float(chosen.get("momentum", 0.0)),
+        )
 
     def _optimizer(self, site, meta: dict, model, settings: TrainSettings, state_dir: str, round_num: int):
         """A fresh local optimiser for this round or, with keep_state, one carrying the state this site kept after
@@ -295,8 +369,12 @@ class FairflExecutor(Executor):
             if saved is not None and saved.get("round") == round_num - 1:
                 problem = load_optimizer_state(optimizer, settings.optimizer, saved)
                 if problem:
-                    raise DataError(site, path, f"the kept optimiser state cannot be used ({problem}); delete it to "
-                                                f"start this site's optimiser afresh")
+                    raise DataError(
+                        site,
+                        path,
+                        f"the kept optimiser state cannot be used ({problem}); delete it to "
+                        f"start this site's optimiser afresh",
+                    )
                 return optimizer
         return optimizer
 
@@ -308,11 +386,20 @@ class FairflExecutor(Executor):
         try:
             saved = load_tensors(path)
         except ValueError as e:
-            raise DataError(site, path, f"unreadable kept optimiser state ({e}); delete it to start this site's "
-                                        f"optimiser afresh") from e
-        if not isinstance(saved, dict) or isinstance(saved.get("round"), bool) or not isinstance(saved.get("round"), int):
-            raise DataError(site, path, "not a kept optimiser state ({'round': int, 'optimizer', 'moments'}); delete "
-                                        "it to start this site's optimiser afresh")
+            raise DataError(
+                site, path, f"unreadable kept optimiser state ({e}); delete it to start this site's optimiser afresh"
+            ) from e
+        if (
+            not isinstance(saved, dict)
+            or isinstance(saved.get("round"), bool)
+            or not isinstance(saved.get("round"), int)
+        ):
+            raise DataError(
+                site,
+                path,
+                "not a kept optimiser state ({'round': int, 'optimizer', 'moments'}); delete "
+                "it to start this site's optimiser afresh",
+            )
         return saved
 
     def _keep_optimizer_state(self, site, optimizer, settings: TrainSettings, state_dir: str, round_num: int):
@@ -320,9 +407,13 @@ class FairflExecutor(Executor):
         file, so a round repeated after a restart starts from the same state as its first try."""
         path = os.path.join(state_dir, protocol.OPTIMIZER_STATE_FILE)
         current = self._kept_optimizer_state(site, path)
-        save_round_keeping_previous(optimizer_state(optimizer, settings.optimizer, round_num), path,
-                                    os.path.join(state_dir, protocol.PREVIOUS_OPTIMIZER_STATE_FILE),
-                                    None if current is None else current["round"], round_num)
+        save_round_keeping_previous(
+            optimizer_state(optimizer, settings.optimizer, round_num),
+            path,
+            os.path.join(state_dir, protocol.PREVIOUS_OPTIMIZER_STATE_FILE),
+            None if current is None else current["round"],
+            round_num,
+        )
 
     def _loader(self, site, meta, split, train, seed, max_samples=None, batch_size=None):
         spec = meta[protocol.MODEL_SPEC]
@@ -330,11 +421,19 @@ class FairflExecutor(Executor):
             self._datalist = self._load_datalist(site, meta)
         key = (split, train, max_samples, batch_size)
         if key not in self._loaders:
-            self._loaders[key] = make_loader(self._datalist[split], image_size=self.image_size,
-                                             num_classes=spec["num_classes"], batch_size=batch_size or self.batch_size,
-                                             train=train, seed=self.seed, max_samples=max_samples,
-                                             in_channels=spec["in_channels"], task=self._task(meta), site=site,
-                                             augmentation=self.augmentation)
+            self._loaders[key] = make_loader(
+                self._datalist[split],
+                image_size=self.image_size,
+                num_classes=spec["num_classes"],
+                batch_size=batch_size or self.batch_size,
+                train=train,
+                seed=self.seed,
+                max_samples=max_samples,
+                in_channels=spec["in_channels"],
+                task=self._task(meta),
+                site=site,
+                augmentation=self.augmentation,
+            )
         loader = self._loaders[key]
         # Re-seed shuffling and augmentation per round, so a round's batches do not depend on whether this
         # process is the one that ran the previous rounds (simulator -t < -n, restarts).
@@ -349,8 +448,12 @@ class FairflExecutor(Executor):
         (`testing_corrupted`)."""
         root, num_classes = self._data_root(site, meta), meta[protocol.MODEL_SPEC]["num_classes"]
         own = site_settings(site)
-        options = dict(num_classes=num_classes, task=self._task(meta), allow_absolute_paths=own.allow_absolute_paths,
-                       optional_splits=(CORRUPTED_SPLIT,) if self._task(meta) == CLASSIFICATION else ())
+        options = dict(
+            num_classes=num_classes,
+            task=self._task(meta),
+            allow_absolute_paths=own.allow_absolute_paths,
+            optional_splits=(CORRUPTED_SPLIT,) if self._task(meta) == CLASSIFICATION else (),
+        )
         info = load_dataset_info(root, site, num_classes)
         self._regions, self._corrupted_sites = info.get("regions"), info.get("corrupted_sites", [])
         if own.free_rider:  # this site's own test switch: one image of another site, repeated
@@ -365,15 +468,27 @@ class FairflExecutor(Executor):
             return root
         seed, num_sites = meta.get(protocol.DATA_SEED, 0), meta.get(protocol.NUM_SITES)
         if not (is_int_in(seed, 0, 2**32 - 1) and is_int_in(num_sites, 1, MAX_SITES)):
-            raise DataError(site, "the server's task", f"data_seed {seed!r} or num_sites {num_sites!r} out of range "
-                                                       f"(integers in [0, 2^32 - 1] and [1, {MAX_SITES}])")
+            raise DataError(
+                site,
+                "the server's task",
+                f"data_seed {seed!r} or num_sites {num_sites!r} out of range "
+                f"(integers in [0, 2^32 - 1] and [1, {MAX_SITES}])",
+            )
         try:
             dataset = builtin_dataset(meta.get(protocol.DATASET, "prostate")).name
             test_scale = check_test_scale(meta.get(protocol.TEST_SCALE, 1.0))
         except ValueError as e:
             raise DataError(site, "the server's task", str(e)) from e
-        return str(ensure_builtin(dataset, image_size=self.image_size, seed=seed, num_sites=num_sites,
-                                  size_scale=self.synthetic_size_scale, test_scale=test_scale))
+        return str(
+            ensure_builtin(
+                dataset,
+                image_size=self.image_size,
+                seed=seed,
+                num_sites=num_sites,
+                size_scale=self.synthetic_size_scale,
+                test_scale=test_scale,
+            )
+        )
 
     @staticmethod
     def _state_dir(fl_ctx, meta: dict) -> str:
@@ -383,4 +498,3 @@ class FairflExecutor(Executor):
         if meta.get(protocol.RUN_NAME):  # checked there: a safe name, never a path
             return protocol.run_state_dir(workspace.get_root_dir(), fl_ctx.get_identity_name(), meta[protocol.RUN_NAME])
         return os.path.join(workspace.get_run_dir(fl_ctx.get_job_id()), "fairfl_site")
-

@@ -38,9 +38,14 @@ class TaskFanOut(ModelController):
         seconds after `min_clients` of them have, or after `task_timeout`, whichever comes first. Sites that did
         not answer are added to the round's `absent` list. (NVFlare's `send_model_and_wait` would end the task
         the moment `min_clients` have answered, dropping a slow but healthy site every round.)"""
-        results = self.broadcast_model(data=model, task_name=task_name, targets=list(targets),
-                                       min_responses=min(self.min_responses, len(targets)), timeout=self.task_timeout,
-                                       wait_time_after_min_received=self.straggler_timeout)
+        results = self.broadcast_model(
+            data=model,
+            task_name=task_name,
+            targets=list(targets),
+            min_responses=min(self.min_responses, len(targets)),
+            timeout=self.task_timeout,
+            wait_time_after_min_received=self.straggler_timeout,
+        )
         self._record_absent(round_num, task_name, targets, results)
         return results
 
@@ -49,9 +54,11 @@ class TaskFanOut(ModelController):
         for site in targets:
             if site not in answered and site not in self.absent:
                 self.absent.append(site)
-                self.error(f"round {round_num}: no {task_name} answer from {site} within straggler_timeout "
-                           f"{self.straggler_timeout} s of min_clients answers or task_timeout {self.task_timeout} s "
-                           f"(crashed, disconnected or too slow); absent this round")
+                self.error(
+                    f"round {round_num}: no {task_name} answer from {site} within straggler_timeout "
+                    f"{self.straggler_timeout} s of min_clients answers or task_timeout {self.task_timeout} s "
+                    f"(crashed, disconnected or too slow); absent this round"
+                )
 
     def ask_each(self, round_num, task_name, models: dict) -> list:
         """`ask` with its own task for every site, {site: FLModel} (per-site models: CFFL, CGSV), with the same waiting
@@ -59,8 +66,15 @@ class TaskFanOut(ModelController):
         answer are recorded `absent` and their tasks cancelled."""
         targets, answers = list(models), []
         for site in targets:  # non-blocking: every site works at once
-            self.broadcast_model(data=models[site], task_name=task_name, targets=[site], min_responses=1,
-                                 timeout=self.task_timeout, blocking=False, callback=answers.append)
+            self.broadcast_model(
+                data=models[site],
+                task_name=task_name,
+                targets=[site],
+                min_responses=1,
+                timeout=self.task_timeout,
+                blocking=False,
+                callback=answers.append,
+            )
         # an error is judged against the whole task, as for one broadcast (NVFlare's dynamic ignore_result_error)
         required = min(self.min_responses, len(targets))
         self._current_num_targets, self._current_min_responses = len(targets), required

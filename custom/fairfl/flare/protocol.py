@@ -9,49 +9,49 @@ TASK_VALIDATE = "validate"
 TASK_CKA = "cka"
 
 # server -> site
-TASK = "task"                    # "segmentation" or "classification": which loaders, loss and metrics a site uses
-MODEL_SPEC = "model_spec"        # dict understood by fairfl.models.build_model
-DATASET = "dataset"              # which built-in dataset (fairfl.data.builtin) a site without a data root uses
-NUM_SITES = "num_sites"          # how many sites the built-in data must have
-DATA_SEED = "data_seed"          # seed of the built-in data
-TEST_SCALE = "test_scale"        # the built-in data's test splits hold this many times their items (1 to 20; absent: 1)
-LOO_WEIGHTS = "loo_weights"      # FedCE: {site: its weight in the global model sent}; asks for the LOO error
-START_FROM = "start_from"        # train from FROM_GLOBAL (the params sent) or FROM_LOCAL (the site's own model)
-EVALUATE = "evaluate"            # evaluate FROM_GLOBAL or FROM_LOCAL
-SEND_PARAMS = "send_params"      # whether the site returns its trained weights
+TASK = "task"  # "segmentation" or "classification": which loaders, loss and metrics a site uses
+MODEL_SPEC = "model_spec"  # dict understood by fairfl.models.build_model
+DATASET = "dataset"  # which built-in dataset (fairfl.data.builtin) a site without a data root uses
+NUM_SITES = "num_sites"  # how many sites the built-in data must have
+DATA_SEED = "data_seed"  # seed of the built-in data
+TEST_SCALE = "test_scale"  # the built-in data's test splits hold this many times their items (1 to 20; absent: 1)
+LOO_WEIGHTS = "loo_weights"  # FedCE: {site: its weight in the global model sent}; asks for the LOO error
+START_FROM = "start_from"  # train from FROM_GLOBAL (the params sent) or FROM_LOCAL (the site's own model)
+EVALUATE = "evaluate"  # evaluate FROM_GLOBAL or FROM_LOCAL
+SEND_PARAMS = "send_params"  # whether the site returns its trained weights
 FROM_GLOBAL, FROM_LOCAL = "global", "local"
-FROM_PERSONAL = "personal"       # EVALUATE only: the site's Ditto personal model (PERSONAL_MODEL_FILE); a site that
-                                 # has none yet (never trained) is scored with the model sent, Ditto's v_k start
-SALT_RHO = "salt_rho"            # FedISM(+): train with GSAM (SALT) at this search distance ...
-SALT_ALPHA = "salt_alpha"        # ... and this surrogate-gap weight alpha
+FROM_PERSONAL = "personal"  # EVALUATE only: the site's Ditto personal model (PERSONAL_MODEL_FILE); a site that
+# has none yet (never trained) is scored with the model sent, Ditto's v_k start
+SALT_RHO = "salt_rho"  # FedISM(+): train with GSAM (SALT) at this search distance ...
+SALT_ALPHA = "salt_alpha"  # ... and this surrogate-gap weight alpha
 SHARPNESS_RHO = "sharpness_rho"  # FedISM(+): before training, measure the sharpness of the model sent at this rho
-MEASURE_LOSS = "measure_loss"    # q-FedAvg: before training, measure the loss of the model sent (True)
-NPR = "npr"                      # FedNPR: {"k", "weight", "epsilon", "iterations", "temperature"}: train with
-                                 # balanced softmax + weight * NPR on prototypes of the model sent
-PROX_MU = "prox_mu"              # FedProx: add (mu / 2) ||w - w_sent||^2 to the local loss
-DITTO_LAMBDA = "ditto_lambda"    # Ditto: after training the model sent, also train the site's personal model v on
-                                 # loss(v) + (lambda / 2) ||v - w_sent||^2 (kept in PERSONAL_MODEL_FILE)
+MEASURE_LOSS = "measure_loss"  # q-FedAvg: before training, measure the loss of the model sent (True)
+NPR = "npr"  # FedNPR: {"k", "weight", "epsilon", "iterations", "temperature"}: train with
+# balanced softmax + weight * NPR on prototypes of the model sent
+PROX_MU = "prox_mu"  # FedProx: add (mu / 2) ||w - w_sent||^2 to the local loss
+DITTO_LAMBDA = "ditto_lambda"  # Ditto: after training the model sent, also train the site's personal model v on
+# loss(v) + (lambda / 2) ||v - w_sent||^2 (kept in PERSONAL_MODEL_FILE)
 PERSONAL_HEAD = "personal_head"  # FedNPR-Per: the site trains and is evaluated with its own classifier head
-RUN_NAME = "run_name"            # a named (resumable) run: sites keep their state in run_state_dir(...) of it
-OPTIMIZER = "optimizer"          # {"name": "adam" or "sgd", "momentum", "keep_state"}: the local optimiser; keep_state
-                                 # carries its state (Adam's moments) from round to round (OPTIMIZER_STATE_FILE)
+RUN_NAME = "run_name"  # a named (resumable) run: sites keep their state in run_state_dir(...) of it
+OPTIMIZER = "optimizer"  # {"name": "adam" or "sgd", "momentum", "keep_state"}: the local optimiser; keep_state
+# carries its state (Adam's moments) from round to round (OPTIMIZER_STATE_FILE)
 VALIDATE_TRAINED = "validate_trained"  # CFFL: after training, score the trained model on the validation split (True)
 
 # site -> server
 NUM_SAMPLES = "num_samples"
 NUM_STEPS = "num_steps"
-CKA = "cka"                      # {layer name: CKA(local, anchor)}
-LOO_ERROR = "loo_error"          # FedCE: 1 - Dice (classification: 1 - balanced accuracy) of the leave-one-out
-                                 # model on the validation split
-SHARPNESS = "sharpness"          # FedISM(+): {"loss", "perturbed_loss", "sharpness", "rho", "grad_norm", "samples"}
-GLOBAL_LOSS = "global_loss"      # q-FedAvg: mean loss of the model sent over the site's training set
-LR = "lr"                        # the site's local learning rate (q-FedAvg's L = 1 / lr)
-VAL_METRIC = "val_metric"        # CFFL: Dice (classification: balanced accuracy) of the trained model on the
-                                 # validation split; None when it cannot be scored
-FREE_RIDER = "free_rider"        # training metric 1.0: this site is a free rider (its own test switch, the FedCE
-                                 # paper's Fig. 4: the site's FAIRFL_FREE_RIDERS)
+CKA = "cka"  # {layer name: CKA(local, anchor)}
+LOO_ERROR = "loo_error"  # FedCE: 1 - Dice (classification: 1 - balanced accuracy) of the leave-one-out
+# model on the validation split
+SHARPNESS = "sharpness"  # FedISM(+): {"loss", "perturbed_loss", "sharpness", "rho", "grad_norm", "samples"}
+GLOBAL_LOSS = "global_loss"  # q-FedAvg: mean loss of the model sent over the site's training set
+LR = "lr"  # the site's local learning rate (q-FedAvg's L = 1 / lr)
+VAL_METRIC = "val_metric"  # CFFL: Dice (classification: balanced accuracy) of the trained model on the
+# validation split; None when it cannot be scored
+FREE_RIDER = "free_rider"  # training metric 1.0: this site is a free rider (its own test switch, the FedCE
+# paper's Fig. 4: the site's FAIRFL_FREE_RIDERS)
 
-LOCAL_MODEL_FILE = "local_model.pt"        # the site's model after its last local training (Solo, FedCE, Fed-LWR)
+LOCAL_MODEL_FILE = "local_model.pt"  # the site's model after its last local training (Solo, FedCE, Fed-LWR)
 PERSONAL_MODEL_FILE = "ditto_personal_model.pt"  # Ditto: the site's personal model v_k, {"round", "model"} ...
 PREVIOUS_PERSONAL_MODEL_FILE = "ditto_personal_model_previous.pt"  # ... and the one of the round before
 

@@ -22,21 +22,24 @@ from fairfl.methods import (
 )
 from fairfl.methods.spec import Claim, Job, MethodSpec, Variant
 
-UNITS: tuple[MethodSpec, ...] = tuple(unit.SPEC for unit in (solo, fedavg, fedprox, qfedavg, ditto, rewards, fedce,
-                                                               fedlwr, fedism, fednpr))
+UNITS: tuple[MethodSpec, ...] = tuple(
+    unit.SPEC for unit in (solo, fedavg, fedprox, qfedavg, ditto, rewards, fedce, fedlwr, fedism, fednpr)
+)
 FAMILIES = ("segmentation", "quality_shift", "imbalanced")  # the benchmark's comparisons (fairfl.benchmark)
 # What methods change at the sites (fairfl.methods.steps): each phase of a task runs the steps its meta switches on in
 # this order (Ditto keeps the model sent before a probe runs on it; CFFL scores the trained model before Ditto's
 # personal step; a step replacing the loss runs before those adding a term whatever the order).
-CLIENT_STEPS = ("fairfl.methods.fedce.client.LeaveOneOutError",
-                "fairfl.methods.fednpr.client.PersonalHead",
-                "fairfl.methods.rewards.client.ValidateTrained",
-                "fairfl.methods.ditto.client.PersonalTraining",
-                "fairfl.methods.ditto.client.PersonalEvaluation",
-                "fairfl.methods.fedism.client.ProbeModelSent",
-                "fairfl.methods.fednpr.client.NPRObjective",
-                "fairfl.methods.fedprox.client.ProximalTerm",
-                "fairfl.methods.fedism.client.SALTTraining")
+CLIENT_STEPS = (
+    "fairfl.methods.fedce.client.LeaveOneOutError",
+    "fairfl.methods.fednpr.client.PersonalHead",
+    "fairfl.methods.rewards.client.ValidateTrained",
+    "fairfl.methods.ditto.client.PersonalTraining",
+    "fairfl.methods.ditto.client.PersonalEvaluation",
+    "fairfl.methods.fedism.client.ProbeModelSent",
+    "fairfl.methods.fednpr.client.NPRObjective",
+    "fairfl.methods.fedprox.client.ProximalTerm",
+    "fairfl.methods.fedism.client.SALTTraining",
+)
 
 
 def _unique(items, what: str) -> dict:
@@ -79,5 +82,19 @@ def variant_job(method: str, dataset: str = "") -> tuple[str, dict]:
     return variant.job, {**variant.dataset_arguments.get(dataset, {}), **variant.arguments}
 
 
-__all__ = ["UNITS", "FAMILIES", "CLIENT_STEPS", "VARIANTS", "JOBS", "Claim", "Job", "MethodSpec", "Variant", "display_name",
-           "unit_of", "family_methods", "family_claims", "variant_job"]
+__all__ = [
+    "UNITS",
+    "FAMILIES",
+    "CLIENT_STEPS",
+    "VARIANTS",
+    "JOBS",
+    "Claim",
+    "Job",
+    "MethodSpec",
+    "Variant",
+    "display_name",
+    "unit_of",
+    "family_methods",
+    "family_claims",
+    "variant_job",
+]

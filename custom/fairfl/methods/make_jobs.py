@@ -22,7 +22,8 @@ CUSTOM_README = (
     "which has no other way to learn that the installed `fairfl` package may be used (NVFlare 2.9's class\n"
     "allow-list). All code comes from the installed `fairfl` package. For POC and production, where sites\n"
     "forbid bring-your-own-code, `fairfl export-job` writes the job without this folder and each site's\n"
-    '`local/resources.json` allow-lists our component classes (see docs/running.md, "How the jobs find the code").\n')
+    '`local/resources.json` allow-lists our component classes (see docs/running.md, "How the jobs find the code").\n'
+)
 
 
 def load_class(path: str) -> type:
@@ -42,15 +43,24 @@ def job_configs(job: Job) -> dict:
     server = _with_changes(component_arguments(load_class(job.controller)), job.server, job.controller)
     client = _with_changes(component_arguments(load_class(EXECUTOR)), job.client, EXECUTOR)
     return {
-        "meta.json": {"name": job.name, "resource_spec": {}, "deploy_map": {"app": ["@ALL"]},
-                      "min_clients": MIN_CLIENTS},
+        "meta.json": {
+            "name": job.name,
+            "resource_spec": {},
+            "deploy_map": {"app": ["@ALL"]},
+            "min_clients": MIN_CLIENTS,
+        },
         "app/config/config_fed_server.json": {
-            "format_version": 2, "workflows": [{"id": "controller", "path": job.controller, "args": server}],
-            "components": []},
+            "format_version": 2,
+            "workflows": [{"id": "controller", "path": job.controller, "args": server}],
+            "components": [],
+        },
         "app/config/config_fed_client.json": {
             "format_version": 2,
             "executors": [{"tasks": list(job.tasks), "executor": {"path": EXECUTOR, "args": client}}],
-            "task_result_filters": [], "task_data_filters": [], "components": []},
+            "task_result_filters": [],
+            "task_data_filters": [],
+            "components": [],
+        },
     }
 
 
@@ -93,8 +103,11 @@ def differences(root: str) -> list[str]:
                 if relative not in expected:
                     found.append(f"{name}/{relative}: not made by the registry")
     if os.path.isdir(root):
-        found += [f"{entry}/: no method spec makes this job" for entry in sorted(os.listdir(root))
-                  if os.path.isdir(os.path.join(root, entry)) and entry not in JOBS]
+        found += [
+            f"{entry}/: no method spec makes this job"
+            for entry in sorted(os.listdir(root))
+            if os.path.isdir(os.path.join(root, entry)) and entry not in JOBS
+        ]
     return found
 
 

@@ -20,6 +20,7 @@ class Job:
     """A job folder `jobs/<name>/` (written by `fairfl make-jobs`): the server runs `controller` (a dotted class path)
     with its constructor's defaults changed by `server`; every site runs the executor for `tasks` with its defaults
     changed by `client`."""
+
     name: str
     controller: str
     tasks: tuple = ("train", "validate")
@@ -38,6 +39,7 @@ class Variant:
     defaults (the paper's setting for that data), which the run's own arguments override. `families`: the benchmark
     comparisons that run it by default. `records`: the method its runs record, when that is another variant's name
     and a setting in their config tells them apart (FedAvg with local SGD records "fedavg", local_optimizer "sgd")."""
+
     name: str
     display: str
     job: str
@@ -48,8 +50,9 @@ class Variant:
 
     def __post_init__(self):
         object.__setattr__(self, "arguments", _frozen(self.arguments))
-        object.__setattr__(self, "dataset_arguments",
-                           _frozen({k: _frozen(v) for k, v in dict(self.dataset_arguments).items()}))
+        object.__setattr__(
+            self, "dataset_arguments", _frozen({k: _frozen(v) for k, v in dict(self.dataset_arguments).items()})
+        )
         object.__setattr__(self, "records", self.records or self.name)
 
 
@@ -95,6 +98,7 @@ class Claim:
 class MethodSpec:
     """A method unit (`fairfl/methods/<name>/`): its documentation page (under docs/), its jobs, variants and
     claims."""
+
     name: str
     doc: str
     jobs: tuple

@@ -7,7 +7,8 @@ per task by the server's meta (`applies`). A task runs, in this order:
     before_start(ctx)                  before the start model is loaded (FedCE: the previous local model is still there)
     received(ctx, model)               the model sent, as this site uses it (FedNPR-Per: its own head on it)
     before_training(ctx, model)        probes on the model sent (SAGA's sharpness, q-FedAvg's loss; Ditto keeps w_t)
-    loss(ctx, loss_fn, model, stack)   the local loss: steps that replace it (FedNPR) before those adding a term (FedProx)
+    loss(ctx, loss_fn, model, stack)   the local loss: steps that replace it (FedNPR) before those adding a term
+    (FedProx)
     train(ctx, model, loader, settings, loss_fn, optimizer)   a training loop of the step's own (SALT); None: the usual
     after_training(ctx, model)         the trained model (CFFL's validation score, Ditto's personal step)
     outgoing(ctx, params, model)       what is sent back (FedNPR-Per keeps its head home)
@@ -29,21 +30,22 @@ from typing import Any, Callable
 @dataclass
 class StepContext:
     """What a step may use of the task and the site: the task, this round's seed and the executor's services."""
+
     site: str
-    meta: dict                   # the server's task meta
-    params: dict                 # the weights sent
+    meta: dict  # the server's task meta
+    params: dict  # the weights sent
     round: int
-    seed: int                    # this site's seed for this round (training batches, prototypes)
+    seed: int  # this site's seed for this round (training batches, prototypes)
     device: Any
-    state_dir: str               # what the site keeps between tasks (fairfl.flare.executor)
-    task: str                    # "segmentation" or "classification"
-    loader: Callable             # (split, train, seed=None): the site's loader, re-seeded (None: the base seed)
-    validation_score: Callable   # (model) -> Dice or balanced accuracy on the validation split; None when NaN
-    base_loss: Callable          # () -> the site's usual training loss (a new one per call)
-    class_counts: Callable       # () -> the training split's count per class
-    train_settings: Callable     # () -> TrainSettings of this task
-    log_error: Callable          # (message)
-    reply: dict = field(default_factory=dict)    # reply meta to the server
+    state_dir: str  # what the site keeps between tasks (fairfl.flare.executor)
+    task: str  # "segmentation" or "classification"
+    loader: Callable  # (split, train, seed=None): the site's loader, re-seeded (None: the base seed)
+    validation_score: Callable  # (model) -> Dice or balanced accuracy on the validation split; None when NaN
+    base_loss: Callable  # () -> the site's usual training loss (a new one per call)
+    class_counts: Callable  # () -> the training split's count per class
+    train_settings: Callable  # () -> TrainSettings of this task
+    log_error: Callable  # (message)
+    reply: dict = field(default_factory=dict)  # reply meta to the server
     metrics: dict = field(default_factory=dict)  # training (or validation) metrics
 
     @contextlib.contextmanager
@@ -116,8 +118,10 @@ def problems(meta: dict, classes: tuple[type[ClientStep], ...] | None = None) ->
     steps that would both replace the loss or both run their own training loop (one would silently be lost)."""
     chosen = applying(meta, classes)
     found = [problem for problem in (cls.check(meta) for cls in chosen) if problem]
-    for what, clash in (("replace the local loss", [c for c in chosen if c.replaces_loss]),
-                        ("run their own training loop", [c for c in chosen if c.train is not ClientStep.train])):
+    for what, clash in (
+        ("replace the local loss", [c for c in chosen if c.replaces_loss]),
+        ("run their own training loop", [c for c in chosen if c.train is not ClientStep.train]),
+    ):
         if len(clash) > 1:
             found.append(f"steps {[c.__name__ for c in clash]} would all {what}; a task asks for at most one")
     return found

@@ -12,9 +12,9 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from fairfl.errors import DataError
 from fairfl.flare import protocol
-from fairfl.methods.ditto.controller import DittoController
 from fairfl.flare.executor import FairflExecutor
 from fairfl.methods.ditto.client import train_personal
+from fairfl.methods.ditto.controller import DittoController
 from fairfl.methods.fedprox.client import with_proximal_term
 from fairfl.models import build_model, initial_state, load_numpy_state, state_to_numpy
 from fairfl.training import TrainSettings, train_local
@@ -68,7 +68,7 @@ def test_personal_steps_are_adam_on_the_hand_gradient_and_leave_the_sent_model_a
     for t in range(1, steps + 1):
         g = hand_gradient(x, y, theta, w_before, lam)
         m, s = beta1 * m + (1 - beta1) * g, beta2 * s + (1 - beta2) * g * g
-        theta = theta - lr * (m / (1 - beta1 ** t)) / ((s / (1 - beta2 ** t)).sqrt() + eps)
+        theta = theta - lr * (m / (1 - beta1**t)) / ((s / (1 - beta2**t)).sqrt() + eps)
     settings = TrainSettings(lr=lr, weight_decay=0.0, local_steps=steps)
     stats = train_personal(v, w, [{"image": x, "label": y}], settings, torch.device("cpu"), mse, lam)
     assert stats["steps"] == steps
@@ -105,17 +105,25 @@ def test_controller_settings_and_refusal():
 @pytest.fixture
 def setup(cache_dir):
     controller = DittoController(**TINY)
-    meta = {protocol.MODEL_SPEC: controller.model_spec(), protocol.DATASET: "prostate",
-            protocol.TASK: "segmentation", protocol.NUM_SITES: 3, protocol.DATA_SEED: 0,
-            protocol.START_FROM: protocol.FROM_GLOBAL}
+    meta = {
+        protocol.MODEL_SPEC: controller.model_spec(),
+        protocol.DATASET: "prostate",
+        protocol.TASK: "segmentation",
+        protocol.NUM_SITES: 3,
+        protocol.DATA_SEED: 0,
+        protocol.START_FROM: protocol.FROM_GLOBAL,
+    }
     executor = FairflExecutor(image_size=32, batch_size=8, lr=1e-3, weight_decay=1e-4, synthetic_size_scale=0.5)
     return controller, meta, executor
 
 
 def train(executor, meta, params, state_dir, round_num, lam=None):
     extra = {} if lam is None else {protocol.DITTO_LAMBDA: lam}
-    return executor._train("site-2", FLModel(params_type=ParamsType.FULL, params=params, current_round=round_num,
-                                             meta={**meta, **extra}), str(state_dir))
+    return executor._train(
+        "site-2",
+        FLModel(params_type=ParamsType.FULL, params=params, current_round=round_num, meta={**meta, **extra}),
+        str(state_dir),
+    )
 
 
 def personal_state(state_dir):
@@ -158,8 +166,11 @@ def test_personal_model_persists_across_rounds_and_the_returned_model_is_fedavgs
 
     # a lambda > 0 holds the personal model to the sent w1: it ends nearer to w1 than the lambda-0 one
     def distance(state):
-        return sum(float(((state[k].float() - torch.as_tensor(w1[k]).float()) ** 2).sum())
-                   for k in state if state[k].is_floating_point())
+        return sum(
+            float(((state[k].float() - torch.as_tensor(w1[k]).float()) ** 2).sum())
+            for k in state
+            if state[k].is_floating_point()
+        )
 
     strong = tmp_path / "strong"
     strong.mkdir()
@@ -196,35 +207,52 @@ def test_a_broken_personal_model_is_an_error_naming_site_and_file(setup, tmp_pat
     elif damage == "bare_state_dict":
         torch.save(build_model(controller.model_spec()).state_dict(), path)
     elif damage == "other_network":
-        torch.save({"round": 0, "model": build_model({**controller.model_spec(), "channels": [4, 8, 16]}).state_dict()},
-                   path)
+        torch.save(
+            {"round": 0, "model": build_model({**controller.model_spec(), "channels": [4, 8, 16]}).state_dict()}, path
+        )
     else:
         state = build_model(controller.model_spec()).state_dict()
         next(v for v in state.values() if v.is_floating_point()).fill_(float("nan"))
         torch.save({"round": 0, "model": state}, path)
-    task = FLModel(params_type=ParamsType.FULL, params=initial_state(controller.model_spec(), 0),
-                   meta={**meta, protocol.EVALUATE: protocol.FROM_PERSONAL})
+    task = FLModel(
+        params_type=ParamsType.FULL,
+        params=initial_state(controller.model_spec(), 0),
+        meta={**meta, protocol.EVALUATE: protocol.FROM_PERSONAL},
+    )
     with pytest.raises(DataError) as error:
         executor._validate("site-2", task, str(tmp_path))
     assert "[site-2]" in str(error.value) and str(path) in str(error.value)
-    assert {"garbage": "unreadable", "bare_state_dict": "not a Ditto personal model", "other_network": "shape mismatch",
-            "nan": "NaN"}[damage] in str(error.value)
-
+    assert {
+        "garbage": "unreadable",
+        "bare_state_dict": "not a Ditto personal model",
+        "other_network": "shape mismatch",
+        "nan": "NaN",
+    }[damage] in str(error.value)
 
 
 @pytest.mark.parametrize("dataset", ["skin", "fundus"])
 def test_personal_step_and_evaluation_on_classification_and_multiclass_segmentation(cache_dir, tmp_path, dataset):
-    controller = DittoController(dataset=dataset, model_channels=[4, 8] if dataset == "skin" else [8, 16, 32],
-                                 model_strides=[2, 2])
-    meta = {protocol.MODEL_SPEC: controller.model_spec(), protocol.DATASET: dataset, protocol.TASK: controller.task,
-            protocol.NUM_SITES: 3, protocol.DATA_SEED: 0, protocol.START_FROM: protocol.FROM_GLOBAL,
-            **controller.train_meta(0)}
+    controller = DittoController(
+        dataset=dataset, model_channels=[4, 8] if dataset == "skin" else [8, 16, 32], model_strides=[2, 2]
+    )
+    meta = {
+        protocol.MODEL_SPEC: controller.model_spec(),
+        protocol.DATASET: dataset,
+        protocol.TASK: controller.task,
+        protocol.NUM_SITES: 3,
+        protocol.DATA_SEED: 0,
+        protocol.START_FROM: protocol.FROM_GLOBAL,
+        **controller.train_meta(0),
+    }
     executor = FairflExecutor(image_size=32, batch_size=16, synthetic_size_scale=0.2, lr=3e-4, weight_decay=5e-4)
     params = initial_state(controller.model_spec(), 0)
-    result = executor._train("site-1", FLModel(params_type=ParamsType.FULL, params=params, current_round=0,
-                                               meta=meta), str(tmp_path))
+    result = executor._train(
+        "site-1", FLModel(params_type=ParamsType.FULL, params=params, current_round=0, meta=meta), str(tmp_path)
+    )
     assert math.isfinite(result.metrics["personal_train_loss"])
-    scores = executor._validate("site-1", FLModel(params_type=ParamsType.FULL, params=params,
-                                                  meta={**meta, protocol.EVALUATE: protocol.FROM_PERSONAL}),
-                                str(tmp_path)).metrics
+    scores = executor._validate(
+        "site-1",
+        FLModel(params_type=ParamsType.FULL, params=params, meta={**meta, protocol.EVALUATE: protocol.FROM_PERSONAL}),
+        str(tmp_path),
+    ).metrics
     assert scores["personal_model"] == 1.0 and 0.0 <= scores[controller.metric] <= 1.0

@@ -7,9 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from fairfl.methods.fedce.contribution import (ContributionState, combine, flatten, gradient_terms, leave_one_out_error,
-                                 normalise)
 from fairfl.methods.fedce.client import leave_one_out_model
+from fairfl.methods.fedce.contribution import (
+    ContributionState,
+    combine,
+    flatten,
+    gradient_terms,
+    leave_one_out_error,
+    normalise,
+)
 from fairfl.models import build_model, initial_state, state_to_torch
 
 TINY = {"name": "unet", "in_channels": 1, "num_classes": 2, "channels": [4, 8], "strides": [2]}
@@ -103,8 +109,9 @@ def test_product_mode_and_state_round_trip():
     state.weights = {"a": 0.5, "b": 0.5}
     restored = ContributionState.from_dict(state.to_dict())
     assert restored == state
-    assert restored.update({"a": 2.0, "b": 1.0}, {"a": 0.5, "b": 0.5}) == state.update({"a": 2.0, "b": 1.0},
-                                                                                       {"a": 0.5, "b": 0.5})
+    assert restored.update({"a": 2.0, "b": 1.0}, {"a": 0.5, "b": 0.5}) == state.update(
+        {"a": 2.0, "b": 1.0}, {"a": 0.5, "b": 0.5}
+    )
 
 
 def test_flatten_orders_by_the_names_given():
@@ -145,8 +152,10 @@ def fake_round(global_state, seed, errors):
     generator = torch.Generator().manual_seed(seed)
     updates = {}
     for i, site in enumerate(sorted(errors)):
-        state = {k: v + 0.01 * (i + 1) * torch.randn(v.shape, generator=generator) if v.is_floating_point() else v
-                 for k, v in state_to_torch(global_state).items()}
+        state = {
+            k: v + 0.01 * (i + 1) * torch.randn(v.shape, generator=generator) if v.is_floating_point() else v
+            for k, v in state_to_torch(global_state).items()
+        }
         meta = {} if errors[site] is None else {"loo_error": errors[site]}
         updates[site] = SiteUpdate(state, 10 + i, meta)
     return updates

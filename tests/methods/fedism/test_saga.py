@@ -15,7 +15,8 @@ def test_weights_are_proportional_to_the_value_to_the_q():
     assert saga_weights({"a": 1.0, "b": 2.0}, q=2) == pytest.approx({"a": 1 / 5, "b": 4 / 5})
     assert saga_weights({"a": 1.0, "b": 2.0}, q=1) == pytest.approx({"a": 1 / 3, "b": 2 / 3})
     assert saga_weights({"a": 0.3, "b": 0.1, "c": 0.2}, q=0.5) == pytest.approx(
-        {s: v ** 0.5 / (0.3 ** 0.5 + 0.1 ** 0.5 + 0.2 ** 0.5) for s, v in {"a": 0.3, "b": 0.1, "c": 0.2}.items()})
+        {s: v**0.5 / (0.3**0.5 + 0.1**0.5 + 0.2**0.5) for s, v in {"a": 0.3, "b": 0.1, "c": 0.2}.items()}
+    )
     # scale-free, and no overflow for a large q
     assert saga_weights({"a": 1e-6, "b": 2e-6}, q=2) == pytest.approx({"a": 1 / 5, "b": 4 / 5})
     big = saga_weights({"a": 1e3, "b": 2e3}, q=100)
@@ -43,11 +44,13 @@ def test_moving_average_eq18():
     assert moving_average(raw, {"a": 0.6, "b": 0.4}, beta=0.0) == pytest.approx({"a": 0.6, "b": 0.4})
     # a site absent last round (c): its own raw weight stands in for w_{t-1}; then renormalised
     three = moving_average({"a": 0.2, "b": 0.3, "c": 0.5}, {"a": 0.6, "b": 0.4}, beta=0.5)
-    assert three == pytest.approx({"a": 0.5 * 0.2 + 0.5 * 0.6 / 1.5, "b": 0.5 * 0.3 + 0.5 * 0.4 / 1.5,
-                                   "c": 0.5 * 0.5 + 0.5 * 0.5 / 1.5})
+    assert three == pytest.approx(
+        {"a": 0.5 * 0.2 + 0.5 * 0.6 / 1.5, "b": 0.5 * 0.3 + 0.5 * 0.4 / 1.5, "c": 0.5 * 0.5 + 0.5 * 0.5 / 1.5}
+    )
     # a site rejected this round (b): the others' previous weights are renormalised among them
     assert moving_average({"a": 1.0, "c": 0.0}, {"a": 0.2, "b": 0.6, "c": 0.2}, beta=0.5) == pytest.approx(
-        {"a": 0.75, "c": 0.25})
+        {"a": 0.75, "c": 0.25}
+    )
     with pytest.raises(ValueError, match="beta"):
         moving_average(raw, {}, beta=1.5)
 
@@ -104,9 +107,11 @@ def test_a_slightly_negative_sharpness_is_clipped_and_keeps_its_moving_average_s
 
 
 def test_saved_state_gives_the_same_next_round_as_staying_up():
-    rounds = [{"a": report(0.1), "b": report(0.2), "c": report(0.0)},
-              {"a": report(0.2), "c": report(0.05)},  # b rejected this round
-              {"a": report(0.1), "b": report(0.1), "c": report(0.3)}]
+    rounds = [
+        {"a": report(0.1), "b": report(0.2), "c": report(0.0)},
+        {"a": report(0.2), "c": report(0.05)},  # b rejected this round
+        {"a": report(0.1), "b": report(0.1), "c": report(0.3)},
+    ]
     up = SagaState(variant="S", q=2, beta=0.5)
     for r in rounds[:2]:
         up.update(r)

@@ -7,8 +7,14 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fairfl.methods.fedism.sharpness import (dataset_loss, frozen_norm_statistics, gsam_step, measure_sharpness, search_distance,
-                              train_salt)
+from fairfl.methods.fedism.sharpness import (
+    dataset_loss,
+    frozen_norm_statistics,
+    gsam_step,
+    measure_sharpness,
+    search_distance,
+    train_salt,
+)
 from fairfl.training import TrainSettings
 
 torch.set_num_threads(1)
@@ -16,15 +22,20 @@ torch.set_num_threads(1)
 
 def tiny_model(seed=0, batch_norm=False):
     torch.manual_seed(seed)
-    layers = [torch.nn.Linear(3, 4)] + ([torch.nn.BatchNorm1d(4)] if batch_norm else []) + [torch.nn.Tanh(),
-                                                                                             torch.nn.Linear(4, 3)]
+    layers = (
+        [torch.nn.Linear(3, 4)]
+        + ([torch.nn.BatchNorm1d(4)] if batch_norm else [])
+        + [torch.nn.Tanh(), torch.nn.Linear(4, 3)]
+    )
     return torch.nn.Sequential(*layers).double()
 
 
 def toy_batches(sizes=(5, 3), seed=1):
     g = torch.Generator().manual_seed(seed)
-    return [{"image": torch.randn(n, 3, generator=g, dtype=torch.float64),
-             "label": torch.randint(0, 3, (n,), generator=g)} for n in sizes]
+    return [
+        {"image": torch.randn(n, 3, generator=g, dtype=torch.float64), "label": torch.randint(0, 3, (n,), generator=g)}
+        for n in sizes
+    ]
 
 
 def flat(tensors):
@@ -42,7 +53,7 @@ def loss_and_grad(model, params, batch):
 def unflatten(vector, like):
     out, i = {}, 0
     for k, v in like.items():
-        out[k] = vector[i:i + v.numel()].reshape(v.shape)
+        out[k] = vector[i : i + v.numel()].reshape(v.shape)
         i += v.numel()
     return out
 
@@ -93,8 +104,12 @@ def test_gsam_second_pass_does_not_update_batch_norm_statistics():
     batch = toy_batches((8,))[0]
     reference = copy.deepcopy(model)
     reference(batch["image"])  # one forward at w: what the running statistics should see
-    gsam_step(model, lambda: F.cross_entropy(model(batch["image"]), batch["label"]),
-              torch.optim.SGD(model.parameters(), lr=0.0), rho=0.5)
+    gsam_step(
+        model,
+        lambda: F.cross_entropy(model(batch["image"]), batch["label"]),
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        rho=0.5,
+    )
     bn, ref = model[1], reference[1]
     assert torch.allclose(bn.running_mean, ref.running_mean) and torch.allclose(bn.running_var, ref.running_var)
     assert int(bn.num_batches_tracked) == 1
@@ -109,7 +124,7 @@ def test_train_salt_lowers_the_loss_and_counts_steps():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(48, 3, generator=g, dtype=torch.float64)
     y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
-    data = [{"image": x[i:i + 8], "label": y[i:i + 8]} for i in range(0, 48, 8)]
+    data = [{"image": x[i : i + 8], "label": y[i : i + 8]} for i in range(0, 48, 8)]
     model = tiny_model()
     settings = TrainSettings(lr=3e-2, weight_decay=5e-4)
     before = dataset_loss(model.eval(), data, F.cross_entropy, "cpu")

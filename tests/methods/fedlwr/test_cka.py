@@ -121,7 +121,7 @@ def test_unbiased_hsic_is_batched_and_translation_invariant():
 def _minibatch(x, y, batch=50, name="layer"):
     m = MinibatchCKA()
     for i in range(0, len(x), batch):
-        m.update(name, torch.as_tensor(x[i:i + batch]), torch.as_tensor(y[i:i + batch]))
+        m.update(name, torch.as_tensor(x[i : i + batch]), torch.as_tensor(y[i : i + batch]))
     return m.result()[name]
 
 
@@ -193,8 +193,14 @@ def _unet():
     from monai.networks.nets import UNet
 
     torch.manual_seed(0)
-    return UNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(16, 32, 64, 128, 256),
-                strides=(2, 2, 2, 2), num_res_units=2)
+    return UNet(
+        spatial_dims=2,
+        in_channels=1,
+        out_channels=2,
+        channels=(16, 32, 64, 128, 256),
+        strides=(2, 2, 2, 2),
+        num_res_units=2,
+    )
 
 
 @pytest.fixture(scope="module")

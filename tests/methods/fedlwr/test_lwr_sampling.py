@@ -8,12 +8,12 @@ import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from fairfl.aggregation import lwr_layer_weights
-from fairfl.methods.fedlwr.cka import layerwise_cka
 from fairfl.data.builtin import ensure_builtin
 from fairfl.data.datalist import load_datalist
 from fairfl.data.loaders import make_loader, segmentation_transforms
 from fairfl.flare import protocol
 from fairfl.flare.executor import FairflExecutor
+from fairfl.methods.fedlwr.cka import layerwise_cka
 from fairfl.models import build_model, initial_state, load_numpy_state, state_to_numpy
 from fairfl.training import TrainSettings, save_model, train_local
 
@@ -37,8 +37,12 @@ def models(prostate):
     local = {}
     for site, entries in prostate[1].items():
         local[site] = load_numpy_state(build_model(SPEC), state_to_numpy(anchor.state_dict()))
-        train_local(local[site], make_loader(entries, SIZE, 2, 8, train=True, seed=1), TrainSettings(
-            lr=1e-3, weight_decay=1e-4, batch_size=8, local_steps=6), "cpu")
+        train_local(
+            local[site],
+            make_loader(entries, SIZE, 2, 8, train=True, seed=1),
+            TrainSettings(lr=1e-3, weight_decay=1e-4, batch_size=8, local_steps=6),
+            "cpu",
+        )
     return anchor, local
 
 
@@ -75,15 +79,20 @@ def test_layer_weights_match_the_whole_site_and_ignore_the_datalists_order(prost
     datalists = prostate[1]
 
     def sampled(lists, batch_size):
-        return lambda s: layerwise_cka(local[s], anchor, (b["image"] for b in make_loader(
-            lists[s], SIZE, 2, batch_size, train=False, seed=5, max_samples=64)))
+        return lambda s: layerwise_cka(
+            local[s],
+            anchor,
+            (b["image"] for b in make_loader(lists[s], SIZE, 2, batch_size, train=False, seed=5, max_samples=64)),
+        )
 
     whole = mean_weights(sampled(datalists, 64))  # each site in one minibatch: no minibatch composition at all
     ours = mean_weights(sampled(datalists, 8))
     assert all(abs(ours[s] - whole[s]) < 0.05 for s in SITES), (ours, whole)
     rng = np.random.default_rng(1)
-    for lists in ({s: [datalists[s][i] for i in rng.permutation(len(datalists[s]))] for s in SITES},
-                  {s: datalists[s][::-1] for s in SITES}):
+    for lists in (
+        {s: [datalists[s][i] for i in rng.permutation(len(datalists[s]))] for s in SITES},
+        {s: datalists[s][::-1] for s in SITES},
+    ):
         assert mean_weights(sampled(lists, 8)) == pytest.approx(ours, abs=1e-6)
     # what the loader did before: minibatches of 8 in datalist order, one or two patients each. On this data
     # that is far off (the within-patient variation alone), so the test above can tell the two apart.
@@ -91,22 +100,24 @@ def test_layer_weights_match_the_whole_site_and_ignore_the_datalists_order(prost
 
     def in_datalist_order(s):
         images = [transform(e)["image"] for e in datalists[s]]
-        return layerwise_cka(local[s], anchor, [torch.stack(images[i:i + 8]) for i in range(0, len(images), 8)])
+        return layerwise_cka(local[s], anchor, [torch.stack(images[i : i + 8]) for i in range(0, len(images), 8)])
 
     patient_ordered = mean_weights(in_datalist_order)
     assert max(abs(patient_ordered[s] - whole[s]) for s in SITES) > 0.2, (patient_ordered, whole)
 
 
 def test_executor_measures_cka_on_a_fresh_sample_every_round_in_minibatches_of_cka_batch_size(
-        prostate, models, tmp_path, monkeypatch):
+    prostate, models, tmp_path, monkeypatch
+):
     monkeypatch.setenv("FAIRFL_DATA_ROOT", str(prostate[0]))
     anchor, local = models
     save_model(local["site-2"], str(tmp_path / protocol.LOCAL_MODEL_FILE))
     meta = {protocol.MODEL_SPEC: SPEC, protocol.NUM_SITES: len(SITES)}
 
     def cka(executor, round_num):
-        task = FLModel(params_type=ParamsType.FULL, params=state_to_numpy(anchor.state_dict()),
-                       current_round=round_num, meta=meta)
+        task = FLModel(
+            params_type=ParamsType.FULL, params=state_to_numpy(anchor.state_dict()), current_round=round_num, meta=meta
+        )
         return executor._cka("site-2", task, str(tmp_path)).meta[protocol.CKA]
 
     small = FairflExecutor(image_size=SIZE, batch_size=8, cka_batch_size=8)
@@ -116,7 +127,12 @@ def test_executor_measures_cka_on_a_fresh_sample_every_round_in_minibatches_of_c
     assert cka(whole, 3) == pytest.approx(cka(whole, 4), abs=1e-12)
     validation = cka(FairflExecutor(image_size=SIZE, batch_size=8, cka_batch_size=64, cka_split="validation"), 3)
     assert validation.keys() == first.keys() and validation != cka(whole, 3)  # the authors' split: other images
-    for bad in ({"cka_batch_size": 3}, {"cka_split": "testing"}, {"cka_max_samples": 2}, {"cka_batch_size": None},
-                {"cka_batch_size": 32.5}):
+    for bad in (
+        {"cka_batch_size": 3},
+        {"cka_split": "testing"},
+        {"cka_max_samples": 2},
+        {"cka_batch_size": None},
+        {"cka_batch_size": 32.5},
+    ):
         with pytest.raises(ValueError, match="cka"):
             FairflExecutor(**bad)

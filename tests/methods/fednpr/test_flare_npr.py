@@ -8,12 +8,12 @@ import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from fairfl.flare import protocol
-from fairfl.methods.fednpr.controller import FedNPRController
-from fairfl.methods.fedprox.controller import FedProxController
 from fairfl.flare.engine import SiteUpdate
 from fairfl.flare.executor import FairflExecutor
-from fairfl.methods.steps import TaskSteps
+from fairfl.methods.fednpr.controller import FedNPRController
 from fairfl.methods.fedprox.client import with_proximal_term
+from fairfl.methods.fedprox.controller import FedProxController
+from fairfl.methods.steps import TaskSteps
 from fairfl.models import build_model, head_state_keys, initial_state, state_to_torch
 
 TINY = {"dataset": "skin_imbalanced", "model_channels": [4, 8], "num_rounds": 2}
@@ -21,10 +21,17 @@ TINY = {"dataset": "skin_imbalanced", "model_channels": [4, 8], "num_rounds": 2}
 
 def perturbed_updates(global_state, sites=("site-1", "site-2", "site-3")):
     generator = torch.Generator().manual_seed(0)
-    return {site: SiteUpdate({k: v + 0.1 * (i + 1) * torch.randn(v.shape, generator=generator)
-                              if v.is_floating_point() else v for k, v in state_to_torch(global_state).items()},
-                             10 * (i + 1), {})
-            for i, site in enumerate(sites)}
+    return {
+        site: SiteUpdate(
+            {
+                k: v + 0.1 * (i + 1) * torch.randn(v.shape, generator=generator) if v.is_floating_point() else v
+                for k, v in state_to_torch(global_state).items()
+            },
+            10 * (i + 1),
+            {},
+        )
+        for i, site in enumerate(sites)
+    }
 
 
 def test_method_names_settings_and_refusals():
@@ -80,13 +87,21 @@ def test_proximal_term_is_nvflares_fedprox_loss():
 
 def test_executor_trains_with_npr_and_evaluates_with_its_own_head(tmp_path, cache_dir):
     controller = FedNPRController(personal_head=True, mu=0.01, **TINY)
-    meta = {protocol.MODEL_SPEC: controller.model_spec(), protocol.DATASET: "skin_imbalanced",
-            protocol.TASK: "classification", protocol.NUM_SITES: 6, protocol.DATA_SEED: 0,
-            protocol.START_FROM: protocol.FROM_GLOBAL, **controller.site_meta(), **controller.train_meta(0)}
+    meta = {
+        protocol.MODEL_SPEC: controller.model_spec(),
+        protocol.DATASET: "skin_imbalanced",
+        protocol.TASK: "classification",
+        protocol.NUM_SITES: 6,
+        protocol.DATA_SEED: 0,
+        protocol.START_FROM: protocol.FROM_GLOBAL,
+        **controller.site_meta(),
+        **controller.train_meta(0),
+    }
     executor = FairflExecutor(image_size=32, batch_size=16, lr=3e-4, weight_decay=5e-4, synthetic_size_scale=0.3)
     params = initial_state(controller.model_spec(), 0)
-    result = executor._train("site-2", FLModel(params_type=ParamsType.FULL, params=params, current_round=0,
-                                               meta=meta), str(tmp_path))
+    result = executor._train(
+        "site-2", FLModel(params_type=ParamsType.FULL, params=params, current_round=0, meta=meta), str(tmp_path)
+    )
     assert result.metrics["prototype_seconds"] > 0 and math.isfinite(result.metrics["train_loss"])
     assert 1.0 < result.metrics["npr_grad_ratio"] < 1e4  # LayerNorm'd NPR at weight 1 pulls harder than BSM
     head = head_state_keys(controller.model_spec())
@@ -101,9 +116,11 @@ def test_executor_trains_with_npr_and_evaluates_with_its_own_head(tmp_path, cach
     assert all(np.array_equal(state[k].numpy(), own_head[k]) for k in head)
     body = [k for k in params if k not in head and params[k].dtype.kind == "f"]
     assert all(np.array_equal(state[k].numpy(), params[k]) for k in body)
-    scores = executor._validate("site-2", FLModel(params_type=ParamsType.FULL, params=params,
-                                                  meta={**meta, protocol.EVALUATE: protocol.FROM_GLOBAL}),
-                                str(tmp_path)).metrics
+    scores = executor._validate(
+        "site-2",
+        FLModel(params_type=ParamsType.FULL, params=params, meta={**meta, protocol.EVALUATE: protocol.FROM_GLOBAL}),
+        str(tmp_path),
+    ).metrics
     assert 0.0 <= scores["balanced_accuracy"] <= 1.0
 
 
@@ -111,7 +128,9 @@ def test_server_expects_no_head_from_fednpr_per_sites_and_every_key_from_fednpr_
     per, plain = FedNPRController(personal_head=True, **TINY), FedNPRController(**TINY)
     state0 = initial_state(per.model_spec(), 0)
     head = set(head_state_keys(per.model_spec()))
-    assert set(per.update_reference(state0)) == set(state0) - head and set(plain.update_reference(state0)) == set(state0)
+    assert set(per.update_reference(state0)) == set(state0) - head and set(plain.update_reference(state0)) == set(
+        state0
+    )
     body = {k: v for k, v in state_to_torch(state0).items() if k not in head}
     answer = SimpleAnswer({k: v.numpy() for k, v in body.items()})
     update, _, problem = per._screen_train_answer("site-1", answer, per.update_reference(state0))

@@ -8,10 +8,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fairfl.models import build_model, classifier_head, forward_with_features, head_state_keys
 from fairfl.classification import class_counts
-from fairfl.methods.fednpr.npr import (LAYER_NORM_EPS, NPR_LOGITS, balanced_assignment, balanced_softmax_loss, class_prototypes,
-                        extract_features, fednpr_objective, fednpr_terms, npr_loss, sinkhorn_knopp)
+from fairfl.methods.fednpr.npr import (
+    LAYER_NORM_EPS,
+    NPR_LOGITS,
+    balanced_assignment,
+    balanced_softmax_loss,
+    class_prototypes,
+    extract_features,
+    fednpr_objective,
+    fednpr_terms,
+    npr_loss,
+    sinkhorn_knopp,
+)
+from fairfl.models import build_model, classifier_head, forward_with_features, head_state_keys
 from fairfl.training import TrainSettings, train_local
 
 torch.set_num_threads(1)
@@ -31,6 +41,7 @@ def separated(groups, per_group, d=8, spread=0.05, seed=0):
 
 # --- balanced softmax ----------------------------------------------------------------------------------
 
+
 def test_balanced_softmax_is_cross_entropy_on_logits_plus_log_prior():
     logits, target = torch.randn(5, 3, generator=torch.Generator().manual_seed(1)), torch.tensor([0, 1, 2, 1, 1])
     counts = [5, 25, 70]
@@ -46,6 +57,7 @@ def test_balanced_softmax_with_a_missing_class_stays_finite_with_its_gradient():
 
 
 # --- Sinkhorn-Knopp ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("n,k", [(40, 4), (37, 3), (9, 2)])
 def test_sinkhorn_gives_a_transport_plan_with_the_requested_marginals(n, k):
@@ -63,8 +75,12 @@ def test_sinkhorn_is_stable_for_large_scores_and_checks_its_arguments():
     scores = torch.tensor([[500.0, -500.0], [499.0, -500.0], [-500.0, 500.0], [-500.0, 480.0]])
     plan = sinkhorn_knopp(scores, epsilon=0.01, iterations=50)
     assert bool(torch.isfinite(plan).all()) and float(plan.sum()) == pytest.approx(1.0)
-    for bad in (dict(scores=torch.zeros(0, 3)), dict(scores=torch.zeros(3)), dict(scores=scores, epsilon=0.0),
-                dict(scores=scores, iterations=0)):
+    for bad in (
+        dict(scores=torch.zeros(0, 3)),
+        dict(scores=torch.zeros(3)),
+        dict(scores=scores, epsilon=0.0),
+        dict(scores=scores, iterations=0),
+    ):
         with pytest.raises(ValueError):
             sinkhorn_knopp(**bad)
 
@@ -79,13 +95,16 @@ def test_hard_assignment_recovers_separated_clusters_in_equal_parts():
 
 @pytest.mark.parametrize("n,k,seed", [(37, 4, 0), (50, 3, 1), (8, 8, 2), (5, 4, 3), (101, 7, 4)])
 def test_hard_assignment_of_random_inputs_is_balanced(n, k, seed):
-    for plan in (sinkhorn_knopp(unit(n, 5, seed) @ unit(k, 5, seed + 10).T),
-                 torch.rand(n, k, generator=torch.Generator().manual_seed(seed))):
+    for plan in (
+        sinkhorn_knopp(unit(n, 5, seed) @ unit(k, 5, seed + 10).T),
+        torch.rand(n, k, generator=torch.Generator().manual_seed(seed)),
+    ):
         sizes = np.bincount(balanced_assignment(plan).numpy(), minlength=k)
         assert sizes.sum() == n and set(sizes.tolist()) <= {n // k, -(-n // k)}
 
 
 # --- prototypes ----------------------------------------------------------------------------------------
+
 
 def test_prototypes_are_unit_norm_and_masked_for_absent_and_tiny_classes():
     features = 3 * torch.randn(31, 6, generator=torch.Generator().manual_seed(4))
@@ -122,6 +141,7 @@ def test_prototypes_find_the_subclusters_of_a_class_and_are_seeded():
 
 # --- the NPR loss ------------------------------------------------------------------------------------
 
+
 def npr_by_loops(features, target, prototypes, mask, temperature, form):
     """Eq. 3 written out: per sample, per class with a prototype, the largest cosine similarity; with "layernorm"
     those standardised over the sample's classes as torch.nn.LayerNorm(C) does (biased variance, eps inside)."""
@@ -131,8 +151,9 @@ def npr_by_loops(features, target, prototypes, mask, temperature, form):
         if y not in classes:
             continue
         z = np.asarray(z) / np.linalg.norm(z)
-        best = {c: max(float(z @ prototypes[c, j].numpy()) for j in range(mask.shape[1]) if mask[c, j])
-                for c in classes}
+        best = {
+            c: max(float(z @ prototypes[c, j].numpy()) for j in range(mask.shape[1]) if mask[c, j]) for c in classes
+        }
         if form == "layernorm":
             mean = sum(best.values()) / len(best)
             variance = sum((b - mean) ** 2 for b in best.values()) / len(best)
@@ -155,7 +176,8 @@ def test_npr_loss_against_a_direct_computation(temperature, form):
     # the samples of a class swapped among themselves (and the batch reordered): the same loss
     order = torch.tensor([4, 6, 3, 2, 0, 5, 1])
     assert float(npr_loss(features[order], target[order], prototypes, mask, temperature, form)) == pytest.approx(
-        float(loss), rel=1e-12)
+        float(loss), rel=1e-12
+    )
     with pytest.raises(ValueError, match="npr_logits"):
         npr_loss(features, target, prototypes, mask, temperature, "softmax")
 
@@ -172,6 +194,7 @@ def test_layernorm_logits_do_not_depend_on_how_far_apart_the_cosines_sit():
     assert ln_near == pytest.approx(ln_far, rel=0.02) and ln_near < 0.5 * math.log(3)  # up to LayerNorm's eps
     assert float(npr_loss(near, target, prototypes, mask, npr_form="cosine")) > 0.95 * math.log(3)
 
+
 def test_npr_loss_gradients_are_finite_and_nothing_left_gives_zero():
     features = torch.randn(4, 5, generator=torch.Generator().manual_seed(9)).requires_grad_()
     prototypes, mask = class_prototypes(features, torch.tensor([0, 0, 1, 1]), num_classes=3, k=2)
@@ -183,13 +206,19 @@ def test_npr_loss_gradients_are_finite_and_nothing_left_gives_zero():
 
 def test_fednpr_terms_are_bsm_and_lambda_times_npr():
     g = torch.Generator().manual_seed(10)
-    logits, features, target = torch.randn(6, 3, generator=g), torch.randn(6, 4, generator=g), torch.tensor([0, 1, 2] * 2)
+    logits, features, target = (
+        torch.randn(6, 3, generator=g),
+        torch.randn(6, 4, generator=g),
+        torch.tensor([0, 1, 2] * 2),
+    )
     prototypes, mask = class_prototypes(features, target, num_classes=3, k=2)
     bsm = balanced_softmax_loss([10, 0, 5])
     for form in NPR_LOGITS:
         terms = fednpr_terms(logits, features, target, bsm, prototypes, mask, lam=0.1, npr_form=form)
         assert float(terms[0]) == pytest.approx(float(bsm(logits, target)), rel=1e-6)
-        assert float(terms[1]) == pytest.approx(0.1 * float(npr_loss(features, target, prototypes, mask, npr_form=form)))
+        assert float(terms[1]) == pytest.approx(
+            0.1 * float(npr_loss(features, target, prototypes, mask, npr_form=form))
+        )
     assert float(fednpr_terms(logits, features, target, bsm, prototypes, mask, lam=0.0)[1]) == 0.0
 
 
@@ -200,8 +229,10 @@ def test_gradient_ratio_with_layernorm_far_exceeds_plain_cosines_on_a_networks_f
     torch.manual_seed(0)
     model = build_model({"name": "cnn", "in_channels": 3, "num_classes": 8, "channels": [16, 32, 64]})
     g = torch.Generator().manual_seed(1)
-    loader = [{"image": torch.randn(16, 3, 32, 32, generator=g), "label": torch.randint(0, 8, (16,), generator=g)}
-              for _ in range(4)]
+    loader = [
+        {"image": torch.randn(16, 3, 32, 32, generator=g), "label": torch.randint(0, 8, (16,), generator=g)}
+        for _ in range(4)
+    ]
     features, labels = extract_features(model, loader, "cpu")
     prototypes, mask = class_prototypes(features, labels, 8, k=4)
     counts = class_counts(labels.tolist(), 8)
@@ -226,8 +257,11 @@ def test_gradient_ratio_with_layernorm_far_exceeds_plain_cosines_on_a_networks_f
 
 # --- features and head of the networks ------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec,head", [({"name": "cnn", "num_classes": 3, "channels": [8, 16]}, "4"),
-                                       ({"name": "resnet18", "num_classes": 3}, "fc")])
+
+@pytest.mark.parametrize(
+    "spec,head",
+    [({"name": "cnn", "num_classes": 3, "channels": [8, 16]}, "4"), ({"name": "resnet18", "num_classes": 3}, "fc")],
+)
 def test_feature_head_split_covers_every_parameter_once(spec, head):
     torch.manual_seed(0)
     model = build_model(spec)
@@ -250,8 +284,9 @@ def test_extract_features_and_the_objective_inside_train_local():
     torch.manual_seed(1)
     model = build_model({"name": "cnn", "num_classes": 3, "channels": [8, 16]})
     g = torch.Generator().manual_seed(11)
-    loader = [{"image": torch.randn(4, 1, 16, 16, generator=g), "label": torch.tensor([[0], [1], [1], [0]])}
-              for _ in range(2)]
+    loader = [
+        {"image": torch.randn(4, 1, 16, 16, generator=g), "label": torch.tensor([[0], [1], [1], [0]])} for _ in range(2)
+    ]
     features, labels = extract_features(model, loader, "cpu")
     assert features.shape == (8, 16) and labels.tolist() == [0, 1, 1, 0] * 2 and model.training
     prototypes, mask = class_prototypes(features, labels, num_classes=3, k=2)
@@ -259,10 +294,12 @@ def test_extract_features_and_the_objective_inside_train_local():
     with fednpr_objective(model, [4, 4, 0], prototypes, mask, lam=0.5) as loss_fn:
         image, label = loader[0]["image"], loader[0]["label"]
         direct_features, logits = forward_with_features(model, image)
-        expected = sum(fednpr_terms(logits, direct_features, label, balanced_softmax_loss([4, 4, 0]), prototypes,
-                                    mask, 0.5))
+        expected = sum(
+            fednpr_terms(logits, direct_features, label, balanced_softmax_loss([4, 4, 0]), prototypes, mask, 0.5)
+        )
         assert float(loss_fn(model(image), label).detach()) == pytest.approx(float(expected.detach()), rel=1e-6)
-        stats = train_local(model, loader, TrainSettings(lr=1e-3), "cpu",
-                            loss_fn=lambda out, y: calls.append(1) or loss_fn(out, y))
+        stats = train_local(
+            model, loader, TrainSettings(lr=1e-3), "cpu", loss_fn=lambda out, y: calls.append(1) or loss_fn(out, y)
+        )
     assert len(calls) == 2 and math.isfinite(stats["train_loss"])
     assert len(loss_fn.grad_ratios) == 3 and loss_fn.metrics()["npr_grad_ratio"] > 0

@@ -20,8 +20,8 @@ def paper_update(w, locals_, losses, q, lipschitz):
     for site, w_k in locals_.items():
         f = losses[site] + 1e-10
         dw = lipschitz * (w - w_k)
-        deltas.append(f ** q * dw)
-        hs.append(q * f ** (q - 1) * float(dw @ dw) + lipschitz * f ** q)
+        deltas.append(f**q * dw)
+        hs.append(q * f ** (q - 1) * float(dw @ dw) + lipschitz * f**q)
     return w - sum(deltas) / sum(hs)
 
 
@@ -44,15 +44,17 @@ def test_q_zero_is_fedavg_and_l_zero_is_loss_weighted_fedavg():
     fedavg = weighted_average(list(locals_.values()), [1, 1, 1])["w"]
     for lipschitz in (0.0, 1.0, 1e4):
         assert torch.allclose(qffl_aggregate(w, locals_, losses, 0.0, lipschitz)[0]["w"], fedavg)
-    weighted = weighted_average(list(locals_.values()), [0.5 ** 2, 1.0, 2.0 ** 2])["w"]
+    weighted = weighted_average(list(locals_.values()), [0.5**2, 1.0, 2.0**2])["w"]
     new, shares = qffl_aggregate(w, locals_, losses, 2.0, 0.0)
     assert torch.allclose(new["w"], weighted) and shares["global"] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_toy_quadratic_sites_direction_and_magnitude():
     """F_k(w) = 0.5 ||w - c_k||^2 + b_k; one local SGD step with lr, so with L = 1/lr, Delta w_k = grad F_k(w)."""
-    centres = {"near": torch.tensor([1.0, 0.0], dtype=torch.float64),
-               "far": torch.tensor([0.0, 4.0], dtype=torch.float64)}
+    centres = {
+        "near": torch.tensor([1.0, 0.0], dtype=torch.float64),
+        "far": torch.tensor([0.0, 4.0], dtype=torch.float64),
+    }
     offsets = {"near": 0.1, "far": 0.1}
     w = torch.zeros(2, dtype=torch.float64)
     lr = 0.1
@@ -70,7 +72,8 @@ def test_toy_quadratic_sites_direction_and_magnitude():
     # magnitude: q-FedSGD's step sum F_k g_k / sum (q ||g_k||^2 + L F_k), g_k = w - c_k
     grads = {s: w - c for s, c in centres.items()}
     step = sum(losses[s] * grads[s] for s in centres) / sum(
-        float(grads[s] @ grads[s]) + (1 / lr) * losses[s] for s in centres)
+        float(grads[s] @ grads[s]) + (1 / lr) * losses[s] for s in centres
+    )
     assert torch.allclose(new, w - step, atol=1e-9)
     # the fairer model: the worst site's loss is lower than after a FedAvg step of the same length
     same_length = w + (fedavg - w) * float((new - w).norm() / (fedavg - w).norm())
@@ -84,8 +87,10 @@ def test_adam_like_updates_barely_move_the_model_with_l_one_over_lr():
     generator = torch.Generator().manual_seed(0)
     params, lr, steps = 10_000, 3e-4, 10
     w = {"w": torch.randn(params, generator=generator, dtype=torch.float64)}
-    locals_ = {s: {"w": w["w"] - lr * steps * torch.sign(torch.randn(params, generator=generator,
-                                                                         dtype=torch.float64))} for s in "abcd"}
+    locals_ = {
+        s: {"w": w["w"] - lr * steps * torch.sign(torch.randn(params, generator=generator, dtype=torch.float64))}
+        for s in "abcd"
+    }
     losses = {s: 1.0 for s in locals_}
     fedavg_step = float((weighted_average(list(locals_.values()), [1] * 4)["w"] - w["w"]).norm())
     paper = float((qffl_aggregate(w, locals_, losses, 1.0, lipschitz_from_lr(lr))[0]["w"] - w["w"]).norm())
@@ -98,8 +103,12 @@ def test_adam_like_updates_barely_move_the_model_with_l_one_over_lr():
 
 def test_norm_keys_and_validation():
     w = {"weight": torch.zeros(2, dtype=torch.float64), "running_var": torch.ones(2, dtype=torch.float64)}
-    locals_ = {"a": {"weight": torch.tensor([0.1, 0.0], dtype=torch.float64),
-                     "running_var": torch.tensor([50.0, 50.0], dtype=torch.float64)}}
+    locals_ = {
+        "a": {
+            "weight": torch.tensor([0.1, 0.0], dtype=torch.float64),
+            "running_var": torch.tensor([50.0, 50.0], dtype=torch.float64),
+        }
+    }
     only_weight = qffl_coefficients(w, locals_, {"a": 1.0}, 1.0, 10.0, keys=["weight"])
     everything = qffl_coefficients(w, locals_, {"a": 1.0}, 1.0, 10.0)
     assert only_weight["a"] == pytest.approx(1.0 / (1.0 + 10.0 * 0.01), rel=1e-6)

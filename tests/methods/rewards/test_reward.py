@@ -1,4 +1,5 @@
-"""CFFL and CGSV: the reward math (`fairfl.methods.rewards.reward`) against direct computations, and the per-site-model bookkeeping
+"""CFFL and CGSV: the reward math (`fairfl.methods.rewards.reward`) against direct computations, and the
+per-site-model bookkeeping
 of their controllers (`fairfl.methods.rewards.controller`) without FLARE running."""
 
 import json
@@ -11,10 +12,20 @@ import torch
 from fairfl.flare import protocol
 from fairfl.flare.engine import SiteUpdate
 from fairfl.methods.rewards.controller import SITE_MODELS_FILE, CFFLController, CGSVController
+from fairfl.methods.rewards.reward import (
+    apply_threshold,
+    cffl_reputations,
+    cgsv_values,
+    mask_top_fraction,
+    normalised_update,
+    reward_fractions,
+    reward_states,
+    state_delta,
+    update_reputation,
+    weighted_update,
+)
 from fairfl.models import initial_state, state_to_torch
 from fairfl.results import ResultsLog
-from fairfl.methods.rewards.reward import (apply_threshold, cffl_reputations, cgsv_values, mask_top_fraction, normalised_update,
-                           reward_fractions, reward_states, state_delta, update_reputation, weighted_update)
 
 SITES = ("site-1", "site-2", "site-3")
 TINY = {"model_channels": [4, 8], "model_strides": [2], "num_rounds": 3}
@@ -61,8 +72,11 @@ def test_cffl_threshold_removes_low_reputations_for_good():
 
 
 def test_cgsv_cosines_and_reputation_update_by_hand():
-    deltas = {"site-1": {"w": torch.tensor([3.0, 4.0])}, "site-2": {"w": torch.tensor([0.0, 2.0])},
-              "site-3": {"w": torch.tensor([-1.0, 0.0])}}
+    deltas = {
+        "site-1": {"w": torch.tensor([3.0, 4.0])},
+        "site-2": {"w": torch.tensor([0.0, 2.0])},
+        "site-3": {"w": torch.tensor([-1.0, 0.0])},
+    }
     uploads = {s: normalised_update(d, 2.0) for s, d in deltas.items()}
     assert torch.allclose(uploads["site-1"]["w"], torch.tensor([1.2, 1.6]))  # Gamma * delta / ||delta||
     weights = {"site-1": 0.5, "site-2": 0.25, "site-3": 0.25}
@@ -108,8 +122,10 @@ def trained_updates(models: dict, seed: int, report=None) -> dict:
     generator = torch.Generator().manual_seed(seed)
     updates = {}
     for i, (site, state) in enumerate(sorted(models.items())):
-        new = {k: (t + 0.01 * (i + 1) * torch.randn(t.shape, generator=generator) if t.is_floating_point() else t + 1)
-               for k, t in state_to_torch(state).items()}
+        new = {
+            k: (t + 0.01 * (i + 1) * torch.randn(t.shape, generator=generator) if t.is_floating_point() else t + 1)
+            for k, t in state_to_torch(state).items()
+        }
         meta = {protocol.VAL_METRIC: report[site]} if report else {}
         updates[site] = SiteUpdate(new, 10 * (i + 1), meta)
     return updates
@@ -130,12 +146,15 @@ def test_cgsv_controller_gives_each_site_its_reward_and_keeps_a_rejected_site(tm
     updates = trained_updates(sent, seed=0)
     new_global, extras = c.aggregate(0, state0, updates, {})
     assert extras["weights"] == pytest.approx({"site-1": 1 / 6, "site-2": 2 / 6, "site-3": 3 / 6})  # samples
-    assert sum(extras["reputations"].values()) == pytest.approx(1.0) and extras["contributions"] == extras["reputations"]
+    assert (
+        sum(extras["reputations"].values()) == pytest.approx(1.0) and extras["contributions"] == extras["reputations"]
+    )
     assert max(extras["reward_fractions"].values()) == 1.0
     top = max(extras["reputations"], key=extras["reputations"].get)
     start = state_to_torch(state0)
-    aggregate = weighted_update({s: normalised_update(state_delta(updates[s].state, start), extras["gamma"])
-                                 for s in SITES}, extras["weights"])
+    aggregate = weighted_update(
+        {s: normalised_update(state_delta(updates[s].state, start), extras["gamma"]) for s in SITES}, extras["weights"]
+    )
     for name, value in aggregate.items():  # the top site and the global model get u_N exactly
         np.testing.assert_allclose(c.site_models[top][name], (start[name] + value).numpy(), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(new_global[name], (start[name] + value).numpy(), rtol=1e-5, atol=1e-6)
@@ -169,7 +188,9 @@ def test_cffl_controller_weights_by_smoothed_sinh_reputations(tmp_path):
     assert set(rejected) == {"site-3"} and "validation metric" in rejected["site-3"]
     expected = cffl_reputations({"site-1": 0.9, "site-2": 0.5}, 5.0)
     assert extras["reputations"] == pytest.approx(expected) and extras["weights"] == pytest.approx(expected)
-    assert extras["reward_fractions"] == pytest.approx({"site-1": 1.0, "site-2": expected["site-2"] / expected["site-1"]})
+    assert extras["reward_fractions"] == pytest.approx(
+        {"site-1": 1.0, "site-2": expected["site-2"] / expected["site-1"]}
+    )
     start = state_to_torch(state0)
     u = weighted_update({s: state_delta(updates[s].state, start) for s in expected}, expected)
     for name, value in u.items():
@@ -183,8 +204,15 @@ def test_cffl_controller_weights_by_smoothed_sinh_reputations(tmp_path):
 def test_reward_controllers_checkpoint_round_trip_restores_models_and_reputations(tmp_path):
     def make():
         c = controller(CFFLController, tmp_path, run_name="trial", reputation_threshold=0.2)
-        c.results = ResultsLog(str(tmp_path / "results.json"), method=c.method, task=c.task, metric=c.metric, seed=0,
-                               sites=list(SITES), config=c.config())
+        c.results = ResultsLog(
+            str(tmp_path / "results.json"),
+            method=c.method,
+            task=c.task,
+            metric=c.metric,
+            seed=0,
+            sites=list(SITES),
+            config=c.config(),
+        )
         return c
 
     first = make()

@@ -3,9 +3,13 @@
 from fairfl.methods.spec import Claim, Job, MethodSpec, Variant
 
 SPEC = MethodSpec(
-    name="ditto", doc="methods/ditto.md",
+    name="ditto",
+    doc="methods/ditto.md",
     jobs=(Job("ditto", "fairfl.methods.ditto.controller.DittoController"),),
     variants=(Variant("ditto", "Ditto", "ditto", families=("segmentation", "quality_shift", "imbalanced")),),
     # fairer and at least as accurate
-    claims=(Claim("Ditto", "ditto", "fedavg", "dice", "std", family="segmentation"),
-            Claim("Ditto", "ditto", "fedavg", "dice", "avg", family="segmentation")))
+    claims=(
+        Claim("Ditto", "ditto", "fedavg", "dice", "std", family="segmentation"),
+        Claim("Ditto", "ditto", "fedavg", "dice", "avg", family="segmentation"),
+    ),
+)

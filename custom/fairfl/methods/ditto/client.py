@@ -41,17 +41,28 @@ def personal_versions(ctx: StepContext) -> list:
         try:
             saved = load_tensors(path)
         except ValueError as e:
-            raise DataError(ctx.site, path, f"unreadable Ditto personal model ({e}); delete it to restart this "
-                                            f"site's personalisation from the global model") from e
-        if not isinstance(saved, dict) or not isinstance(saved.get("round"), int) \
-                or not isinstance(saved.get("model"), dict):
+            raise DataError(
+                ctx.site,
+                path,
+                f"unreadable Ditto personal model ({e}); delete it to restart this "
+                f"site's personalisation from the global model",
+            ) from e
+        if (
+            not isinstance(saved, dict)
+            or not isinstance(saved.get("round"), int)
+            or not isinstance(saved.get("model"), dict)
+        ):
             problem = "not a Ditto personal model ({'round': int, 'model': state dict})"
         else:
             problem = check_site_state(saved["model"], model.state_dict())
         if problem:
-            raise DataError(ctx.site, path, f"the Ditto personal model does not fit this job's network {spec}: "
-                                            f"{problem}; delete it (or use another run_name) to restart this site's "
-                                            f"personalisation from the global model")
+            raise DataError(
+                ctx.site,
+                path,
+                f"the Ditto personal model does not fit this job's network {spec}: "
+                f"{problem}; delete it (or use another run_name) to restart this site's "
+                f"personalisation from the global model",
+            )
         model.load_state_dict(saved["model"])
         versions.append((saved["round"], model, name))
     return sorted(versions, key=lambda version: -version[0])
@@ -79,13 +90,23 @@ class PersonalTraining(ClientStep):
         personal = copy.deepcopy(self.sent) if personal is None else personal
         loader = ctx.loader("training", train=True, seed=ctx.seed)
         with ctx.timed("personal_train_seconds"):
-            stats = train_personal(personal, self.sent, loader, ctx.train_settings(), ctx.device, ctx.base_loss(),
-                                   float(ctx.meta[protocol.DITTO_LAMBDA]))
+            stats = train_personal(
+                personal,
+                self.sent,
+                loader,
+                ctx.train_settings(),
+                ctx.device,
+                ctx.base_loss(),
+                float(ctx.meta[protocol.DITTO_LAMBDA]),
+            )
         current = next((saved_round for saved_round, _, name in versions if name == protocol.PERSONAL_MODEL_FILE), None)
-        save_round_keeping_previous({"round": ctx.round, "model": personal.state_dict()},
-                                    os.path.join(ctx.state_dir, protocol.PERSONAL_MODEL_FILE),
-                                    os.path.join(ctx.state_dir, protocol.PREVIOUS_PERSONAL_MODEL_FILE), current,
-                                    ctx.round)
+        save_round_keeping_previous(
+            {"round": ctx.round, "model": personal.state_dict()},
+            os.path.join(ctx.state_dir, protocol.PERSONAL_MODEL_FILE),
+            os.path.join(ctx.state_dir, protocol.PREVIOUS_PERSONAL_MODEL_FILE),
+            current,
+            ctx.round,
+        )
         ctx.metrics["personal_train_loss"] = float(stats["train_loss"])
 
 

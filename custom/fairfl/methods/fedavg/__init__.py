@@ -3,6 +3,8 @@
 from fairfl.methods.spec import Job, MethodSpec, Variant
 
 SPEC = MethodSpec(
-    name="fedavg", doc="methods/fedavg.md",
+    name="fedavg",
+    doc="methods/fedavg.md",
     jobs=(Job("fedavg", "fairfl.methods.fedavg.controller.FedAvgController", tasks=("train", "validate", "cka")),),
-    variants=(Variant("fedavg", "FedAvg", "fedavg", families=("segmentation", "quality_shift", "imbalanced")),))
+    variants=(Variant("fedavg", "FedAvg", "fedavg", families=("segmentation", "quality_shift", "imbalanced")),),
+)

@@ -4,10 +4,16 @@ aggregation weights from each site's estimated contribution in gradient and data
 from fairfl.methods.spec import Claim, Job, MethodSpec, Variant
 
 SPEC = MethodSpec(
-    name="fedce", doc="methods/fedce.md",
+    name="fedce",
+    doc="methods/fedce.md",
     jobs=(Job("fedce", "fairfl.methods.fedce.controller.FedCEController", tasks=("train", "validate", "cka")),),
-    variants=(Variant("fedce_sum", "FedCE (Sum.)", "fedce", {"combine": "sum"},
-                      families=("segmentation", "quality_shift")),
-              Variant("fedce_product", "FedCE (Multi.)", "fedce", {"combine": "product"}, families=("segmentation",))),
-    claims=tuple(Claim("FedCE", method, "fedavg", "dice", statistic, family="segmentation")
-                 for method in ("fedce_sum", "fedce_product") for statistic in ("std", "avg")))
+    variants=(
+        Variant("fedce_sum", "FedCE (Sum.)", "fedce", {"combine": "sum"}, families=("segmentation", "quality_shift")),
+        Variant("fedce_product", "FedCE (Multi.)", "fedce", {"combine": "product"}, families=("segmentation",)),
+    ),
+    claims=tuple(
+        Claim("FedCE", method, "fedavg", "dice", statistic, family="segmentation")
+        for method in ("fedce_sum", "fedce_product")
+        for statistic in ("std", "avg")
+    ),
+)

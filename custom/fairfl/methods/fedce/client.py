@@ -48,8 +48,10 @@ class LeaveOneOutError(ClientStep):
         if weight >= FULL_WEIGHT:
             return 1.0  # without this site there is no global model at all: the largest possible error
         if weight > 0.0 and not os.path.exists(path):
-            ctx.log_error(f"[{ctx.site}] FedCE: my share of the global model is {weight:.4f} but my previous local "
-                          f"model {path} is gone; cannot build the leave-one-out model this round")
+            ctx.log_error(
+                f"[{ctx.site}] FedCE: my share of the global model is {weight:.4f} but my previous local "
+                f"model {path} is gone; cannot build the leave-one-out model this round"
+            )
             return None
         previous = load_tensors(path) if weight > 0.0 else {}
         model = leave_one_out_model(ctx.meta[protocol.MODEL_SPEC], ctx.params, previous, weight)

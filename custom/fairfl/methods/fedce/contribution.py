@@ -116,8 +116,14 @@ class ContributionState:
         return {s: {"gradient": g[s], "data": d[s]} for s in sorted(g)}
 
     def to_dict(self) -> dict:
-        return {"mode": self.mode, "accumulated": self.accumulated, "gradient_sums": self.gradient_sums,
-                "data_sums": self.data_sums, "weights": self.weights, "rounds": self.rounds}
+        return {
+            "mode": self.mode,
+            "accumulated": self.accumulated,
+            "gradient_sums": self.gradient_sums,
+            "data_sums": self.data_sums,
+            "weights": self.weights,
+            "rounds": self.rounds,
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> ContributionState:

@@ -45,7 +45,6 @@ class FedCEController(FairRoundController):
     def method(self) -> str:
         return f"fedce_{self.combine}"
 
-
     def train_meta(self, round_num) -> dict:
         if not self.contribution.weights:
             return {}  # round 0: nothing to leave out of
@@ -58,8 +57,14 @@ class FedCEController(FairRoundController):
             weights = self.site_weights({s: updates[s].num_samples for s in sorted(updates)})
             self.contribution.weights = dict(weights)
             return self.average_updates(updates, weights), {"weights": weights}
-        errors = self.accepted_reports(round_num, updates, rejected, protocol.LOO_ERROR,
-                                       lambda e: number_problem(e, "leave-one-out error", 0.0, 1.0), "leave-one-out error")
+        errors = self.accepted_reports(
+            round_num,
+            updates,
+            rejected,
+            protocol.LOO_ERROR,
+            lambda e: number_problem(e, "leave-one-out error", 0.0, 1.0),
+            "leave-one-out error",
+        )
         errors = {s: float(e) for s, e in errors.items()}
         if not errors:
             self.contribution.weights = {}
@@ -74,15 +79,19 @@ class FedCEController(FairRoundController):
         self.contribution.weights = {s: weights.get(s, 0.0) for s in self.trainers}
         for s in terms:
             terms[s].update(cosine=1.0 - gradient[s], error=errors[s])
-        return self.average_updates(updates, weights), {"weights": weights,
-                                                        "contributions": self.contribution.contributions(),
-                                                        "contribution_terms": terms}
+        return self.average_updates(updates, weights), {
+            "weights": weights,
+            "contributions": self.contribution.contributions(),
+            "contribution_terms": terms,
+        }
 
     def final_extras(self) -> dict:
         if not self.contribution.accumulated:
             return {}
-        return {"contributions": self.contribution.contributions(),
-                "contribution_terms": self.contribution.term_shares()}
+        return {
+            "contributions": self.contribution.contributions(),
+            "contribution_terms": self.contribution.term_shares(),
+        }
 
     def method_state(self) -> dict:
         return self.contribution.to_dict()

@@ -30,8 +30,9 @@ class ProbeModelSent(ClientStep):
         loader = ctx.loader("training", train=False)
         loss_fn = torch.nn.CrossEntropyLoss() if ctx.task == "classification" else segmentation_loss()
         if protocol.SHARPNESS_RHO in ctx.meta:
-            ctx.reply[protocol.SHARPNESS] = measure_sharpness(model, loader, loss_fn,
-                                                              float(ctx.meta[protocol.SHARPNESS_RHO]), ctx.device)
+            ctx.reply[protocol.SHARPNESS] = measure_sharpness(
+                model, loader, loss_fn, float(ctx.meta[protocol.SHARPNESS_RHO]), ctx.device
+            )
         if ctx.meta.get(protocol.MEASURE_LOSS):
             if protocol.SHARPNESS in ctx.reply:
                 ctx.reply[protocol.GLOBAL_LOSS] = ctx.reply[protocol.SHARPNESS]["loss"]
@@ -47,5 +48,13 @@ class SALTTraining(ClientStep):
         return protocol.SALT_RHO in meta
 
     def train(self, ctx: StepContext, model, loader, settings, loss_fn, optimizer) -> dict:
-        return train_salt(model, loader, settings, ctx.device, loss_fn, rho=float(ctx.meta[protocol.SALT_RHO]),
-                          alpha=float(ctx.meta.get(protocol.SALT_ALPHA, GSAM_ALPHA)), optimizer=optimizer)
+        return train_salt(
+            model,
+            loader,
+            settings,
+            ctx.device,
+            loss_fn,
+            rho=float(ctx.meta[protocol.SALT_RHO]),
+            alpha=float(ctx.meta.get(protocol.SALT_ALPHA, GSAM_ALPHA)),
+            optimizer=optimizer,
+        )

@@ -22,8 +22,17 @@ class FedISMController(FairRoundController):
     keeps its moving-average share. The moving average lives in
     `method_state.json` after every round; `load_method_state` resumes it."""
 
-    def __init__(self, rho_max: float = RHO_MAX, tau: float = TAU, variant: str = "S", q: float = Q,
-                 beta: float = BETA, gsam_alpha: float = GSAM_ALPHA, saga: bool = True, **kwargs):
+    def __init__(
+        self,
+        rho_max: float = RHO_MAX,
+        tau: float = TAU,
+        variant: str = "S",
+        q: float = Q,
+        beta: float = BETA,
+        gsam_alpha: float = GSAM_ALPHA,
+        saga: bool = True,
+        **kwargs,
+    ):
         """
         Args:
             rho_max: the largest search distance (FedISM+: 0.1; FedISM's fixed rho: 0.05).
@@ -55,7 +64,6 @@ class FedISMController(FairRoundController):
             return "fedism" if self.variant == "S" else "fedism_l"
         return f"fedismplus_{self.variant.lower()}"
 
-
     def rho(self, round_num: int) -> float:
         return search_distance(round_num + 1, self.num_rounds, self.rho_max, self.tau)
 
@@ -73,7 +81,9 @@ class FedISMController(FairRoundController):
             problem = check_report(report, self.variant)
             return f"sharpness: {problem}" if problem else None
 
-        reports = self.accepted_reports(round_num, updates, rejected, protocol.SHARPNESS, problem_of, "sharpness report")
+        reports = self.accepted_reports(
+            round_num, updates, rejected, protocol.SHARPNESS, problem_of, "sharpness report"
+        )
         if not reports:
             return global_state, {"rho": self.rho(round_num)}
         saga = self.saga_state.update(reports)
@@ -81,8 +91,11 @@ class FedISMController(FairRoundController):
         self.saga_state.weights.update(weights)  # Eq. 18's w_{t-1} next round: the weights used
         keys = ("loss", "perturbed_loss", "sharpness", "grad_norm")
         return self.average_updates(updates, weights), {
-            "weights": weights, "rho": self.rho(round_num), "raw_weights": {s: v["raw"] for s, v in saga.items()},
-            "sharpness": {s: {k: float(reports[s][k]) for k in keys if k in reports[s]} for s in sorted(reports)}}
+            "weights": weights,
+            "rho": self.rho(round_num),
+            "raw_weights": {s: v["raw"] for s, v in saga.items()},
+            "sharpness": {s: {k: float(reports[s][k]) for k in keys if k in reports[s]} for s in sorted(reports)},
+        }
 
     def method_state(self) -> dict:
         return self.saga_state.to_dict()

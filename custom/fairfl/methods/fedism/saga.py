@@ -73,7 +73,7 @@ def saga_weights(values: dict, q: float = Q) -> dict:
         raise ValueError(f"saga_weights: values must be finite, got {bad}")
     # normalise first (as the FFL4MIA code does) so that v^q cannot overflow or underflow for large q
     shares = normalise({s: max(float(v), 0.0) for s, v in values.items()})
-    return normalise({s: v ** q for s, v in shares.items()})
+    return normalise({s: v**q for s, v in shares.items()})
 
 
 def moving_average(raw: dict, previous: dict, beta: float = BETA) -> dict:
@@ -122,8 +122,7 @@ class SagaState:
         return {s: {"value": values[s], "raw": raw[s], "weight": weights[s]} for s in sorted(weights)}
 
     def to_dict(self) -> dict:
-        return {"variant": self.variant, "q": self.q, "beta": self.beta, "weights": self.weights,
-                "rounds": self.rounds}
+        return {"variant": self.variant, "q": self.q, "beta": self.beta, "weights": self.weights, "rounds": self.rounds}
 
     @classmethod
     def from_dict(cls, data: dict) -> SagaState:

@@ -63,8 +63,13 @@ def _global_norm(tensors) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
 
 
-def gsam_step(model: torch.nn.Module, closure: Callable[[], torch.Tensor], optimizer: torch.optim.Optimizer,
-              rho: float, alpha: float = GSAM_ALPHA) -> dict:
+def gsam_step(
+    model: torch.nn.Module,
+    closure: Callable[[], torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    rho: float,
+    alpha: float = GSAM_ALPHA,
+) -> dict:
     """One GSAM step (Zhuang et al. 2022, Algorithm 1) with any base optimiser (FedISM+: Adam).
 
     Args:
@@ -122,8 +127,17 @@ def _steps(loader, max_steps: int) -> Iterator[dict]:
             return
 
 
-def train_salt(model, loader, settings: TrainSettings, device, loss_fn, rho: float, alpha: float = GSAM_ALPHA,
-               betas: tuple[float, float] = (0.9, 0.999), optimizer=None) -> dict:
+def train_salt(
+    model,
+    loader,
+    settings: TrainSettings,
+    device,
+    loss_fn,
+    rho: float,
+    alpha: float = GSAM_ALPHA,
+    betas: tuple[float, float] = (0.9, 0.999),
+    optimizer=None,
+) -> dict:
     """SALT: one round of local training in place with GSAM over Adam (FedISM+ Algorithm 1, line 8).
 
     The counterpart of `fairfl.training.train_local`: same settings (lr, weight decay, one epoch or a fixed
@@ -139,8 +153,12 @@ def train_salt(model, loader, settings: TrainSettings, device, loss_fn, rho: flo
         total += losses["loss"]
         total_perturbed += losses["perturbed_loss"]
         steps += 1
-    return {"train_loss": total / max(steps, 1), "train_perturbed_loss": total_perturbed / max(steps, 1),
-            "steps": steps, "rho": rho}
+    return {
+        "train_loss": total / max(steps, 1),
+        "train_perturbed_loss": total_perturbed / max(steps, 1),
+        "steps": steps,
+        "rho": rho,
+    }
 
 
 def _batch_losses(model, loader, loss_fn, device) -> Iterator[tuple[torch.Tensor, int]]:
@@ -165,7 +183,8 @@ def measure_sharpness(model, loader, loss_fn, rho: float, device) -> dict:
     """A site's loss, perturbed loss and sharpness (Eq. 9-11) of `model` over the whole of `loader`.
 
     The paper measures them on the global model received at the start of the round, over the site's full
-    training set (Eq. 10-11 are over the site's training data): pass an unshuffled, unaugmented loader of the training split. The model is put
+    training set (Eq. 10-11 are over the site's training data): pass an unshuffled, unaugmented loader of the
+    training split. The model is put
     in eval mode (running statistics of batch norm, no dropout) and left with its weights, mode and gradients
     as they were. eps* follows the gradient of the loss over the whole set (one perturbation for the set, as
     in the FFL4MIA code), not one per batch.
@@ -208,5 +227,11 @@ def measure_sharpness(model, loader, loss_fn, rho: float, device) -> dict:
         for p, g in zip(params, saved_grads):
             p.grad = g
         model.train(was_training)
-    return {"loss": loss_value, "perturbed_loss": perturbed, "sharpness": perturbed - loss_value, "rho": rho,
-            "grad_norm": summed_norm / count, "samples": count}
+    return {
+        "loss": loss_value,
+        "perturbed_loss": perturbed,
+        "sharpness": perturbed - loss_value,
+        "rho": rho,
+        "grad_norm": summed_norm / count,
+        "samples": count,
+    }

@@ -4,8 +4,12 @@ features differ most from the anchor model's gets the largest weight."""
 from fairfl.methods.spec import Claim, Job, MethodSpec, Variant
 
 SPEC = MethodSpec(
-    name="fedlwr", doc="methods/fedlwr.md",
+    name="fedlwr",
+    doc="methods/fedlwr.md",
     jobs=(Job("fedlwr", "fairfl.methods.fedlwr.controller.FedLWRController", tasks=("train", "validate", "cka")),),
     variants=(Variant("fedlwr", "Fed-LWR", "fedlwr", families=("segmentation",)),),
-    claims=(Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "std", family="segmentation"),
-            Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "avg", family="segmentation")))
+    claims=(
+        Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "std", family="segmentation"),
+        Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "avg", family="segmentation"),
+    ),
+)

@@ -175,8 +175,10 @@ class MinibatchCKA:
         """
         a, b = torch.as_tensor(feats_a), torch.as_tensor(feats_b)
         if a.dim() < 1 or b.dim() < 1 or a.shape[0] != b.shape[0]:
-            raise ValueError(f"layer {name!r}: feats_a {tuple(a.shape)} and feats_b {tuple(b.shape)} "
-                             "need the same number of samples in dimension 0")
+            raise ValueError(
+                f"layer {name!r}: feats_a {tuple(a.shape)} and feats_b {tuple(b.shape)} "
+                "need the same number of samples in dimension 0"
+            )
         if a.shape[0] < MIN_BATCH:
             return False
         gram = _GramWorkspace()
@@ -279,8 +281,9 @@ def layerwise_cka(
                 raise ValueError(f"layer {name!r} ran more than once in one forward pass; its CKA is ambiguous")
             out = _first_tensor(output, name)
             if out.dim() == 0 or out.shape[0] != now["batch"]:
-                raise ValueError(f"layer {name!r}: output shape {tuple(out.shape)} does not start with "
-                                 f"the batch size {now['batch']}")
+                raise ValueError(
+                    f"layer {name!r}: output shape {tuple(out.shape)} does not start with the batch size {now['batch']}"
+                )
             # Reduce the output to its Gram matrix right away: nothing of size D is kept.
             grams[side][name] = gram(out)
 

@@ -38,16 +38,23 @@ class FedLWRController(FairRoundController):
         self.cka_clip = list(cka_clip) if cka_clip else None
         self._layers = None
 
-
     def aggregate(self, round_num, global_state, updates, rejected):
         anchor_np, extras = super().aggregate(round_num, global_state, updates, rejected)
         if self._layers is None:  # the same network every round: map its layers once
             self._layers = parameter_layers(build_model(self.model_spec()))
         layers = self._layers
-        results = self.ask(round_num, protocol.TASK_CKA,
-                           FLModel(params_type=ParamsType.FULL, params=anchor_np, current_round=round_num,
-                                   total_rounds=self.num_rounds, meta=self.task_meta),
-                           sorted(updates))
+        results = self.ask(
+            round_num,
+            protocol.TASK_CKA,
+            FLModel(
+                params_type=ParamsType.FULL,
+                params=anchor_np,
+                current_round=round_num,
+                total_rounds=self.num_rounds,
+                meta=self.task_meta,
+            ),
+            sorted(updates),
+        )
         cka = {}
         for result in results:
             site = result.meta.get("client_name", "?")
@@ -62,6 +69,11 @@ class FedLWRController(FairRoundController):
         cka = dict(sorted(cka.items()))  # answers arrive in any order; results read better sorted by site
         layer_weights = lwr_layer_weights(cka, clip=tuple(self.cka_clip) if self.cka_clip else None)
         layer_weights = {layer: self.bounded(weights) for layer, weights in layer_weights.items()}
-        new_state = layerwise_average({s: updates[s].state for s in cka}, layer_weights, layers, state_to_torch(anchor_np))
-        return state_to_numpy(new_state), {"anchor_weights": extras["weights"], "cka": cka,
-                                      "layer_weights": layer_weights}
+        new_state = layerwise_average(
+            {s: updates[s].state for s in cka}, layer_weights, layers, state_to_torch(anchor_np)
+        )
+        return state_to_numpy(new_state), {
+            "anchor_weights": extras["weights"],
+            "cka": cka,
+            "layer_weights": layer_weights,
+        }

@@ -9,14 +9,21 @@ IMBALANCED = ("imbalanced",)
 K = {"skin_imbalanced": {"num_subclusters": 4}, "ich_imbalanced": {"num_subclusters": 2}}
 DATA = {"dataset": "skin_imbalanced"}
 SPEC = MethodSpec(
-    name="fednpr", doc="methods/fednpr.md",
-    jobs=(Job("fednpr", "fairfl.methods.fednpr.controller.FedNPRController", server=DATA),
-          Job("fednpr_per", "fairfl.methods.fednpr.controller.FedNPRController", server={**DATA, "personal_head": True})),
-    variants=(Variant("fednpr", "FedNPR", "fednpr", families=IMBALANCED, dataset_arguments=K),
-              Variant("fednpr_per", "FedNPR-Per", "fednpr_per", families=IMBALANCED, dataset_arguments=K),
-              Variant("fedprox_npr", "FedProx + NPR", "fednpr", {"mu": 0.01}, families=IMBALANCED,
-                      dataset_arguments=K),
-              Variant("fedprox_npr_per", "FedProx + NPR-Per", "fednpr_per", {"mu": 0.01}, dataset_arguments=K)),
-    claims=(Claim("FedNPR", "fednpr", "fedavg", "balanced_accuracy", "avg", 2.0, family="imbalanced"),
-            Claim("FedNPR", "fednpr_per", "fednpr", "balanced_accuracy", "avg", family="imbalanced"),
-            Claim("FedNPR", "fedprox_npr", "fedprox", "balanced_accuracy", "avg", family="imbalanced")))
+    name="fednpr",
+    doc="methods/fednpr.md",
+    jobs=(
+        Job("fednpr", "fairfl.methods.fednpr.controller.FedNPRController", server=DATA),
+        Job("fednpr_per", "fairfl.methods.fednpr.controller.FedNPRController", server={**DATA, "personal_head": True}),
+    ),
+    variants=(
+        Variant("fednpr", "FedNPR", "fednpr", families=IMBALANCED, dataset_arguments=K),
+        Variant("fednpr_per", "FedNPR-Per", "fednpr_per", families=IMBALANCED, dataset_arguments=K),
+        Variant("fedprox_npr", "FedProx + NPR", "fednpr", {"mu": 0.01}, families=IMBALANCED, dataset_arguments=K),
+        Variant("fedprox_npr_per", "FedProx + NPR-Per", "fednpr_per", {"mu": 0.01}, dataset_arguments=K),
+    ),
+    claims=(
+        Claim("FedNPR", "fednpr", "fedavg", "balanced_accuracy", "avg", 2.0, family="imbalanced"),
+        Claim("FedNPR", "fednpr_per", "fednpr", "balanced_accuracy", "avg", family="imbalanced"),
+        Claim("FedNPR", "fedprox_npr", "fedprox", "balanced_accuracy", "avg", family="imbalanced"),
+    ),
+)

@@ -33,13 +33,26 @@ class NPRObjective(ClientStep):
         settings, num_classes = ctx.meta[protocol.NPR], ctx.meta[protocol.MODEL_SPEC]["num_classes"]
         with ctx.timed("prototype_seconds"):
             features, labels = extract_features(model, ctx.loader("training", train=False), ctx.device)
-            prototypes, mask = class_prototypes(features, labels, num_classes, k=settings["k"],
-                                                epsilon=float(settings["epsilon"]), iterations=settings["iterations"],
-                                                seed=ctx.seed)
-            npr = stack.enter_context(fednpr_objective(model, ctx.class_counts(), prototypes.to(ctx.device),
-                                                       mask.to(ctx.device), lam=float(settings["weight"]),
-                                                       temperature=float(settings["temperature"]),
-                                                       npr_form=settings["logits"]))
+            prototypes, mask = class_prototypes(
+                features,
+                labels,
+                num_classes,
+                k=settings["k"],
+                epsilon=float(settings["epsilon"]),
+                iterations=settings["iterations"],
+                seed=ctx.seed,
+            )
+            npr = stack.enter_context(
+                fednpr_objective(
+                    model,
+                    ctx.class_counts(),
+                    prototypes.to(ctx.device),
+                    mask.to(ctx.device),
+                    lam=float(settings["weight"]),
+                    temperature=float(settings["temperature"]),
+                    npr_form=settings["logits"],
+                )
+            )
         stack.callback(lambda: ctx.metrics.update(npr.metrics()))  # npr_grad_ratio, once training is done
         return npr
 

@@ -56,8 +56,13 @@ def check_npr_settings(settings) -> str | None:
             return f"{key} {settings.get(key)!r} is not an integer in [{low}, {high}]"
     for key, positive in (("epsilon", True), ("temperature", True), ("weight", False)):
         value = settings.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or not (0 < value if positive else 0 <= value) or value > MAX_NPR_FACTOR:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or not (0 < value if positive else 0 <= value)
+            or value > MAX_NPR_FACTOR
+        ):
             return f"{key} {value!r} is not a finite number in {'(0' if positive else '[0'}, {MAX_NPR_FACTOR:g}]"
     if settings.get("logits") not in NPR_LOGITS:
         return f"logits {settings.get('logits')!r} is not one of {', '.join(NPR_LOGITS)}"
@@ -75,8 +80,9 @@ def balanced_softmax_loss(counts: Sequence[float]) -> LogitAdjustedCrossEntropy:
     return LogitAdjustedCrossEntropy(counts, tau=1.0)
 
 
-def sinkhorn_knopp(scores: torch.Tensor, epsilon: float = EPSILON,
-                   iterations: int = SINKHORN_ITERATIONS) -> torch.Tensor:
+def sinkhorn_knopp(
+    scores: torch.Tensor, epsilon: float = EPSILON, iterations: int = SINKHORN_ITERATIONS
+) -> torch.Tensor:
     """The entropic optimal-transport plan Q [n, K] (float64) of n samples to K clusters with equal shares
     (Cuturi 2013; the equipartition of Asano et al. 2020 and SwAV): Q ~ exp(scores / epsilon), its rows and
     columns alternately rescaled to sum to 1/n and 1/K.
@@ -129,8 +135,9 @@ def balanced_assignment(plan: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(assignment)
 
 
-def _subclusters(z: torch.Tensor, k: int, epsilon: float, iterations: int, rounds: int,
-                 rng: np.random.Generator) -> torch.Tensor:
+def _subclusters(
+    z: torch.Tensor, k: int, epsilon: float, iterations: int, rounds: int, rng: np.random.Generator
+) -> torch.Tensor:
     """Unit-norm centres [min(k, n), d] of one class's unit features z [n, d]: from k random samples, repeat
     similarity -> Sinkhorn plan -> balanced hard assignment -> normalised means (Eq. 1-2). With n <= k every
     sample is its own centre."""
@@ -148,9 +155,16 @@ def _subclusters(z: torch.Tensor, k: int, epsilon: float, iterations: int, round
     return centres
 
 
-def class_prototypes(features: torch.Tensor, labels: torch.Tensor, num_classes: int, k: int = NUM_SUBCLUSTERS,
-                     epsilon: float = EPSILON, iterations: int = SINKHORN_ITERATIONS, rounds: int = CLUSTER_ROUNDS,
-                     seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def class_prototypes(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    num_classes: int,
+    k: int = NUM_SUBCLUSTERS,
+    epsilon: float = EPSILON,
+    iterations: int = SINKHORN_ITERATIONS,
+    rounds: int = CLUSTER_ROUNDS,
+    seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(prototypes [C, K, d], mask [C, K]) of a site's features [N, d] and labels [N]: the unit-norm centres of
     K sub-clusters of each class's L2-normalised features (`_subclusters`; K = 1 gives the normalised class
     mean, the paper's single-cluster ablation).
@@ -171,7 +185,7 @@ def class_prototypes(features: torch.Tensor, labels: torch.Tensor, num_classes: 
         members = z[labels == c]
         if len(members):
             centres = _subclusters(members, k, epsilon, iterations, rounds, np.random.default_rng([seed, c]))
-            prototypes[c, :len(centres)], mask[c, :len(centres)] = centres, True
+            prototypes[c, : len(centres)], mask[c, : len(centres)] = centres, True
     return prototypes.to(features.device, features.dtype), mask.to(features.device)
 
 
@@ -190,8 +204,14 @@ def npr_logits(best: torch.Tensor, form: str = NPR_LOGITS[0], temperature: float
     return best / temperature
 
 
-def npr_loss(features: torch.Tensor, target: torch.Tensor, prototypes: torch.Tensor, mask: torch.Tensor,
-             temperature: float = TEMPERATURE, npr_form: str = NPR_LOGITS[0]) -> torch.Tensor:
+def npr_loss(
+    features: torch.Tensor,
+    target: torch.Tensor,
+    prototypes: torch.Tensor,
+    mask: torch.Tensor,
+    temperature: float = TEMPERATURE,
+    npr_form: str = NPR_LOGITS[0],
+) -> torch.Tensor:
     """The non-parametric regulariser, FedNPR Eq. 3: cross-entropy over classes of npr_logits(s), s_c the
     largest cosine similarity of a sample's (L2-normalised) features to a prototype of class c.
 
@@ -213,9 +233,17 @@ def npr_loss(features: torch.Tensor, target: torch.Tensor, prototypes: torch.Ten
     return F.cross_entropy(npr_logits(best, npr_form, temperature), column[target[keep]])
 
 
-def fednpr_terms(logits: torch.Tensor, features: torch.Tensor, target: torch.Tensor, bsm: torch.nn.Module,
-                 prototypes: torch.Tensor, mask: torch.Tensor, lam: float = NPR_WEIGHT,
-                 temperature: float = TEMPERATURE, npr_form: str = NPR_LOGITS[0]) -> tuple:
+def fednpr_terms(
+    logits: torch.Tensor,
+    features: torch.Tensor,
+    target: torch.Tensor,
+    bsm: torch.nn.Module,
+    prototypes: torch.Tensor,
+    mask: torch.Tensor,
+    lam: float = NPR_WEIGHT,
+    temperature: float = TEMPERATURE,
+    npr_form: str = NPR_LOGITS[0],
+) -> tuple:
     """(bsm(logits, target), lam * npr_loss(features, ...)): FedNPR's local loss (Eq. 5) is their sum.
     lam 0 skips NPR (a zero second term)."""
     npr = lam * npr_loss(features, target, prototypes, mask, temperature, npr_form) if lam else features.sum() * 0.0
@@ -225,8 +253,9 @@ def fednpr_terms(logits: torch.Tensor, features: torch.Tensor, target: torch.Ten
 def gradient_ratio(numerator: torch.Tensor, denominator: torch.Tensor, wrt: torch.Tensor) -> float | None:
     """||d numerator / d wrt|| / ||d denominator / d wrt|| (Frobenius norms), the graph kept for the training
     step's backward; None when the denominator's gradient is zero or either is not finite."""
-    top, bottom = (torch.autograd.grad(loss, wrt, retain_graph=True, allow_unused=True)[0]
-                   for loss in (numerator, denominator))
+    top, bottom = (
+        torch.autograd.grad(loss, wrt, retain_graph=True, allow_unused=True)[0] for loss in (numerator, denominator)
+    )
     top, bottom = (0.0 if g is None else float(g.norm()) for g in (top, bottom))
     ratio = top / bottom if bottom > 0.0 else float("nan")
     return ratio if math.isfinite(ratio) else None
@@ -257,9 +286,15 @@ class FedNPRObjective:
 
 
 @contextmanager
-def fednpr_objective(model: torch.nn.Module, counts: Sequence[float], prototypes: torch.Tensor,
-                     mask: torch.Tensor, lam: float = NPR_WEIGHT, temperature: float = TEMPERATURE,
-                     npr_form: str = NPR_LOGITS[0]):
+def fednpr_objective(
+    model: torch.nn.Module,
+    counts: Sequence[float],
+    prototypes: torch.Tensor,
+    mask: torch.Tensor,
+    lam: float = NPR_WEIGHT,
+    temperature: float = TEMPERATURE,
+    npr_form: str = NPR_LOGITS[0],
+):
     """A FedNPRObjective, `loss_fn(logits, target)` for `training.train_local` and `sharpness.train_salt`, whose
     loops call loss_fn(model(x), y): while the context is open a hook on the model's head hands the features of
     the same forward pass to it. Other local terms combine outside it (FedProx: add the proximal loss of the

@@ -3,6 +3,8 @@
 from fairfl.methods.spec import Job, MethodSpec, Variant
 
 SPEC = MethodSpec(
-    name="fedprox", doc="methods/fedavg.md",
+    name="fedprox",
+    doc="methods/fedavg.md",
     jobs=(Job("fedprox", "fairfl.methods.fedprox.controller.FedProxController"),),
-    variants=(Variant("fedprox", "FedProx", "fedprox", families=("segmentation", "imbalanced")),))
+    variants=(Variant("fedprox", "FedProx", "fedprox", families=("segmentation", "imbalanced")),),
+)

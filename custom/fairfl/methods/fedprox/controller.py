@@ -23,6 +23,5 @@ class FedProxController(FairRoundController):
             raise ValueError(f"mu must be >= 0, got {mu}")
         self.mu = float(mu)
 
-
     def train_meta(self, round_num) -> dict:
         return {protocol.PROX_MU: self.mu} if self.mu else {}

@@ -36,35 +36,60 @@ class QFedAvgController(FairRoundController):
             raise ValueError(f"lipschitz must be null or >= 0, got {lipschitz}")
         self.q, self.lipschitz = float(q), lipschitz
         if self.robust_aggregation != "none":
-            raise ValueError("q-FedAvg's step is not an average of the sites' models: robust_aggregation must be 'none'")
+            raise ValueError(
+                "q-FedAvg's step is not an average of the sites' models: robust_aggregation must be 'none'"
+            )
         if lipschitz == 0:  # a different aggregation rule: its own row in reports
             self.method = "qfedavg_lossweighted"
         self._trainable = None
-
 
     def train_meta(self, round_num) -> dict:
         return {protocol.MEASURE_LOSS: True}
 
     def aggregate(self, round_num, global_state, updates, rejected):
-        losses = self.accepted_reports(round_num, updates, rejected, protocol.GLOBAL_LOSS,
-                                       lambda loss: number_problem(loss, "loss", 0.0, MAX_REPORTED), "loss")
+        losses = self.accepted_reports(
+            round_num,
+            updates,
+            rejected,
+            protocol.GLOBAL_LOSS,
+            lambda loss: number_problem(loss, "loss", 0.0, MAX_REPORTED),
+            "loss",
+        )
         losses = {s: float(v) for s, v in losses.items()}
         lipschitz = self.lipschitz
         if lipschitz is None and losses:  # L = 1 / lr: the lr most sites report; a site with another is rejected
-            rates = self.accepted_reports(round_num, {s: updates[s] for s in losses}, rejected, protocol.LR,
-                                          lambda lr: number_problem(lr, "lr", 1e-12, 1e6), "lr")
+            rates = self.accepted_reports(
+                round_num,
+                {s: updates[s] for s in losses},
+                rejected,
+                protocol.LR,
+                lambda lr: number_problem(lr, "lr", 1e-12, 1e6),
+                "lr",
+            )
             reference = majority(rates) if rates else None
             for site, lr in rates.items():
                 if lr != reference:
-                    self.reject(round_num, site, f"lr {lr!r} differs from the round's lr {reference!r} (most sites')",
-                                rejected)
+                    self.reject(
+                        round_num, site, f"lr {lr!r} differs from the round's lr {reference!r} (most sites')", rejected
+                    )
             losses = {s: v for s, v in losses.items() if s in rates and rates[s] == reference}
             lipschitz = lipschitz_from_lr(float(reference)) if losses else None
         if not losses:
             return global_state, {}
         if self._trainable is None:  # ||w - w_k|| is about parameters, not normalisation statistics
             self._trainable = trainable_names(self.model_spec())
-        new_state, shares = qffl_aggregate(state_to_torch(global_state), {s: updates[s].state for s in losses}, losses,
-                                           self.q, lipschitz, keys=self._trainable, bound=self.bounded)
-        return state_to_numpy(new_state), {"weights": {s: shares[s] for s in losses}, "global_share": shares["global"],
-                                           "losses": losses, "lipschitz": lipschitz}
+        new_state, shares = qffl_aggregate(
+            state_to_torch(global_state),
+            {s: updates[s].state for s in losses},
+            losses,
+            self.q,
+            lipschitz,
+            keys=self._trainable,
+            bound=self.bounded,
+        )
+        return state_to_numpy(new_state), {
+            "weights": {s: shares[s] for s in losses},
+            "global_share": shares["global"],
+            "losses": losses,
+            "lipschitz": lipschitz,
+        }

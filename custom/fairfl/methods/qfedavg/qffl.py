@@ -49,9 +49,14 @@ def lipschitz_from_lr(lr: float) -> float:
     return 1.0 / lr
 
 
-def qffl_coefficients(global_state: Mapping[str, torch.Tensor], local_states: Mapping[str, Mapping],
-                      losses: Mapping[str, float], q: float, lipschitz: float,
-                      keys: Iterable[str] | None = None) -> dict:
+def qffl_coefficients(
+    global_state: Mapping[str, torch.Tensor],
+    local_states: Mapping[str, Mapping],
+    losses: Mapping[str, float],
+    q: float,
+    lipschitz: float,
+    keys: Iterable[str] | None = None,
+) -> dict:
     """{site: c_k}: the share of each local model in the q-FFL update (see the module docstring).
 
     keys: the state keys that make up ||w - w_k||^2 (the gradient's norm), e.g. the model's parameter names;
@@ -72,8 +77,9 @@ def qffl_coefficients(global_state: Mapping[str, torch.Tensor], local_states: Ma
     log_numerators, log_terms = {}, []
     for s in sites:
         log_f = math.log(float(losses[s]) + LOSS_OFFSET)
-        squared = math.fsum(float(torch.sum((global_state[k].double() - local_states[s][k].double()) ** 2))
-                            for k in keys)
+        squared = math.fsum(
+            float(torch.sum((global_state[k].double() - local_states[s][k].double()) ** 2)) for k in keys
+        )
         log_numerators[s] = q * log_f  # log F^q
         log_terms.append(q * log_f)
         if q * lipschitz * squared > 0.0:  # log(q L F^(q-1) ||w - w_k||^2)
@@ -83,9 +89,15 @@ def qffl_coefficients(global_state: Mapping[str, torch.Tensor], local_states: Ma
     return {s: math.exp(log_numerators[s] - log_denominator) for s in sites}
 
 
-def qffl_aggregate(global_state: Mapping[str, torch.Tensor], local_states: Mapping[str, Mapping],
-                   losses: Mapping[str, float], q: float, lipschitz: float,
-                   keys: Iterable[str] | None = None, bound=None) -> tuple[dict, dict]:
+def qffl_aggregate(
+    global_state: Mapping[str, torch.Tensor],
+    local_states: Mapping[str, Mapping],
+    losses: Mapping[str, float],
+    q: float,
+    lipschitz: float,
+    keys: Iterable[str] | None = None,
+    bound=None,
+) -> tuple[dict, dict]:
     """The q-FFL global model of a round and the shares used.
 
     Args:

@@ -5,7 +5,11 @@ from fairfl.methods.spec import Job, MethodSpec, Variant
 
 R = "fairfl.methods.rewards.controller"
 SPEC = MethodSpec(
-    name="rewards", doc="methods/rewards.md",
+    name="rewards",
+    doc="methods/rewards.md",
     jobs=(Job("cffl", f"{R}.CFFLController"), Job("cgsv", f"{R}.CGSVController")),
-    variants=(Variant("cffl", "CFFL", "cffl", families=("segmentation",)),
-              Variant("cgsv", "CGSV", "cgsv", families=("segmentation",))))
+    variants=(
+        Variant("cffl", "CFFL", "cffl", families=("segmentation",)),
+        Variant("cgsv", "CGSV", "cgsv", families=("segmentation",)),
+    ),
+)

@@ -3,7 +3,8 @@
 The server keeps one model per site (round 0: the initial global model). A round: each site trains from its own
 model and returns it; the server takes each accepted site's update delta_i = trained_i - w_i, computes the
 method's reputations and the aggregated update U, and gives site i the top fraction q_i of U's entries by
-magnitude per tensor: w_i <- w_i + mask(U, q_i) (`fairfl.methods.rewards.reward`). A site's own update reaches its model only
+magnitude per tensor: w_i <- w_i + mask(U, q_i) (`fairfl.methods.rewards.reward`). A site's own update reaches its
+model only
 through U, as in both papers' code. A site that is rejected (NaN, wrong shape, no usable report) or absent keeps
 its model and its reputation for the round. Evaluation sends each site its own model, so the results' per-site
 metrics are those of the rewarded models. The reported global model (global_model.pt) is w_g <- w_g + U; the
@@ -66,9 +67,13 @@ class RewardController(FairRoundController):
         save_atomic(new_models, os.path.join(self.get_run_dir(), SITE_MODELS_FILE))
         new_global = reward_states({"global": state_to_torch(global_state)}, update, {"global": 1.0}, {})["global"]
         contributions = dict(sorted(self.reputations.items()))
-        return state_to_numpy(new_global), {"weights": weights, "reputations": contributions,
-                                            "contributions": contributions, "reward_fractions": dict(self.fractions),
-                                            **extras}
+        return state_to_numpy(new_global), {
+            "weights": weights,
+            "reputations": contributions,
+            "contributions": contributions,
+            "reward_fractions": dict(self.fractions),
+            **extras,
+        }
 
     def combine(self, deltas: dict, weights: dict) -> dict:
         """U = sum_i weights_i delta_i, or with `robust_aggregation` the coordinate-wise median or trimmed mean."""
@@ -106,7 +111,8 @@ class CFFLController(RewardController):
     FedCE paper's reading of CFFL ("evaluating local participant's validation accuracy"), not the paper's server-side
     validation set. Round reputations sinh(alpha v_i) / sum_j sinh(alpha v_j) are smoothed,
     r_i = 0.5 r_i + 0.5 r~_i and renormalised (first round: raw); a site below `reputation_threshold` is removed
-    for good (reputation 0, it receives nothing). U = sum_i r_i delta_i (r renormalised over the round's sites); q_i = r_i / max_j r_j."""
+    for good (reputation 0, it receives nothing). U = sum_i r_i delta_i (r renormalised over the round's sites);
+    q_i = r_i / max_j r_j."""
 
     method = "cffl"
     beta = None  # reward fractions linear in the reputations
@@ -123,17 +129,24 @@ class CFFLController(RewardController):
         """
         super().__init__(**kwargs)
         if not alpha > 0 or not 0.0 <= reputation_threshold < 1.0:
-            raise ValueError(f"alpha must be > 0 and reputation_threshold in [0, 1), got {alpha}, {reputation_threshold}")
+            raise ValueError(
+                f"alpha must be > 0 and reputation_threshold in [0, 1), got {alpha}, {reputation_threshold}"
+            )
         self.alpha, self.reputation_threshold = float(alpha), float(reputation_threshold)
         self.removed = []
-
 
     def train_meta(self, round_num) -> dict:
         return {protocol.VALIDATE_TRAINED: True}
 
     def reward(self, round_num, deltas, updates, rejected):
-        metrics = self.accepted_reports(round_num, updates, rejected, protocol.VAL_METRIC,
-                                        lambda v: number_problem(v, "validation metric", 0.0, 1.0), "validation metric")
+        metrics = self.accepted_reports(
+            round_num,
+            updates,
+            rejected,
+            protocol.VAL_METRIC,
+            lambda v: number_problem(v, "validation metric", 0.0, 1.0),
+            "validation metric",
+        )
         metrics = {s: float(v) for s, v in metrics.items() if s not in self.removed}
         if not metrics:
             return None
@@ -156,7 +169,8 @@ class CGSVController(RewardController):
     2021, Algorithm 1): cosine-gradient Shapley values.
 
     Each site's update is normalised, u_i = Gamma delta_i / ||delta_i||; u_N = sum_i r_i u_i with the reputations of
-    the previous round, renormalised over the round's sites (round 0: `weighting`, FedAvg's sample shares by default, as in the authors' code);
+    the previous round, renormalised over the round's sites (round 0: `weighting`, FedAvg's sample shares by
+    default, as in the authors' code);
     psi_i = cos(u_i, u_N); r_i <- alpha r_i + (1 - alpha) psi_i (first round: psi_i), negative reputations clipped
     to 0, renormalised to sum 1; q_i = tanh(beta r_i) / max_j tanh(beta r_j); site i gets mask(u_N, q_i)."""
 
@@ -177,7 +191,6 @@ class CGSVController(RewardController):
         if not 0.0 <= alpha <= 1.0 or not beta > 0 or (gamma is not None and not gamma > 0):
             raise ValueError(f"alpha must be in [0, 1], beta > 0 and gamma null or > 0, got {alpha}, {beta}, {gamma}")
         self.alpha, self.beta, self.gamma = float(alpha), float(beta), gamma
-
 
     def reward(self, round_num, deltas, updates, rejected):
         gamma = self.gamma or float(np.median([update_norm(d) for d in deltas.values()]))

@@ -22,9 +22,20 @@ import torch
 
 from fairfl.methods.fedce.contribution import flatten, normalise
 
-__all__ = ["update_keys", "state_delta", "weighted_update", "update_norm", "normalised_update", "cgsv_values",
-           "cffl_reputations", "update_reputation", "apply_threshold", "reward_fractions", "mask_top_fraction",
-           "reward_states"]
+__all__ = [
+    "update_keys",
+    "state_delta",
+    "weighted_update",
+    "update_norm",
+    "normalised_update",
+    "cgsv_values",
+    "cffl_reputations",
+    "update_reputation",
+    "apply_threshold",
+    "reward_fractions",
+    "mask_top_fraction",
+    "reward_states",
+]
 
 
 def update_keys(state: Mapping[str, torch.Tensor]) -> list[str]:
@@ -126,8 +137,12 @@ def mask_top_fraction(update: Mapping[str, torch.Tensor], q: float) -> dict:
     return out
 
 
-def reward_states(models: Mapping[str, Mapping[str, torch.Tensor]], update: Mapping[str, torch.Tensor],
-                  fractions: Mapping[str, float], trained: Mapping[str, Mapping[str, torch.Tensor]]) -> dict:
+def reward_states(
+    models: Mapping[str, Mapping[str, torch.Tensor]],
+    update: Mapping[str, torch.Tensor],
+    fractions: Mapping[str, float],
+    trained: Mapping[str, Mapping[str, torch.Tensor]],
+) -> dict:
     """Every site's next model: w_i + mask(update, q_i) for the sites in `fractions`; integer and bool tensors
     from the site's own trained model (`trained[i]`) when it has one, else its current ones. Sites not in
     `fractions` (rejected or absent this round) keep their model unchanged."""

@@ -3,6 +3,8 @@
 from fairfl.methods.spec import Job, MethodSpec, Variant
 
 SPEC = MethodSpec(
-    name="solo", doc="methods/fedavg.md",
+    name="solo",
+    doc="methods/fedavg.md",
     jobs=(Job("solo", "fairfl.methods.solo.controller.SoloController", tasks=("train", "validate", "cka")),),
-    variants=(Variant("solo", "Solo", "solo", families=("segmentation", "imbalanced")),))
+    variants=(Variant("solo", "Solo", "solo", families=("segmentation", "imbalanced")),),
+)
