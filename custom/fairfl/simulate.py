@@ -24,6 +24,8 @@ from fairfl.results import SIMULATOR_RESULTS
 SIMULATOR_OUTPUT = "simulator_output.txt"
 PORT_CLASH = "Address already in use"
 PORT_CLASH_RETRIES = 2
+NEVER_STARTED = -1000  # the exit code of a run killed because a site's process never came up
+SITE_START_GRACE = 120.0  # seconds after the first round's record before a site without a log counts as dead
 
 
 @dataclass
@@ -43,11 +45,14 @@ class SimulatorRun:
 
     @property
     def port_clash(self) -> bool:
-        """The simulator lost a race for a loopback port to another simulator running beside it."""
-        return any(PORT_CLASH in text for text in self.errors.values())
+        """The simulator lost a race for a loopback port to another simulator running beside it, or one of its sites
+        never came up (killed, NEVER_STARTED): both are worth running again."""
+        return self.returncode == NEVER_STARTED or any(PORT_CLASH in text for text in self.errors.values())
 
     def describe_failure(self) -> str:
         lines = [f"simulator exit code {self.returncode}; workspace {self.workspace}"]
+        if self.returncode == NEVER_STARTED:
+            lines.append(f"killed: a site's process never started ({SITE_START_GRACE:.0f} s after the rounds began)")
         if not os.path.exists(self.results_path):
             lines.append(f"no results file at {self.results_path}")
         for who, text in self.errors.items():
@@ -96,7 +101,10 @@ def run_simulator(
             command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
         )
         try:
-            returncode = _wait(proc, workspace, timeout, kill_after_round)
+            all_at_once = (
+                [f"site-{i}" for i in range(1, n_clients + 1)] if (threads or n_clients) >= n_clients else None
+            )
+            returncode = _wait(proc, workspace, timeout, kill_after_round, all_at_once)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -105,25 +113,36 @@ def run_simulator(
     return SimulatorRun(workspace, returncode, time.time() - started, collect_errors(workspace))
 
 
-def _wait(proc, workspace: str, timeout: float | None, kill_after_round: int | None) -> int:
+def _wait(proc, workspace: str, timeout: float | None, kill_after_round: int | None, sites: list | None = None) -> int:
     """The simulator's exit code; raises subprocess.TimeoutExpired after `timeout` seconds (the finally above kills
-    it). With kill_after_round, polls the results file and kills the process group once that round is in."""
-    if kill_after_round is None:
-        return proc.wait(timeout=timeout)
+    it). With kill_after_round, kills the process group once the results file records that round. With `sites`
+    (every site runs at once: -t = -n), kills it when one of them has not started SITE_START_GRACE seconds after
+    the server began its rounds (NEVER_STARTED): the server would wait for it until task_timeout, an hour."""
     deadline = time.time() + (timeout or float("inf"))
     results = os.path.join(workspace, SIMULATOR_RESULTS)
+    rounds_began = None
     while proc.poll() is None:
         if time.time() > deadline:
             raise subprocess.TimeoutExpired(proc.args, timeout)
         try:
             rounds = json.load(open(results))["rounds"]
+            rounds_began = rounds_began or time.time()
         except (OSError, ValueError, KeyError):
             rounds = []
-        if any(r["round"] >= kill_after_round for r in rounds):
+        if kill_after_round is not None and any(r["round"] >= kill_after_round for r in rounds):
             os.killpg(proc.pid, signal.SIGKILL)
             return proc.wait()
-        time.sleep(0.2)
+        if sites and rounds_began and time.time() - rounds_began > SITE_START_GRACE and never_started(workspace, sites):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return NEVER_STARTED
+        time.sleep(0.5)
     return proc.returncode
+
+
+def never_started(workspace: str, sites: list) -> list:
+    """The sites of a simulator workspace that have no log yet: their process never came up."""
+    return [site for site in sites if not os.path.exists(os.path.join(workspace, site, "log.txt"))]
 
 
 def is_simulator_workspace(folder) -> bool:
