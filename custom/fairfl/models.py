@@ -167,6 +167,22 @@ def head_state_keys(model: torch.nn.Module | dict) -> list[str]:
     return [f"{name}.{key}" for key in head.state_dict()]
 
 
+NORM_LAYERS = (torch.nn.modules.batchnorm._NormBase, torch.nn.GroupNorm, torch.nn.LayerNorm)
+
+
+def norm_state_keys(model: torch.nn.Module | dict) -> list[str]:
+    """The state-dict keys of the normalisation layers (a model, or a spec to build one): their affine weights and
+    biases and, for batch norm, the running statistics. What FedBN keeps on each site. An instance norm without
+    affine parameters or statistics (MONAI's U-Net default) has none."""
+    model = build_model(model) if isinstance(model, dict) else model
+    return [
+        f"{name}.{key}" if name else key
+        for name, module in model.named_modules()
+        if isinstance(module, NORM_LAYERS)
+        for key in module.state_dict()
+    ]
+
+
 @contextmanager
 def head_inputs(model: torch.nn.Module):
     """While open, a one-element list holding the classifier head's input (the features) of the model's

@@ -116,8 +116,8 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 segmentation, cnn for classification.
             model_channels: channels per level of the U-Net, or per block of the CNN; null = the task's
                 ([16, 32, 64, 128] for the U-Net, [16, 32, 64] for the CNN). model_strides: the U-Net's.
-            model_norm: the classification networks' normalisation, "batch", "group" or "instance"; null = the
-                network's default (cnn: group; resnet18: batch).
+            model_norm: the network's normalisation, "batch", "group" (classification networks) or "instance"; null
+                = the network's default (unet: instance, without affine parameters; cnn: group; resnet18: batch).
             weighting: "samples" (FedAvg of McMahan et al., by training-set size) or "uniform" (1/K).
             exclude_sites: sites that never train nor enter aggregation but are still evaluated
                 (leave-one-out runs: `fairfl leave-one-out`).
@@ -183,6 +183,8 @@ class FairRoundController(Checkpointing, TaskFanOut):
         self.dataset, self.task = dataset, data.task
         self.metric = MAIN_METRIC[self.task]
         self.model, self.model_norm = model, model_norm
+        if model_norm == "group" and (model or DEFAULT_MODEL[self.task]) == "unet":
+            raise ValueError("model_norm 'group' is for the classification networks; the U-Net takes batch or instance")
         self.num_classes = int(num_classes or data.num_classes)
         self.in_channels = int(in_channels or data.in_channels)
         self.model_channels, self.model_strides = model_channels, list(model_strides)
@@ -295,7 +297,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 return
             extras = {}
             if updates or self.start_from == protocol.FROM_LOCAL:
-                global_state, extras = self.aggregate(round_num, global_state, updates, rejected)
+                global_state, extras = self.aggregate_round(round_num, global_state, updates, rejected)
             else:
                 self.error(f"round {round_num}: no acceptable site result; the global model is kept unchanged")
             last = round_num == self.num_rounds - 1
@@ -406,9 +408,21 @@ class FairRoundController(Checkpointing, TaskFanOut):
         return SiteUpdate(state, int(num_samples), dict(result.meta)), metrics, None
 
     def update_reference(self, global_state) -> dict:
-        """The tensors every site must return, as torch tensors: the global model's (FedNPR-Per: without the
-        head, which never leaves the site)."""
-        return state_to_torch(global_state)
+        """The tensors every site must return, as torch tensors: the global model's without the parts the sites keep
+        to themselves (`local_keys`)."""
+        local = set(self.local_keys())
+        return {k: v for k, v in state_to_torch(global_state).items() if k not in local}
+
+    def aggregate_round(self, round_num, global_state, updates, rejected):
+        """The method's `aggregate`, with the parts the sites keep to themselves (`local_keys`) left as they were in
+        the global model: they are never averaged."""
+        new_state, extras = self.aggregate(round_num, global_state, updates, rejected)
+        return {**new_state, **{k: global_state[k] for k in self.local_keys()}}, extras
+
+    def local_keys(self) -> list:
+        """State keys of the parts every site keeps to itself, never sent nor averaged (FedNPR-Per: the classifier
+        head; FedBN: the normalisation layers; fairfl.methods.local_parts); none by default."""
+        return []
 
     def reject(self, round_num, site, problem, rejected, what="update") -> None:
         """Leave `site` out of this round for `problem`: logged and recorded under the round's `rejected`."""
@@ -561,7 +575,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
             spec["channels"] = list(self.model_channels)
         if name == "unet":
             spec["strides"] = list(self.model_strides)
-        if self.model_norm and name != "unet":
+        if self.model_norm:
             spec["norm"] = self.model_norm
         return spec
 

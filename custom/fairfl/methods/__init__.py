@@ -11,6 +11,7 @@ from __future__ import annotations
 from fairfl.methods import (
     ditto,
     fedavg,
+    fedbn,
     fedce,
     fedism,
     fedlwr,
@@ -23,7 +24,7 @@ from fairfl.methods import (
 from fairfl.methods.spec import Claim, Job, MethodSpec, Variant
 
 UNITS: tuple[MethodSpec, ...] = tuple(
-    unit.SPEC for unit in (solo, fedavg, fedprox, qfedavg, ditto, rewards, fedce, fedlwr, fedism, fednpr)
+    unit.SPEC for unit in (solo, fedavg, fedprox, fedbn, qfedavg, ditto, rewards, fedce, fedlwr, fedism, fednpr)
 )
 FAMILIES = ("segmentation", "quality_shift", "imbalanced")  # the benchmark's comparisons (fairfl.benchmark)
 # What methods change at the sites (fairfl.methods.steps): each phase of a task runs the steps its meta switches on in
@@ -32,6 +33,7 @@ FAMILIES = ("segmentation", "quality_shift", "imbalanced")  # the benchmark's co
 CLIENT_STEPS = (
     "fairfl.methods.fedce.client.LeaveOneOutError",
     "fairfl.methods.fednpr.client.PersonalHead",
+    "fairfl.methods.fedbn.client.LocalNorm",
     "fairfl.methods.rewards.client.ValidateTrained",
     "fairfl.methods.ditto.client.PersonalTraining",
     "fairfl.methods.ditto.client.PersonalEvaluation",

@@ -61,7 +61,7 @@ def test_fednpr_per_leaves_the_head_out_of_aggregation(personal):
     controller = FedNPRController(personal_head=personal, **TINY)
     global_state = initial_state(controller.model_spec(), 0)
     updates = perturbed_updates(global_state)
-    new_state, extras = controller.aggregate(0, global_state, updates, {})
+    new_state, extras = controller.aggregate_round(0, global_state, updates, {})
     weights = extras["weights"]
     assert weights == pytest.approx({"site-1": 1 / 6, "site-2": 2 / 6, "site-3": 3 / 6})
     head = set(head_state_keys(controller.model_spec()))
@@ -139,7 +139,7 @@ def test_server_expects_no_head_from_fednpr_per_sites_and_every_key_from_fednpr_
     assert "missing keys" in problem  # only FedNPR-Per may leave the head out
     _, _, problem = per._screen_train_answer("site-1", SimpleAnswer(state0), per.update_reference(state0))
     assert "unexpected keys" in problem  # a FedNPR-Per site that sends its head is refused: it must stay there
-    new, _ = per.aggregate(0, state0, {"site-1": update}, {})
+    new, _ = per.aggregate_round(0, state0, {"site-1": update}, {})
     assert all(np.array_equal(new[k], state0[k]) for k in head) and set(new) == set(state0)
 
 

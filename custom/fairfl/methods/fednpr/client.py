@@ -3,13 +3,11 @@ classifier head, which trains and is evaluated at the site but never leaves it."
 
 from __future__ import annotations
 
-import os
-
 from fairfl.flare import protocol
 from fairfl.methods.fednpr.npr import check_npr_settings, class_prototypes, extract_features, fednpr_objective
+from fairfl.methods.local_parts import KeepPartLocal
 from fairfl.methods.steps import ClientStep, StepContext
 from fairfl.models import head_state_keys
-from fairfl.training import load_tensors
 
 
 class NPRObjective(ClientStep):
@@ -57,20 +55,9 @@ class NPRObjective(ClientStep):
         return npr
 
 
-class PersonalHead(ClientStep):
+class PersonalHead(KeepPartLocal):
     """FedNPR-Per (meta[PERSONAL_HEAD]): the model sent carries this site's own classifier head once it has one (for
     training and evaluation alike), and the head is left out of what the site sends back."""
 
-    @classmethod
-    def applies(cls, meta: dict) -> bool:
-        return bool(meta.get(protocol.PERSONAL_HEAD))
-
-    def received(self, ctx: StepContext, model) -> None:
-        local_path = os.path.join(ctx.state_dir, protocol.LOCAL_MODEL_FILE)
-        if os.path.exists(local_path):
-            own = load_tensors(local_path)
-            model.load_state_dict({k: own[k] for k in head_state_keys(model)}, strict=False)
-
-    def outgoing(self, ctx: StepContext, params: dict, model) -> dict:
-        head = set(head_state_keys(model))
-        return {k: v for k, v in params.items() if k not in head}
+    meta_key = protocol.PERSONAL_HEAD
+    part_keys = staticmethod(head_state_keys)

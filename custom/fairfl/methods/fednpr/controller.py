@@ -86,19 +86,9 @@ class FedNPRController(FedProxController):
             },
         }
 
-    def head_keys(self) -> list:
+    def local_keys(self) -> list:
+        """FedNPR-Per: the classifier head stays on the sites; it is never sent nor averaged."""
+        if not self.personal_head:
+            return []
         self._head_keys = self._head_keys or head_state_keys(self.model_spec())
         return self._head_keys
-
-    def update_reference(self, global_state) -> dict:
-        """FedNPR-Per: the sites send everything but their head (it never leaves them)."""
-        reference = super().update_reference(global_state)
-        if self.personal_head:
-            reference = {k: v for k, v in reference.items() if k not in set(self.head_keys())}
-        return reference
-
-    def aggregate(self, round_num, global_state, updates, rejected):
-        new_state, extras = super().aggregate(round_num, global_state, updates, rejected)
-        if self.personal_head:  # the heads stay on the sites: the global head is never updated
-            new_state.update({k: global_state[k] for k in self.head_keys()})
-        return new_state, extras
