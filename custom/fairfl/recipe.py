@@ -68,9 +68,7 @@ def job_configuration(job: str) -> tuple[dict, dict, dict]:
         from fairfl.methods.make_jobs import job_configs
 
         configs = job_configs(JOBS[job])
-        return tuple(
-            configs[name] for name in ("app/config/config_fed_server.json", "app/config/config_fed_client.json", META)
-        )
+        return tuple(configs[name] for name in (SERVER_CONFIG, CLIENT_CONFIG, META))
     folder = job_folder(job)
     return tuple(_read_object(folder / name) for name in (SERVER_CONFIG, CLIENT_CONFIG, META))
 

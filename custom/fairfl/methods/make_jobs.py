@@ -11,7 +11,7 @@ import importlib
 import json
 import os
 
-from fairfl.jobconfig import component_arguments
+from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG, component_arguments
 from fairfl.methods import JOBS, Job
 
 EXECUTOR = "fairfl.flare.executor.FairflExecutor"
@@ -49,12 +49,12 @@ def job_configs(job: Job) -> dict:
             "deploy_map": {"app": ["@ALL"]},
             "min_clients": MIN_CLIENTS,
         },
-        "app/config/config_fed_server.json": {
+        SERVER_CONFIG: {
             "format_version": 2,
             "workflows": [{"id": "controller", "path": job.controller, "args": server}],
             "components": [],
         },
-        "app/config/config_fed_client.json": {
+        CLIENT_CONFIG: {
             "format_version": 2,
             "executors": [{"tasks": list(job.tasks), "executor": {"path": EXECUTOR, "args": client}}],
             "task_result_filters": [],
@@ -83,22 +83,31 @@ def job_files(job: Job) -> dict:
     return {**files, "app/custom/README.md": CUSTOM_README}
 
 
+def _stale(root: str, name: str, files: dict) -> dict:
+    """{path: "missing" or "differs"} of the `files` ({path: text}) that the job folder root/name does not hold as
+    written."""
+    stale = {}
+    for path, text in files.items():
+        full = os.path.join(root, name, path)
+        if not os.path.isfile(full):
+            stale[path] = "missing"
+        else:
+            with open(full) as f:
+                if f.read() != text:
+                    stale[path] = "differs"
+    return stale
+
+
 def differences(root: str) -> list[str]:
     """What in `root` (a jobs/ folder) differs from the registry: missing, changed or extra files of its jobs, and
     job folders no spec makes."""
     found = []
     for name, job in JOBS.items():
-        for path, text in job_files(job).items():
-            full = os.path.join(root, name, path)
-            if not os.path.isfile(full):
-                found.append(f"{name}/{path}: missing")
-            else:
-                with open(full) as f:
-                    if f.read() != text:
-                        found.append(f"{name}/{path}: differs")
-        expected = {os.path.normpath(p) for p in job_files(job)}
-        for folder, _, files in os.walk(os.path.join(root, name)):
-            for file in files:
+        files = job_files(job)
+        found += [f"{name}/{path}: {why}" for path, why in _stale(root, name, files).items()]
+        expected = {os.path.normpath(p) for p in files}
+        for folder, _, names in os.walk(os.path.join(root, name)):
+            for file in names:
                 relative = os.path.relpath(os.path.join(folder, file), os.path.join(root, name))
                 if relative not in expected:
                     found.append(f"{name}/{relative}: not made by the registry")
@@ -115,14 +124,11 @@ def write_jobs(root: str) -> list[str]:
     """Write every registered job into `root` (files rewritten only where they differ); the paths written."""
     written = []
     for name, job in JOBS.items():
-        for path, text in job_files(job).items():
+        files = job_files(job)
+        for path in _stale(root, name, files):
             full = os.path.join(root, name, path)
-            if os.path.isfile(full):
-                with open(full) as f:
-                    if f.read() == text:
-                        continue
             os.makedirs(os.path.dirname(full), exist_ok=True)
             with open(full, "w") as f:
-                f.write(text)
+                f.write(files[path])
             written.append(os.path.join(name, path))
     return written
