@@ -167,15 +167,18 @@ def run_unless_finished(
     settings, fairfl.site_settings, e.g. free riders).
 
     A workspace that already holds a finished run (results.json with a `final`) is kept, after checking that
-    the arguments it ran with are the ones asked for: the server's as its results recorded them, and the sites'
-    (lr, ...) as the job copy beside it holds them. Resuming must not mix settings."""
+    it ran with every argument this run would have: `job_args` and the job's own defaults (a default changed
+    since, such as test_scale, must not keep old runs), against the server's arguments as its results recorded
+    them and the sites' (lr, ...) as the job copy beside it holds them. A default of None means "the dataset's
+    value", which the results record resolved, so it is not compared. Resuming must not mix settings."""
     results_path = Path(workspace) / SIMULATOR_RESULTS
     job_copy = f"{workspace}_job"
     if results_path.is_file():
         results = json.loads(results_path.read_text())
         if results.get("final"):
             config = {**(job_arguments(job_copy) if is_job_copy(job_copy) else {}), **(results.get("config") or {})}
-            changed = sorted(k for k, v in job_args.items() if k in config and config[k] != v)
+            wanted = {**job_arguments(str(job)), **job_args}
+            changed = sorted(k for k, v in wanted.items() if v is not None and k in config and config[k] != v)
             if changed:
                 raise ValueError(
                     f"{workspace} holds a finished run with other settings ({', '.join(changed)}): "

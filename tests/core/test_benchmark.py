@@ -470,6 +470,29 @@ def test_a_run_that_lost_a_port_to_another_simulator_is_run_again(tmp_path, monk
     assert len(calls) == 1  # any other failure is reported at once, not retried
 
 
+def test_a_finished_run_is_kept_only_when_the_jobs_own_defaults_are_unchanged_too(tmp_path, monkeypatch):
+    """A job default changed since a run finished (here test_scale 1 -> 4, as when the built-in test splits grow)
+    must not keep the old run, though no argument asked for it; a default of None (the dataset's value, which
+    the results record resolved) does not count as changed."""
+    import fairfl.simulate as simulate
+    from fairfl.jobconfig import customize_job
+    from fairfl.jobconfig import job_arguments as job_defaults
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the finished run should have been kept")
+
+    monkeypatch.setattr(simulate, "run_simulator", must_not_run)
+    job = os.path.join(REPO, "jobs", "fedavg")
+    recorded = {**job_defaults(job), "seed": 0, "num_classes": 2, "test_scale": 1.0}  # None resolved by the run
+    workspace = tmp_path / "runs" / "prostate-fedavg-seed0"
+    finished_run(workspace, "prostate", "fedavg", 0, recorded, ["site-1", "site-2"])
+    assert simulate.run_unless_finished(job, workspace, 2, {"seed": 0})["final"]
+
+    larger_tests = customize_job(job, str(tmp_path / "fedavg_test_scale4"), {"test_scale": 4.0})
+    with pytest.raises(ValueError, match="other settings \\(test_scale\\)"):
+        simulate.run_unless_finished(larger_tests, workspace, 2, {"seed": 0})
+
+
 def test_test_split_errors_average_each_sites_error_over_runs_and_skip_runs_without_one():
     from fairfl.benchmark import test_split_errors
 
