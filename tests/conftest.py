@@ -32,10 +32,11 @@ def cache_dir(tmp_path_factory):
 def tiny_fedavg_run(tmp_path_factory, cache_dir):
     """jobs/fedavg, tiny, through `nvflare simulator` with 3 sites: one run that several tests check (its results;
     the recipe API's run of the same job against it)."""
-    from fairfl.simulate import run_simulator
+    from fairfl.simulate import NVFLARE_SIMULATOR, run_simulator
 
     root = tmp_path_factory.mktemp("tiny_fedavg")
-    return run_simulator(make_job("fedavg", str(root / "job")), str(root / "ws"), n_clients=3, threads=3, timeout=600)
+    job = make_job("fedavg", str(root / "job"))
+    return run_simulator(job, str(root / "ws"), n_clients=3, threads=3, timeout=600, via=NVFLARE_SIMULATOR)
 
 
 def extra_test_entries(base: Path, scaled: Path) -> dict:

@@ -25,15 +25,14 @@ import time
 from pathlib import Path
 
 from fairfl.data.builtin import BUILTIN_DATASETS, builtin_dataset
-from fairfl.jobconfig import parse_assignments
+from fairfl.jobconfig import JOBS, parse_assignments
 from fairfl.methods import VARIANTS, family_claims, family_methods, variant_job
 from fairfl.paired import FAILS, HOLDS, INCONCLUSIVE, Interval, mean_interval, paired_differences
 from fairfl.report import _avg_std, _label, _mean_sd, _name, _scores, _site_key, make_report
 from fairfl.results import SIMULATOR_RESULTS
 from fairfl.simulate import run_unless_finished
 
-REPO = Path(__file__).resolve().parents[2]
-JOBS = REPO / "jobs"
+REPO = JOBS.parent
 
 # the papers' comparisons: which metrics (the first is the run's own), which papers, how many sites; the methods
 # and claims of each come from the method registry (fairfl.methods)

@@ -116,7 +116,7 @@ def _run(args) -> int:
             return 2
         print(f"job with {overrides}: {job}")
     print(
-        f"running {job} in the NVFlare simulator with {args.n_clients} sites; workspace {workspace}"
+        f"running {job} in NVFlare's simulator (recipe API, SimEnv) with {args.n_clients} sites; workspace {workspace}"
         + (f"; free riders {', '.join(args.free_riders)}" if args.free_riders else ""),
         flush=True,
     )
@@ -277,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fairfl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("run", help="run a job in the NVFlare simulator, then write its report")
+    p = sub.add_parser("run", help="run a job in NVFlare's simulator (through the recipe API), then write its report")
     p.add_argument("job", type=job_folder, help="job folder, e.g. jobs/fedlwr")
     p.add_argument("-w", "--workspace", help="simulator workspace (default workspaces/<job name>)")
     p.add_argument("--force", action="store_true", help="replace the workspace (and job copy) of an earlier run")

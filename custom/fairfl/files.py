@@ -10,8 +10,6 @@ import json
 import math
 import os
 
-import torch
-
 
 def write_atomic(path: str, write, mode: str = "wb") -> None:
     """Call `write(file)` on a temporary file beside `path`, fsync it and replace `path` with it; on any error the
@@ -43,6 +41,8 @@ def write_atomic(path: str, write, mode: str = "wb") -> None:
 
 def save_atomic(obj, path: str) -> None:
     """torch.save, atomically (`write_atomic`)."""
+    import torch  # here, not at the top: what only writes JSON (the recipe's command line) need not load torch
+
     write_atomic(path, lambda f: torch.save(obj, f))
 
 

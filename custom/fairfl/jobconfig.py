@@ -9,9 +9,11 @@ import json
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 from fairfl.site_settings import MOVED_ARGUMENTS
 
+JOBS = Path(__file__).resolve().parents[2] / "jobs"  # the job folders of a fairfl checkout (fairfl make-jobs)
 SERVER_CONFIG = os.path.join("app", "config", "config_fed_server.json")
 CLIENT_CONFIG = os.path.join("app", "config", "config_fed_client.json")
 JSON_KINDS = (

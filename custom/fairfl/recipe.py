@@ -27,7 +27,7 @@ from nvflare.job_config.api import FedJob
 from nvflare.recipe import SimEnv
 from nvflare.recipe.spec import Recipe, _peek_recipe_args
 
-from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG, set_arguments
+from fairfl.jobconfig import CLIENT_CONFIG, JOBS, SERVER_CONFIG, set_arguments
 
 META = "meta.json"
 ONE_APP_FOR_ALL = {"app": ["@ALL"]}  # the deploy map of every fairfl job, and the only one a FedJob with one app writes
@@ -37,8 +37,6 @@ KEPT_BY_SIMULATOR = {"local", "startup"}
 
 def job_folder(job: str) -> Path:
     """The folder of `job`: a job folder, or the name of one in the repository's jobs/ (fedavg, fedlwr, ...)."""
-    from fairfl.benchmark import JOBS
-
     for folder in (Path(job), JOBS / job):
         if all((folder / name).is_file() for name in (META, SERVER_CONFIG, CLIENT_CONFIG)):
             return folder
@@ -110,9 +108,10 @@ def allow_fairfl_classes(workspace: str) -> str:
 
 class FairflRecipe(Recipe):
     """The fairfl job `job` (a name in jobs/ or a job folder) as an NVFlare recipe, with `arguments` set (e.g.
-    num_rounds=50, image_size=32: server or client arguments, as `fairfl run --set`)."""
+    num_rounds=50, image_size=32: server or client arguments, as `fairfl run --set`). `name`: the job's name
+    (default its meta.json's), which SimEnv also names the run's workspace after (workspace_root/<name>)."""
 
-    def __init__(self, job: str, **arguments):
+    def __init__(self, job: str, *, name: str | None = None, **arguments):
         server, client, meta = job_configuration(job)
         server, client = with_arguments(job, server, client, arguments)
         if meta.get("deploy_map", ONE_APP_FOR_ALL) != ONE_APP_FOR_ALL:
@@ -124,7 +123,7 @@ class FairflRecipe(Recipe):
         }
         try:
             fed_job = FedJob(
-                name=meta.get("name"),
+                name=name or meta.get("name"),
                 min_clients=meta.get("min_clients", 1),
                 mandatory_clients=meta.get("mandatory_clients"),
                 meta_props=other_meta,
@@ -162,6 +161,13 @@ def folder_or_new(text: str) -> str:
     return text
 
 
+def job_name(text: str) -> str:
+    """An argparse type: a name that is one folder (SimEnv makes WORKSPACE_ROOT/NAME), not a path."""
+    if not text or text in (".", "..") or os.sep in text or (os.altsep and os.altsep in text) or "\0" in text:
+        raise argparse.ArgumentTypeError(f"not a plain folder name: {text!r}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     from fairfl.cli import at_least
 
@@ -189,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="workspaces",
         help="SimEnv's workspace_root: the run's workspace is WORKSPACE_ROOT/<job name> (default workspaces)",
     )
+    parser.add_argument(
+        "--name", type=job_name, help="the job's name, and so its workspace WORKSPACE_ROOT/NAME (default the job's own)"
+    )
     parser.add_argument("--force", action="store_true", help="replace the workspace of an earlier run")
     return parser
 
@@ -211,7 +220,7 @@ def main(argv=None) -> int:
     if args.threads is not None and args.threads > args.n_clients:
         parser.error(f"argument -t/--threads: at most -n ({args.n_clients}), got {args.threads}")
     try:
-        recipe = FairflRecipe(args.job, **parse_assignments(args.set))
+        recipe = FairflRecipe(args.job, name=args.name, **parse_assignments(args.set))
     except ValueError as e:  # no such job, key=value malformed, an argument the job lacks or of the wrong kind
         parser.error(str(e))
     env = SimEnv(

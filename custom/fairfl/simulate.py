@@ -1,8 +1,10 @@
-"""Run a job through the real `nvflare simulator` and collect what it left behind.
+"""Run a job in NVFlare's real simulator and collect what it left behind.
 
-One place for the CLI (`fairfl run`), the integration tests and the benchmarks. The simulator's exit code
-alone does not tell success (a client that fails to import its code still exits 0), so the error logs and
-the results file are checked too."""
+One place for the CLI (`fairfl run`), the integration tests and the benchmarks. A run goes through NVFlare 2.9's
+recipe API (`python -m fairfl.recipe`: FairflRecipe in SimEnv) unless asked for the deprecated `nvflare simulator`
+command, which our users' `nvflare simulator jobs/fedlwr` still is; both run the same simulator in the same
+workspace layout. The simulator's exit code alone does not tell success (a client that fails to import its code
+still exits 0), so the error logs and the results file are checked too."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from fairfl.results import SIMULATOR_RESULTS
 SIMULATOR_OUTPUT = "simulator_output.txt"
 PORT_CLASH = "Address already in use"
 PORT_CLASH_RETRIES = 2
+RECIPE, NVFLARE_SIMULATOR = "recipe", "nvflare simulator"  # the two ways in (run_simulator's `via`)
 NEVER_STARTED = -1000  # the exit code of a run killed because a site's process never came up
 SITE_START_GRACE = 120.0  # seconds after the first round's record before a site without a log counts as dead
 
@@ -75,30 +78,34 @@ def run_simulator(
     timeout: float | None = None,
     keep_workspace: bool = False,
     kill_after_round: int | None = None,
+    via: str = RECIPE,
 ) -> SimulatorRun:
-    """Run `nvflare simulator JOB -w WORKSPACE -n N -t T` and return what it left.
+    """Run job folder `job` with N sites, T at a time, in exactly `workspace` and return what it left: through the
+    recipe API (`python -m fairfl.recipe JOB -w PARENT --name FOLDER -n N -t T --force`: SimEnv runs a job in
+    workspace_root/<job name>) or, with via=NVFLARE_SIMULATOR, `nvflare simulator JOB -w WORKSPACE -n N -t T`.
 
-    The workspace is emptied first unless keep_workspace (e.g. to keep a prepared `local/resources.json`).
-    kill_after_round: kill the whole simulator (server and sites, SIGKILL) as soon as its results file records
-    that round: a server that dies mid-run, for resume drills and tests."""
+    The workspace is emptied first unless keep_workspace (e.g. to keep a prepared `local/resources.json`; the
+    recipe adds our classes to its allow-list, `nvflare simulator` uses it as it is). kill_after_round: kill the
+    whole simulator (server and sites, SIGKILL) as soon as its results file records that round: a server that
+    dies mid-run, for resume drills and tests."""
     if os.path.exists(workspace) and not keep_workspace:
         shutil.rmtree(workspace)
     os.makedirs(workspace, exist_ok=True)
-    command = nvflare_command() + [
-        "simulator",
-        job,
-        "-w",
-        workspace,
-        "-n",
-        str(n_clients),
-        "-t",
-        str(threads or n_clients),
-    ]
+    sites = ["-n", str(n_clients), "-t", str(threads or n_clients)]
+    if via == RECIPE:
+        parent, folder = os.path.split(os.path.abspath(workspace).rstrip(os.sep))
+        command = [sys.executable, "-m", "fairfl.recipe", job, "-w", parent, "--name", folder, *sites, "--force"]
+    elif via == NVFLARE_SIMULATOR:
+        command = nvflare_command() + ["simulator", job, "-w", workspace, *sites]
+    else:
+        raise ValueError(f"via: {RECIPE!r} or {NVFLARE_SIMULATOR!r}, not {via!r}")
+    # the workspace is exactly `workspace`: NVFlare's own override of SimEnv's workspace_root must not move it
+    child_env = {k: v for k, v in os.environ.items() if k != "NVFLARE_SIMULATOR_WORKSPACE_ROOT"}
     started = time.time()
     # the simulator empties its workspace at start, so the output is written beside it and moved in after
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as log:
         proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+            command, stdout=log, stderr=subprocess.STDOUT, env={**child_env, **(env or {})}, start_new_session=True
         )
         try:
             all_at_once = (

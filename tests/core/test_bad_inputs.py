@@ -528,8 +528,8 @@ def test_checkpoint_or_local_model_holding_a_pickled_object_is_refused_and_never
     local = tmp_path / protocol.LOCAL_MODEL_FILE
     torch.save({"weight": Payload(str(marker))}, local)
     with pytest.raises(ValueError, match="not a readable file of tensors") as info:
-        FairflExecutor()._load_local(
-            {protocol.MODEL_SPEC: {"name": "unet", "in_channels": 1, "num_classes": 2}}, str(tmp_path)
+        FairflExecutor()._own_model(
+            "site-1", {protocol.MODEL_SPEC: {"name": "unet", "in_channels": 1, "num_classes": 2}}, str(tmp_path), 1
         )
     assert str(local) in str(info.value)
     assert not marker.exists()

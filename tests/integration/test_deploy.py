@@ -33,7 +33,7 @@ from nvflare.fuel.utils.class_loader import load_class
 
 from fairfl.deploy import admin
 from fairfl.deploy.kits import AUTHORIZATION, complete_kits
-from fairfl.flare.components import ALLOW_LIST, COMPONENTS
+from fairfl.flare.components import ALLOW_LIST, components, dotted_path
 from fairfl.simulate import nvflare_command
 
 from conftest import JOBS, REPO, make_job
@@ -305,7 +305,7 @@ def test_every_shipped_job_names_only_listed_components_and_nvflare_admits_nothi
     assert len(configs) == 2 * len(os.listdir(JOBS))
     named = {p for c in configs for p in job_component_paths(json.load(open(c)))}
     assert named <= set(ALLOW_LIST), sorted(named - set(ALLOW_LIST))
-    assert all(isinstance(c, type) and load_class(p) is c for c, p in zip(COMPONENTS, ALLOW_LIST))
+    assert all(isinstance(c, type) and dotted_path(c) == p for c, p in zip(components(), ALLOW_LIST, strict=True))
 
     kit = tmp_path / "site-1"
     (kit / "local").mkdir(parents=True)

@@ -10,7 +10,7 @@ from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
 
 from fairfl.flare.components import ALLOW_LIST
 from fairfl.report import free_riders
-from fairfl.simulate import SIMULATOR_OUTPUT, run_simulator
+from fairfl.simulate import NVFLARE_SIMULATOR, SIMULATOR_OUTPUT, run_simulator
 
 from conftest import make_job
 
@@ -83,8 +83,9 @@ def test_fedavg_trains_and_reports(tiny_fedavg_run):
 
 
 def test_fedlwr_layer_weights_with_fewer_threads_than_sites(tmp_path, cache_dir):
-    # -t 1 < -n 3: each client process is restarted per task, so the CKA task must find the local model on disk
-    sim = run(make_job("fedlwr", str(tmp_path / "job")), str(tmp_path / "ws"), n=3, t=1)
+    # -t 1 < -n 3: each client process is restarted per task, so the CKA task must find the local model on disk;
+    # through `nvflare simulator JOB -w WS -n 3 -t 1`, the command our users run on jobs/fedlwr
+    sim = run(make_job("fedlwr", str(tmp_path / "job")), str(tmp_path / "ws"), n=3, t=1, via=NVFLARE_SIMULATOR)
     results = load_results(sim)
     check_common(results, "fedlwr")
     assert results["config"]["weighting"] == "uniform"  # the paper's anchor: 1/K (Eq. 1, Algorithm 1 line 7)
@@ -226,8 +227,9 @@ def test_exported_job_runs_only_where_sites_allow_list_fairfl(tmp_path, cache_di
     )
     assert not os.path.exists(os.path.join(exported, "app", "custom"))
 
-    # no allow-list entry: every site refuses our classes
-    refused = run(exported, str(tmp_path / "ws_refused"), n=2, t=2)
+    # no allow-list entry: every site refuses our classes (`nvflare simulator` takes the workspace's list as it is;
+    # the recipe would add our classes to it)
+    refused = run(exported, str(tmp_path / "ws_refused"), n=2, t=2, via=NVFLARE_SIMULATOR)
     assert not refused.ok
     output = open(os.path.join(refused.workspace, SIMULATOR_OUTPUT)).read()
     assert "not in allow_list" in "".join(refused.errors.values()) + output
@@ -237,7 +239,9 @@ def test_exported_job_runs_only_where_sites_allow_list_fairfl(tmp_path, cache_di
     (workspace / "local").mkdir(parents=True)
     resources = {"format_version": 2, "class_allow_list": list(DEFAULT_CLASS_ALLOW_LIST) + list(ALLOW_LIST)}
     (workspace / "local" / "resources.json").write_text(json.dumps(resources))
-    sim = run_simulator(exported, str(workspace), n_clients=2, timeout=SIM_TIMEOUT, keep_workspace=True)
+    sim = run_simulator(
+        exported, str(workspace), n_clients=2, timeout=SIM_TIMEOUT, keep_workspace=True, via=NVFLARE_SIMULATOR
+    )
     results = load_results(sim)
     check_common(results, "fedavg", sites=("site-1", "site-2"), rounds=1)
 

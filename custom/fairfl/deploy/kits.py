@@ -101,7 +101,7 @@ def allow_listed(resources: dict) -> dict:
     entry admits that class only. Any other entry reaching into our package (`fairfl.`, from earlier versions,
     or `fairfl.flare.`) is removed: it would let a job call any function of the package. The list in the file
     replaces NVFlare's default, so the defaults stay in it."""
-    from fairfl.flare.components import ALLOW_LIST  # imports the controllers (torch, nvflare): only here
+    from fairfl.flare.components import ALLOW_LIST
 
     listed = resources.get("class_allow_list") or list(DEFAULT_CLASS_ALLOW_LIST)
     if not isinstance(listed, list) or not all(isinstance(entry, str) for entry in listed):

@@ -31,8 +31,8 @@ from fairfl.data.datalist import load_datalist, load_dataset_info
 from fairfl.data.free_rider import free_rider_datalist
 from fairfl.data.loaders import check_augmentation, make_loader
 from fairfl.errors import DataError
-from fairfl.files import save_round_keeping_previous
 from fairfl.flare import protocol
+from fairfl.flare.site_state import keep_version, kept_model_versions, kept_versions, newest_before
 from fairfl.methods.fedlwr.cka import MIN_BATCH, layerwise_cka
 from fairfl.methods.steps import StepContext, TaskSteps
 from fairfl.methods.steps import problems as step_problems
@@ -45,10 +45,8 @@ from fairfl.training import (
     configure_threads,
     evaluate_dice,
     load_optimizer_state,
-    load_tensors,
     make_optimizer,
     optimizer_state,
-    save_model,
     seed_everything,
     segmentation_loss,
     select_device,
@@ -160,7 +158,7 @@ class FairflExecutor(Executor):
     def _train(self, site, task: FLModel, state_dir: str) -> FLModel:
         """Local training from the model the task names (meta[START_FROM]), with the methods' steps
         (fairfl.methods.steps) in their phases; the trained model becomes the site's local model."""
-        ctx, steps = self._context(site, task, state_dir), TaskSteps(task.meta)
+        ctx, steps = self._context(site, task, state_dir, trains=True), TaskSteps(task.meta)
         meta, device, seed = task.meta, ctx.device, ctx.seed
         seed_everything(seed)
         steps.before_start(ctx)  # the previous local model is still there (FedCE)
@@ -180,7 +178,7 @@ class FairflExecutor(Executor):
             ctx.metrics["train_seconds"] = time.time() - started  # local training alone (cost benchmarks)
             if self._optimizer_settings(meta).get("keep_state"):
                 self._keep_optimizer_state(site, optimizer, settings, state_dir, ctx.round)
-        save_model(model, os.path.join(state_dir, protocol.LOCAL_MODEL_FILE))
+        self._keep_local_model(site, meta, state_dir, model, ctx.round)
         steps.after_training(ctx, model)
         params = state_to_numpy(model.state_dict()) if meta.get(protocol.SEND_PARAMS, True) else {}
         params = steps.outgoing(ctx, params, model)
@@ -207,7 +205,7 @@ class FairflExecutor(Executor):
         without prefix, on the test set of this site's own image quality (corrupted_* at a site listed under
         `corrupted_sites` in the data root's dataset.json, clean_* elsewhere; `corrupted_site` 1.0 or 0.0), so that
         the spread of `auc` across sites is FedISM+'s Table IV ("client-level testing")."""
-        meta, ctx, steps = task.meta, self._context(site, task, state_dir), TaskSteps(task.meta)
+        meta, ctx, steps = task.meta, self._context(site, task, state_dir, trains=False), TaskSteps(task.meta)
         model = steps.evaluated_model(ctx)  # a model of the site's own (Ditto's personal one), or None
         model = self._model_for(ctx, steps, protocol.EVALUATE) if model is None else model
         loader = self._loader(site, meta, "testing", train=False, seed=self.seed)
@@ -236,15 +234,15 @@ class FairflExecutor(Executor):
         drawn afresh every round from the site's seed and the round, in random order (make_loader's max_samples).
         Never in datalist order: minibatches of neighbouring slices of one or two patients show the unbiased
         HSIC only within-patient variation, and CKA comes out too high at exactly the small sites."""
-        meta = task.meta
-        local = self._load_local(meta, state_dir)
+        meta, round_num = task.meta, int(task.current_round or 0)
+        local = self._model_of(meta, self._own_model(site, meta, state_dir, round_num + 1), state_dir)
         anchor = load_numpy_state(build_model(meta[protocol.MODEL_SPEC]), task.params)
         loader = self._loader(
             site,
             meta,
             self.cka_split,
             train=False,
-            seed=site_seed(self.seed, site) + int(task.current_round or 0),
+            seed=site_seed(self.seed, site) + round_num,
             max_samples=self.cka_max_samples,
             batch_size=self.cka_batch_size,
         )
@@ -301,15 +299,17 @@ class FairflExecutor(Executor):
         steps receive it (FedNPR-Per puts this site's own head on it).
 
         A site asked for its own model before it has one (Solo's first round) starts from the one sent."""
-        local_path = os.path.join(ctx.state_dir, protocol.LOCAL_MODEL_FILE)
-        if ctx.meta.get(choice) == protocol.FROM_LOCAL and (os.path.exists(local_path) or not ctx.params):
-            return self._load_local(ctx.meta, ctx.state_dir)
+        own = ctx.own_model() if ctx.meta.get(choice) == protocol.FROM_LOCAL else None
+        if own is not None or (ctx.meta.get(choice) == protocol.FROM_LOCAL and not ctx.params):
+            return self._model_of(ctx.meta, own, ctx.state_dir)
         model = load_numpy_state(build_model(ctx.meta[protocol.MODEL_SPEC]), ctx.params)
         steps.received(ctx, model)
         return model
 
-    def _context(self, site, task: FLModel, state_dir: str) -> StepContext:
-        """What the methods' steps see of this task and of this site (fairfl.methods.steps.StepContext)."""
+    def _context(self, site, task: FLModel, state_dir: str, trains: bool) -> StepContext:
+        """What the methods' steps see of this task and of this site (fairfl.methods.steps.StepContext). `trains`: a
+        train task of round r works from the site's own model of a round before r, a later task of round r (its
+        evaluation, CKA) from the one it trained in round r."""
         meta, device, round_num = task.meta, select_device(self.device), int(task.current_round or 0)
         return StepContext(
             site=site,
@@ -327,16 +327,36 @@ class FairflExecutor(Executor):
             base_loss=lambda: self._loss(meta),
             class_counts=lambda: self._class_counts(meta),
             train_settings=lambda: self._train_settings(meta),
+            own_model=lambda: self._own_model(site, meta, state_dir, round_num if trains else round_num + 1),
             log_error=self.logger.error,
         )
 
-    def _load_local(self, meta: dict, state_dir: str):
-        path = os.path.join(state_dir, protocol.LOCAL_MODEL_FILE)
-        if not os.path.exists(path):
+    @staticmethod
+    def _model_of(meta: dict, state: dict | None, state_dir: str):
+        """The job's network with the site's own weights `state` (`_own_model`); none is an error."""
+        if state is None:
+            path = os.path.join(state_dir, protocol.LOCAL_MODEL_FILE)
             raise RuntimeError(f"no local model at {path}: this site has not trained in this run yet")
         model = build_model(meta[protocol.MODEL_SPEC])
-        model.load_state_dict(load_tensors(path))
+        model.load_state_dict(state)
         return model
+
+    @staticmethod
+    def _local_versions(site, meta: dict, state_dir: str) -> list:
+        """The site's local models on disk (`fairfl.flare.site_state.kept_model_versions`)."""
+        remedy = "delete it (or use another run_name) to start this site's local model afresh"
+        reference = build_model(meta[protocol.MODEL_SPEC]).state_dict()
+        return kept_model_versions(site, state_dir, protocol.LOCAL_MODEL_FILES, "local model", remedy, reference)
+
+    def _own_model(self, site, meta: dict, state_dir: str, before_round: int) -> dict | None:
+        """The state dict of the site's newest local model trained before round `before_round`, None when none."""
+        saved = newest_before(self._local_versions(site, meta, state_dir), before_round)
+        return None if saved is None else saved["model"]
+
+    def _keep_local_model(self, site, meta: dict, state_dir: str, model, round_num: int) -> None:
+        """Save the model trained in round `round_num` as the site's local model (the previous round's kept too)."""
+        versions = self._local_versions(site, meta, state_dir)
+        keep_version({"round": round_num, "model": model.state_dict()}, state_dir, protocol.LOCAL_MODEL_FILES, versions)
 
     @staticmethod
     def _optimizer_settings(meta: dict) -> dict:
@@ -363,57 +383,30 @@ class FairflExecutor(Executor):
         optimizer = make_optimizer(model, settings)
         if not self._optimizer_settings(meta).get("keep_state"):
             return optimizer
-        for name in (protocol.OPTIMIZER_STATE_FILE, protocol.PREVIOUS_OPTIMIZER_STATE_FILE):
-            path = os.path.join(state_dir, name)
-            saved = self._kept_optimizer_state(site, path)
-            if saved is not None and saved.get("round") == round_num - 1:
+        versions = self._optimizer_versions(site, state_dir)
+        for saved_round, saved, name in versions:
+            if saved_round == round_num - 1:
                 problem = load_optimizer_state(optimizer, settings.optimizer, saved)
                 if problem:
                     raise DataError(
                         site,
-                        path,
+                        os.path.join(state_dir, name),
                         f"the kept optimiser state cannot be used ({problem}); delete it to "
                         f"start this site's optimiser afresh",
                     )
-                return optimizer
         return optimizer
 
     @staticmethod
-    def _kept_optimizer_state(site, path: str):
-        """The kept optimiser state in `path` ({"round", "optimizer", "moments"}), None when there is none."""
-        if not os.path.exists(path):
-            return None
-        try:
-            saved = load_tensors(path)
-        except ValueError as e:
-            raise DataError(
-                site, path, f"unreadable kept optimiser state ({e}); delete it to start this site's optimiser afresh"
-            ) from e
-        if (
-            not isinstance(saved, dict)
-            or isinstance(saved.get("round"), bool)
-            or not isinstance(saved.get("round"), int)
-        ):
-            raise DataError(
-                site,
-                path,
-                "not a kept optimiser state ({'round': int, 'optimizer', 'moments'}); delete "
-                "it to start this site's optimiser afresh",
-            )
-        return saved
+    def _optimizer_versions(site, state_dir: str) -> list:
+        """The site's kept optimiser states ({"round", "optimizer", "moments"}; fairfl.flare.site_state)."""
+        remedy = "delete it to start this site's optimiser afresh"
+        return kept_versions(site, state_dir, protocol.OPTIMIZER_STATE_FILES, "kept optimiser state", remedy)
 
     def _keep_optimizer_state(self, site, optimizer, settings: TrainSettings, state_dir: str, round_num: int):
         """Save the optimiser's state after round `round_num`; the state of an earlier round becomes the previous
         file, so a round repeated after a restart starts from the same state as its first try."""
-        path = os.path.join(state_dir, protocol.OPTIMIZER_STATE_FILE)
-        current = self._kept_optimizer_state(site, path)
-        save_round_keeping_previous(
-            optimizer_state(optimizer, settings.optimizer, round_num),
-            path,
-            os.path.join(state_dir, protocol.PREVIOUS_OPTIMIZER_STATE_FILE),
-            None if current is None else current["round"],
-            round_num,
-        )
+        saved = optimizer_state(optimizer, settings.optimizer, round_num)
+        keep_version(saved, state_dir, protocol.OPTIMIZER_STATE_FILES, self._optimizer_versions(site, state_dir))
 
     def _loader(self, site, meta, split, train, seed, max_samples=None, batch_size=None):
         spec = meta[protocol.MODEL_SPEC]

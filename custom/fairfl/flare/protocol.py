@@ -52,12 +52,16 @@ VAL_METRIC = "val_metric"  # CFFL: Dice (classification: balanced accuracy) of t
 FREE_RIDER = "free_rider"  # training metric 1.0: this site is a free rider (its own test switch, the FedCE
 # paper's Fig. 4: the site's FAIRFL_FREE_RIDERS)
 
-LOCAL_MODEL_FILE = "local_model.pt"  # the site's model after its last local training (Solo, FedCE, Fed-LWR)
+# what a site keeps between rounds (fairfl.flare.site_state): {"round", ...} after its last round, and the round before
+LOCAL_MODEL_FILE = "local_model.pt"  # the site's model after its local training, {"round", "model"} ...
+PREVIOUS_LOCAL_MODEL_FILE = "local_model_previous.pt"  # ... (Solo, FedCE, Fed-LWR, the parts FedBN/FedNPR-Per keep)
 PERSONAL_MODEL_FILE = "ditto_personal_model.pt"  # Ditto: the site's personal model v_k, {"round", "model"} ...
-PREVIOUS_PERSONAL_MODEL_FILE = "ditto_personal_model_previous.pt"  # ... and the one of the round before
-
-OPTIMIZER_STATE_FILE = "optimizer_state.pt"  # the site's optimiser state after its last round (keep_state) ...
-PREVIOUS_OPTIMIZER_STATE_FILE = "optimizer_state_previous.pt"  # ... and after the round before
+PREVIOUS_PERSONAL_MODEL_FILE = "ditto_personal_model_previous.pt"
+OPTIMIZER_STATE_FILE = "optimizer_state.pt"  # the site's optimiser state (keep_state), {"round", "optimizer", ...}
+PREVIOUS_OPTIMIZER_STATE_FILE = "optimizer_state_previous.pt"
+LOCAL_MODEL_FILES = (LOCAL_MODEL_FILE, PREVIOUS_LOCAL_MODEL_FILE)
+PERSONAL_MODEL_FILES = (PERSONAL_MODEL_FILE, PREVIOUS_PERSONAL_MODEL_FILE)
+OPTIMIZER_STATE_FILES = (OPTIMIZER_STATE_FILE, PREVIOUS_OPTIMIZER_STATE_FILE)
 
 STATE_ROOT_ENV = "FAIRFL_STATE_ROOT"
 

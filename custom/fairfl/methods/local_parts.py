@@ -6,11 +6,7 @@ local_keys`). One copy of that logic for every method that personalises a part."
 
 from __future__ import annotations
 
-import os
-
-from fairfl.flare import protocol
 from fairfl.methods.steps import ClientStep, StepContext
-from fairfl.training import load_tensors
 
 
 class KeepPartLocal(ClientStep):
@@ -27,9 +23,8 @@ class KeepPartLocal(ClientStep):
         raise NotImplementedError
 
     def received(self, ctx: StepContext, model) -> None:
-        local_path = os.path.join(ctx.state_dir, protocol.LOCAL_MODEL_FILE)
-        if os.path.exists(local_path):
-            own = load_tensors(local_path)
+        own = ctx.own_model()
+        if own is not None:
             model.load_state_dict({k: own[k] for k in self.part_keys(model)}, strict=False)
 
     def outgoing(self, ctx: StepContext, params: dict, model) -> dict:

@@ -44,6 +44,7 @@ class StepContext:
     base_loss: Callable  # () -> the site's usual training loss (a new one per call)
     class_counts: Callable  # () -> the training split's count per class
     train_settings: Callable  # () -> TrainSettings of this task
+    own_model: Callable  # () -> state dict of the site's own (local) model for this task, None before it has one
     log_error: Callable  # (message)
     reply: dict = field(default_factory=dict)  # reply meta to the server
     metrics: dict = field(default_factory=dict)  # training (or validation) metrics

@@ -12,7 +12,6 @@ from fairfl.flare.engine import SiteUpdate
 from fairfl.methods.fedbn.client import LocalNorm
 from fairfl.methods.fedbn.controller import FedBNController
 from fairfl.models import build_model, initial_state, norm_state_keys, state_to_numpy, state_to_torch
-from fairfl.training import save_model
 
 TINY = {"model_channels": [4, 8], "model_strides": [2], "model_norm": "batch"}
 
@@ -69,7 +68,8 @@ def test_fedbn_refuses_a_network_whose_norm_layers_have_nothing_to_keep():
 
 def test_the_site_trains_with_its_own_norm_layers_and_never_sends_them(tmp_path):
     spec = FedBNController(**TINY).model_spec()
-    step, ctx = LocalNorm(), SimpleNamespace(state_dir=str(tmp_path))
+    kept = {}  # the site's own model, as the executor's StepContext.own_model gives it
+    step, ctx = LocalNorm(), SimpleNamespace(state_dir=str(tmp_path), own_model=lambda: kept.get("model"))
     assert LocalNorm.applies({protocol.LOCAL_NORM: True}) and not LocalNorm.applies({})
     sent = build_model(spec)
     before = {k: v.clone() for k, v in sent.state_dict().items()}
@@ -80,7 +80,7 @@ def test_the_site_trains_with_its_own_norm_layers_and_never_sends_them(tmp_path)
         for name, value in own.state_dict().items():
             if value.is_floating_point():
                 value.add_(1.0)
-    save_model(own, str(tmp_path / protocol.LOCAL_MODEL_FILE))
+    kept["model"] = own.state_dict()
     step.received(ctx, sent)
     norm = set(norm_state_keys(sent))
     for key, value in sent.state_dict().items():

@@ -11,11 +11,12 @@ from fairfl.aggregation import lwr_layer_weights
 from fairfl.data.builtin import ensure_builtin
 from fairfl.data.datalist import load_datalist
 from fairfl.data.loaders import make_loader, segmentation_transforms
+from fairfl.files import save_atomic
 from fairfl.flare import protocol
 from fairfl.flare.executor import FairflExecutor
 from fairfl.methods.fedlwr.cka import layerwise_cka
 from fairfl.models import build_model, initial_state, load_numpy_state, state_to_numpy
-from fairfl.training import TrainSettings, save_model, train_local
+from fairfl.training import TrainSettings, train_local
 
 SITES = ("site-1", "site-2", "site-3")
 SPEC = {"name": "unet", "in_channels": 1, "num_classes": 2, "channels": [8, 16, 32], "strides": [2, 2]}
@@ -111,7 +112,7 @@ def test_executor_measures_cka_on_a_fresh_sample_every_round_in_minibatches_of_c
 ):
     monkeypatch.setenv("FAIRFL_DATA_ROOT", str(prostate[0]))
     anchor, local = models
-    save_model(local["site-2"], str(tmp_path / protocol.LOCAL_MODEL_FILE))
+    save_atomic({"round": 3, "model": local["site-2"].state_dict()}, str(tmp_path / protocol.LOCAL_MODEL_FILE))
     meta = {protocol.MODEL_SPEC: SPEC, protocol.NUM_SITES: len(SITES)}
 
     def cka(executor, round_num):

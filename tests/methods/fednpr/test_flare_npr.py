@@ -106,12 +106,13 @@ def test_executor_trains_with_npr_and_evaluates_with_its_own_head(tmp_path, cach
     assert 1.0 < result.metrics["npr_grad_ratio"] < 1e4  # LayerNorm'd NPR at weight 1 pulls harder than BSM
     head = head_state_keys(controller.model_spec())
     assert not set(head) & set(result.params) and set(result.params) == set(params) - set(head)  # the head stays
-    own = torch.load(tmp_path / protocol.LOCAL_MODEL_FILE, weights_only=True)
+    own = torch.load(tmp_path / protocol.LOCAL_MODEL_FILE, weights_only=True)["model"]
     own_head = {k: own[k].numpy() for k in head}
     assert any(not np.array_equal(own_head[k], params[k]) for k in head)  # the head trained
     # next round the server sends its global model (head unchanged); the site puts its own head back on it
-    sent = FLModel(params_type=ParamsType.FULL, params=params, meta=meta)
-    model = executor._model_for(executor._context("site-2", sent, str(tmp_path)), TaskSteps(meta), protocol.START_FROM)
+    sent = FLModel(params_type=ParamsType.FULL, params=params, current_round=1, meta=meta)
+    ctx = executor._context("site-2", sent, str(tmp_path), trains=True)
+    model = executor._model_for(ctx, TaskSteps(meta), protocol.START_FROM)
     state = model.state_dict()
     assert all(np.array_equal(state[k].numpy(), own_head[k]) for k in head)
     body = [k for k in params if k not in head and params[k].dtype.kind == "f"]

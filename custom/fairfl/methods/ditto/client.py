@@ -5,16 +5,13 @@ kept in the site's state dir; `validate` scores it instead of the global model."
 from __future__ import annotations
 
 import copy
-import os
 
-from fairfl.errors import DataError
-from fairfl.files import save_round_keeping_previous
 from fairfl.flare import protocol
+from fairfl.flare.site_state import keep_version, kept_model_versions
 from fairfl.methods.fedprox.client import with_proximal_term
 from fairfl.methods.steps import ClientStep, StepContext
 from fairfl.models import build_model
-from fairfl.site_checks import check_site_state
-from fairfl.training import TrainSettings, load_tensors, train_local
+from fairfl.training import TrainSettings, train_local
 
 
 def train_personal(personal, sent, loader, settings: TrainSettings, device, loss_fn, lam: float) -> dict:
@@ -30,42 +27,18 @@ def train_personal(personal, sent, loader, settings: TrainSettings, device, loss
 
 def personal_versions(ctx: StepContext) -> list:
     """[(round, model, file name)] of this site's Ditto personal models on disk, newest first (the current file, then
-    the previous round's). A file that cannot be read, is of another network or holds NaN/Inf is an error naming
-    the site and the file, never silently replaced."""
-    versions, spec = [], ctx.meta[protocol.MODEL_SPEC]
-    for name in (protocol.PERSONAL_MODEL_FILE, protocol.PREVIOUS_PERSONAL_MODEL_FILE):
-        path = os.path.join(ctx.state_dir, name)
-        if not os.path.exists(path):
-            continue
-        model = build_model(spec)
-        try:
-            saved = load_tensors(path)
-        except ValueError as e:
-            raise DataError(
-                ctx.site,
-                path,
-                f"unreadable Ditto personal model ({e}); delete it to restart this "
-                f"site's personalisation from the global model",
-            ) from e
-        if (
-            not isinstance(saved, dict)
-            or not isinstance(saved.get("round"), int)
-            or not isinstance(saved.get("model"), dict)
-        ):
-            problem = "not a Ditto personal model ({'round': int, 'model': state dict})"
-        else:
-            problem = check_site_state(saved["model"], model.state_dict())
-        if problem:
-            raise DataError(
-                ctx.site,
-                path,
-                f"the Ditto personal model does not fit this job's network {spec}: "
-                f"{problem}; delete it (or use another run_name) to restart this site's "
-                f"personalisation from the global model",
-            )
+    the previous round's; fairfl.flare.site_state). A file that cannot be read, is of another network or holds
+    NaN/Inf is an error naming the site and the file, never silently replaced."""
+    remedy = "delete it (or use another run_name) to restart this site's personalisation from the global model"
+    reference = build_model(ctx.meta[protocol.MODEL_SPEC]).state_dict()
+    versions = []
+    for saved_round, saved, name in kept_model_versions(
+        ctx.site, ctx.state_dir, protocol.PERSONAL_MODEL_FILES, "Ditto personal model", remedy, reference
+    ):
+        model = build_model(ctx.meta[protocol.MODEL_SPEC])
         model.load_state_dict(saved["model"])
-        versions.append((saved["round"], model, name))
-    return sorted(versions, key=lambda version: -version[0])
+        versions.append((saved_round, model, name))
+    return versions
 
 
 class PersonalTraining(ClientStep):
@@ -99,14 +72,8 @@ class PersonalTraining(ClientStep):
                 ctx.base_loss(),
                 float(ctx.meta[protocol.DITTO_LAMBDA]),
             )
-        current = next((saved_round for saved_round, _, name in versions if name == protocol.PERSONAL_MODEL_FILE), None)
-        save_round_keeping_previous(
-            {"round": ctx.round, "model": personal.state_dict()},
-            os.path.join(ctx.state_dir, protocol.PERSONAL_MODEL_FILE),
-            os.path.join(ctx.state_dir, protocol.PREVIOUS_PERSONAL_MODEL_FILE),
-            current,
-            ctx.round,
-        )
+        saved = {"round": ctx.round, "model": personal.state_dict()}
+        keep_version(saved, ctx.state_dir, protocol.PERSONAL_MODEL_FILES, versions)
         ctx.metrics["personal_train_loss"] = float(stats["train_loss"])
 
 

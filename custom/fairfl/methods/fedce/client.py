@@ -11,7 +11,6 @@ from fairfl.flare import protocol
 from fairfl.methods.fedce.contribution import leave_one_out_error
 from fairfl.methods.steps import ClientStep, StepContext
 from fairfl.models import build_model, load_numpy_state
-from fairfl.training import load_tensors
 
 FULL_WEIGHT = 1.0 - 1e-6  # a site with this share of the global model is all of it: nothing is left without it
 
@@ -44,16 +43,16 @@ class LeaveOneOutError(ClientStep):
     @staticmethod
     def error(ctx: StepContext):
         weight = float(ctx.meta[protocol.LOO_WEIGHTS].get(ctx.site, 0.0))
-        path = os.path.join(ctx.state_dir, protocol.LOCAL_MODEL_FILE)
         if weight >= FULL_WEIGHT:
             return 1.0  # without this site there is no global model at all: the largest possible error
-        if weight > 0.0 and not os.path.exists(path):
+        previous = ctx.own_model() if weight > 0.0 else {}  # the local model the global one was averaged from
+        if previous is None:
+            path = os.path.join(ctx.state_dir, protocol.LOCAL_MODEL_FILE)
             ctx.log_error(
                 f"[{ctx.site}] FedCE: my share of the global model is {weight:.4f} but my previous local "
                 f"model {path} is gone; cannot build the leave-one-out model this round"
             )
             return None
-        previous = load_tensors(path) if weight > 0.0 else {}
         model = leave_one_out_model(ctx.meta[protocol.MODEL_SPEC], ctx.params, previous, weight)
         score = ctx.validation_score(model)
         return None if score is None else leave_one_out_error(score)

@@ -1,0 +1,88 @@
+"""fairfl.flare.site_state: what a site keeps per round, so that a round repeated after a restart starts from what its
+first try started from (the resumed run then matches one that never stopped)."""
+
+import pytest
+import torch
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+from fairfl.errors import DataError
+from fairfl.flare import protocol
+from fairfl.flare.executor import FairflExecutor
+from fairfl.flare.site_state import keep_version, kept_model_versions, kept_versions, newest_before
+from fairfl.models import build_model
+
+FILES = ("state.pt", "state_previous.pt")
+SPEC = {"name": "unet", "in_channels": 1, "num_classes": 2, "channels": [4, 8], "strides": [2]}
+
+
+def versions(folder):
+    return kept_versions("site-1", str(folder), FILES, "test state", "delete it")
+
+
+def test_a_repeated_round_replaces_its_own_version_and_keeps_the_round_before(tmp_path):
+    for round_num in (0, 1, 2):
+        keep_version({"round": round_num, "value": round_num}, str(tmp_path), FILES, versions(tmp_path))
+    assert [(r, name) for r, _, name in versions(tmp_path)] == [(2, "state.pt"), (1, "state_previous.pt")]
+    # the server died after this site had trained round 2; round 2 runs again and must start from round 1
+    assert newest_before(versions(tmp_path), 2)["value"] == 1
+    keep_version({"round": 2, "value": 22}, str(tmp_path), FILES, versions(tmp_path))
+    assert [(r, s["value"]) for r, s, _ in versions(tmp_path)] == [(2, 22), (1, 1)]
+    assert newest_before(versions(tmp_path), 2)["value"] == 1 and newest_before(versions(tmp_path), 3)["value"] == 22
+    assert newest_before(versions(tmp_path), 1) is None  # nothing from before round 1 is kept any more
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"not a torch file", "unreadable test state"),
+        ({"value": 1}, "not a test state"),
+        ({"round": True}, "not a test state"),  # a bool is not a round
+        ([1, 2], "not a test state"),
+    ],
+)
+def test_a_broken_kept_file_is_an_error_naming_the_site_and_the_file(tmp_path, content, message):
+    path = tmp_path / FILES[1]
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        torch.save(content, path)
+    with pytest.raises(DataError, match=message) as info:
+        versions(tmp_path)
+    assert info.value.site == "site-1" and info.value.path == str(path) and "delete it" in str(info.value)
+
+
+def test_a_kept_model_of_another_network_or_with_nan_is_refused(tmp_path):
+    reference = build_model(SPEC).state_dict()
+    other = build_model({**SPEC, "channels": [8, 16]}).state_dict()
+    poisoned = {k: (v.float() * float("nan") if v.is_floating_point() else v) for k, v in reference.items()}
+    for state, message in ((other, "does not fit this job's network"), (poisoned, "NaN"), (None, "no 'model'")):
+        torch.save({"round": 0, "model": state}, tmp_path / FILES[0])
+        with pytest.raises(DataError, match=message):
+            kept_model_versions("site-1", str(tmp_path), FILES, "local model", "delete it", reference)
+
+
+def test_a_train_task_of_round_r_works_from_the_local_model_before_r_and_later_tasks_from_round_rs(tmp_path):
+    """Solo's start, FedCE's leave-one-out and the parts FedBN/FedNPR-Per keep read the model trained before this
+    round; evaluation and Fed-LWR's CKA the one this round trained."""
+    executor = FairflExecutor()
+    meta = {protocol.MODEL_SPEC: SPEC}
+    states = {}
+    for round_num in (0, 1):
+        model = build_model(SPEC)
+        torch.manual_seed(round_num)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_()
+        states[round_num] = model.state_dict()
+        executor._keep_local_model("site-1", meta, str(tmp_path), model, round_num)
+
+    def own(round_num, trains):
+        task = FLModel(params_type=ParamsType.FULL, params={}, current_round=round_num, meta=meta)
+        return executor._context("site-1", task, str(tmp_path), trains=trains).own_model()
+
+    def same(a, b):
+        return all(torch.equal(a[k], b[k]) for k in b)
+
+    assert same(own(1, trains=True), states[0])  # round 1 repeated after a restart: from round 0's model
+    assert same(own(1, trains=False), states[1]) and same(own(2, trains=True), states[1])
+    assert own(0, trains=True) is None  # the first round: nothing of its own yet
