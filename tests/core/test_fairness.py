@@ -48,6 +48,12 @@ def test_summarize_rejects_empty_and_non_finite():
     for bad in (float("nan"), float("inf"), -float("inf"), "nan"):
         with pytest.raises(ValueError, match="value of site-2"):
             summarize({"site-1": 0.5, "site-2": bad, "site-3": 0.7})
+    with pytest.raises(ValueError, match="value of site-2 is too large"):  # finite, but the sums overflow
+        summarize({"site-1": 1e307, "site-2": -1.7e308, "site-3": 0.0})
+    with pytest.raises(ValueError, match="value of site-3 is too large"):
+        summarize({"site-1": 1e308, "site-2": 1e308, "site-3": 1.5e308})
+    huge = summarize({"site-1": 0.0, "site-2": 1e150, "site-3": 1e150})  # large but summable
+    assert huge["gini"] == pytest.approx(1 / 3) and huge["spread"] == 1e150
 
 
 def brute_gini(values):
