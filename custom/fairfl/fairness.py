@@ -12,15 +12,28 @@ __all__ = ["summarize", "performance_fairness", "contribution_agreement", "norma
 
 
 def summarize(per_site: Mapping[str, float], higher_is_better: bool = True) -> dict:
-    """Mean, population standard deviation and worst site of one metric over sites.
+    """Spread of one metric over sites: mean, population std, worst and best site, percentiles, Gini coefficient.
 
-    std = sqrt(sum_k (x_k - mean)^2 / K), i.e. ddof=0, the population std used in the papers'
-    tables. The worst site is the one with the lowest value (the highest if
-    `higher_is_better` is False, e.g. for a loss); ties go to the first such site. A non-finite
-    value raises ValueError naming the site: a NaN would silently poison mean, std and worst.
+    std = sqrt(sum_k (x_k - mean)^2 / K), i.e. ddof=0, the population std used in the papers' tables. The worst
+    site is the one with the lowest value, the best the one with the highest (the other way round if
+    `higher_is_better` is False, e.g. for a loss); ties go to the first such site in the given order, the only
+    result that depends on that order. spread = |best - worst| >= 0, the gap between the best and the worst site
+    whichever the metric's direction. p10, p50 (median), p90: percentiles of the per-site values with numpy's
+    default linear interpolation between the sorted values (`np.percentile`, method "linear"); they rank the values
+    themselves, not their goodness: for a loss, p90 lies near the worst site.
+
+    gini = sum_i sum_j |x_i - x_j| / (2 K^2 mean): the mean absolute difference over all ordered pairs of sites
+    divided by twice the mean; 0 when every site scores the same, at most 1 - 1/K when one site holds everything.
+    It measures the inequality of the values themselves, whichever the direction. It is None (null in JSON) when
+    a value is negative or the mean is not positive: the ratio then has no meaning as a share of a total (a
+    negative mean flips its sign, a zero mean divides by zero).
+
+    A non-finite value raises ValueError naming the site: a NaN would silently poison every statistic; so does a
+    value so large that the statistics overflow (naming the largest).
 
     Returns:
-        {"mean", "std", "worst", "worst_site"}, plain Python floats and the site name.
+        {"mean", "std", "worst", "worst_site", "best", "best_site", "spread", "p10", "p50", "p90", "gini"}, plain
+        Python floats (gini possibly None) and the site names.
     """
     if not per_site:
         raise ValueError("summarize: no sites")
@@ -30,11 +43,40 @@ def summarize(per_site: Mapping[str, float], higher_is_better: bool = True) -> d
         if not math.isfinite(v):
             raise ValueError(f"summarize: value of {site} is {v}")
         values[site] = v
-    mean = math.fsum(values.values()) / len(values)
-    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values.values()) / len(values))
-    pick = min if higher_is_better else max
-    worst_site = pick(values, key=values.__getitem__)
-    return {"mean": mean, "std": std, "worst": values[worst_site], "worst_site": worst_site}
+    try:
+        mean = math.fsum(values.values()) / len(values)  # fsum: exact, so the same whatever the order of the sites
+        std = math.sqrt(math.fsum((v - mean) ** 2 for v in values.values()) / len(values))
+    except OverflowError:
+        site = max(values, key=lambda s: abs(values[s]))
+        raise ValueError(f"summarize: value of {site} is too large to summarise ({values[site]})") from None
+    low, high = (min, max) if higher_is_better else (max, min)
+    worst_site = low(values, key=values.__getitem__)
+    best_site = high(values, key=values.__getitem__)
+    ordered = sorted(values.values())
+    p10, p50, p90 = (float(p) for p in np.percentile(ordered, [10, 50, 90]))
+    return {
+        "mean": mean,
+        "std": std,
+        "worst": values[worst_site],
+        "worst_site": worst_site,
+        "best": values[best_site],
+        "best_site": best_site,
+        "spread": ordered[-1] - ordered[0],
+        "p10": p10,
+        "p50": p50,
+        "p90": p90,
+        "gini": _gini(ordered, mean),
+    }
+
+
+def _gini(ordered: list[float], mean: float) -> float | None:
+    """Gini coefficient of values sorted ascending with their mean (see `summarize`); None if a value is negative
+    or the mean not positive. sum_i sum_j |x_i - x_j| = 2 sum_i (2i - K - 1) x_(i) (i = 1..K) over sorted values,
+    each divided by the mean first so that no product overflows."""
+    if ordered[0] < 0 or mean <= 0:
+        return None
+    k = len(ordered)
+    return math.fsum((2 * i - k - 1) * (x / mean) for i, x in enumerate(ordered, start=1)) / (k * k)
 
 
 # ---------------------------------------------------------------- comparing two per-site vectors (FedCE paper)

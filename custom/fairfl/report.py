@@ -2,7 +2,8 @@
 
 As in the papers' tables (Fed-LWR Tables 1-2), values are percent, Avg. is the mean over sites and Std. the
 population standard deviation across sites. With several runs (seeds) of a method, each cell is the mean over
-seeds ± their sample sd (ddof=1), and Std. is the mean over seeds of each run's across-site std.
+seeds ± their sample sd (ddof=1), and Std. is the mean over seeds of each run's across-site std. A second table
+gives the spread over sites: worst and best site, percentiles, best - worst and the Gini coefficient.
 
 Runs of one method with other free riders or other left-out sites are reported as separate rows. The FedCE
 paper's fairness tables are added where the inputs allow: performance fairness against Solo (Table 2),
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fairfl.fairness import contribution_agreement, normalise_abs, performance_fairness
+from fairfl.fairness import contribution_agreement, normalise_abs, performance_fairness, summarize
 from fairfl.loo import load_loo, marginal_table
 from fairfl.methods import display_name
 from fairfl.results import RESULTS_FILE, SCHEMA_VERSION, SIMULATOR_RESULTS
@@ -275,6 +276,62 @@ def write_csv(runs, path, metric=None) -> Path:
                 for site, value in rows
             )
     return Path(path)
+
+
+SPREAD_COLUMNS = (  # header, key of fairness.summarize, which value is best, digits
+    ("Worst", "worst", max, 2),
+    ("P10", "p10", max, 2),
+    ("Median", "p50", max, 2),
+    ("P90", "p90", max, 2),
+    ("Best", "best", max, 2),
+    ("Spread", "spread", min, 2),
+    ("Gini", "gini", min, 3),
+)
+SPREAD_TEXT = (
+    "How the final {label} (%) spreads over the sites (`fairfl.fairness.summarize`, the statistics results.json "
+    "records): the worst and the best site's value, the 10th, 50th and 90th percentiles of the per-site values "
+    "(linear interpolation), Spread = Best - Worst, and the Gini coefficient (mean absolute difference of all "
+    "pairs of sites / (2 × mean); 0: every site equal). Mean ± sd over seeds; best in bold (the highest value, the "
+    "lowest Spread and Gini); –: undefined (Gini of negative values) in a seed."
+)
+
+
+def spread_table(runs, metric=None) -> tuple[str, dict]:
+    """The spread of each method's final metric (%) over sites: worst, percentiles, best, spread, Gini, each the mean
+    ± sd over seeds of each run's `fairness.summarize`. ("", {}) without a finished run.
+
+    Returns (markdown, {group: {"worst"|"p10"|...|"gini": (mean, sd or None) or None (undefined in a seed), "seeds"}}).
+    """
+    metric = _metric(runs, metric)
+    groups = _by_method(_finished(runs, metric))
+    if not groups:
+        return "", {}
+    stats = {}
+    for key, group in groups.items():
+        summaries = []
+        for run in group:
+            try:
+                summaries.append(summarize(_scores(run["final"], metric)))
+            except ValueError as e:  # a hostile or broken file: name it
+                raise ValueError(f"{run['file']}: {e}") from e
+        stats[key] = {
+            k: None if any(s[k] is None for s in summaries) else _mean_sd(s[k] for s in summaries)
+            for _, k, _, _ in SPREAD_COLUMNS
+        }
+        stats[key]["seeds"] = len(group)
+    best = {k: _best((v[k][0] for v in stats.values() if v[k]), pick) for _, k, pick, _ in SPREAD_COLUMNS}
+    rows = (
+        [
+            _name(key),
+            *(
+                _cell(v[k], v[k] is not None and f"{v[k][0]:.{digits}f}" == f"{best[k]:.{digits}f}", digits)
+                for _, k, _, digits in SPREAD_COLUMNS
+            ),
+            str(v["seeds"]),
+        ]
+        for key, v in stats.items()
+    )
+    return "\n".join(_markdown(["Method", *(h for h, _, _, _ in SPREAD_COLUMNS), "seeds"], rows)), stats
 
 
 # ---------------------------------------------------------------- FedCE paper: fairness and contribution tables
@@ -833,9 +890,10 @@ def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> d
     """Write report.md, results.csv and the figures into out_dir; `loo`: a leave-one-out file (or its folder);
     `final`: which evaluation the tables report (`with_final`).
 
-    Returns {"report", "figures", "table", "region_tables": {metric: table}, "performance_fairness": {group:
-    stats}, "contributions": {group: stats}, "contribution_agreement": {group: {estimate: stats}}, "quality_shift":
-    {group: {column: stats}} (classification runs with a corrupted test set), "loo"}."""
+    Returns {"report", "figures", "table", "region_tables": {metric: table}, "spread": {group: stats} (`spread_table`),
+    "performance_fairness": {group: stats}, "contributions": {group: stats}, "contribution_agreement": {group:
+    {estimate: stats}}, "quality_shift": {group: {column: stats}} (classification runs with a corrupted test set),
+    "loo", "tables": {name: markdown}}."""
     runs = with_final(load_runs(paths), final)
     metric = _metric(runs, metric)
     dataset = _dataset(runs)
@@ -844,6 +902,7 @@ def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> d
     out.mkdir(parents=True, exist_ok=True)
     table = paper_table(runs, metric)
     region_tables = {region: paper_table(runs, region) for region in region_metrics(runs, metric)}
+    spread, spread_stats = spread_table(runs, metric)
     fairness_table, fairness = performance_fairness_table(runs, metric)
     contributions_table, contributions = contribution_table(runs)
     agreement_table, agreement = contribution_agreement_table(runs, loo) if loo else ("", {})
@@ -881,6 +940,8 @@ def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> d
     ]
     for region, region_table in region_tables.items():
         lines += [f"### {_label(region)}", "", region_table, ""]
+    if spread:
+        lines += ["## Spread across sites", "", SPREAD_TEXT.format(label=_label(metric)), "", spread, ""]
     if shift_table:
         lines += ["## Clean and corrupted test sets", "", QUALITY_SHIFT_TEXT, "", shift_table, ""]
     if fairness_table:
@@ -926,12 +987,14 @@ def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> d
         "figures": list(captions),
         "table": table,
         "region_tables": region_tables,
+        "spread": spread_stats,
         "performance_fairness": fairness,
         "contributions": contributions,
         "contribution_agreement": agreement,
         "quality_shift": shift,
         "loo": loo,
         "tables": {
+            "spread": spread,
             "performance_fairness": fairness_table,
             "contributions": contributions_table,
             "contribution_agreement": agreement_table,
@@ -987,6 +1050,7 @@ def run(args) -> int:
         return 1
     print(result["table"])
     for title, key in (
+        ("Spread across sites", "spread"),
         ("Performance fairness against Solo", "performance_fairness"),
         ("Client contributions", "contributions"),
         ("Contribution estimates against leave-one-out", "contribution_agreement"),

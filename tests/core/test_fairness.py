@@ -1,6 +1,9 @@
-"""Fairness statistics: mean, population std, worst site; agreement of two per-site vectors (FedCE Tables 2-3)."""
+"""Fairness statistics: mean, population std, worst and best site, percentiles, Gini; agreement of two per-site
+vectors (FedCE Tables 2-3)."""
 
+import itertools
 import math
+import random
 
 import numpy as np
 import pytest
@@ -22,7 +25,19 @@ def test_summarize_uses_population_std():
 def test_summarize_plain_floats_ties_and_direction():
     out = summarize({"a": np.float32(0.5), "b": np.float64(0.5), "c": 1})
     assert type(out["mean"]) is float and out["worst_site"] == "a"  # ties: first site
-    assert summarize({"only": 0.3}) == {"mean": 0.3, "std": 0.0, "worst": 0.3, "worst_site": "only"}
+    assert summarize({"only": 0.3}) == {
+        "mean": 0.3,
+        "std": 0.0,
+        "worst": 0.3,
+        "worst_site": "only",
+        "best": 0.3,
+        "best_site": "only",
+        "spread": 0.0,
+        "p10": 0.3,
+        "p50": 0.3,
+        "p90": 0.3,
+        "gini": 0.0,
+    }
     loss = summarize({"a": 0.2, "b": 0.9}, higher_is_better=False)
     assert loss["worst_site"] == "b" and loss["worst"] == 0.9
 
@@ -30,8 +45,85 @@ def test_summarize_plain_floats_ties_and_direction():
 def test_summarize_rejects_empty_and_non_finite():
     with pytest.raises(ValueError, match="no sites"):
         summarize({})
-    with pytest.raises(ValueError, match="site-2"):
-        summarize({"site-1": 0.5, "site-2": float("nan")})
+    for bad in (float("nan"), float("inf"), -float("inf"), "nan"):
+        with pytest.raises(ValueError, match="value of site-2"):
+            summarize({"site-1": 0.5, "site-2": bad, "site-3": 0.7})
+    with pytest.raises(ValueError, match="value of site-2 is too large"):  # finite, but the sums overflow
+        summarize({"site-1": 1e307, "site-2": -1.7e308, "site-3": 0.0})
+    with pytest.raises(ValueError, match="value of site-3 is too large"):
+        summarize({"site-1": 1e308, "site-2": 1e308, "site-3": 1.5e308})
+    huge = summarize({"site-1": 0.0, "site-2": 1e150, "site-3": 1e150})  # large but summable
+    assert huge["gini"] == pytest.approx(1 / 3) and huge["spread"] == 1e150
+
+
+def brute_gini(values):
+    """The definition itself: mean absolute difference over all K^2 ordered pairs / (2 mean)."""
+    pairs = [abs(a - b) for a, b in itertools.product(values, repeat=2)]
+    return (sum(pairs) / len(pairs)) / (2 * (sum(values) / len(values)))
+
+
+def test_summarize_best_spread_percentiles_and_gini_by_hand():
+    out = summarize({"site-1": 0.0, "site-2": 0.0, "site-3": 0.0, "site-4": 1.0})
+    # 6 of the 16 ordered pairs differ by 1: mean |difference| 6/16, mean 1/4: Gini = (6/16) / (2/4) = 3/4
+    assert out["gini"] == pytest.approx(0.75, abs=1e-15) and brute_gini([0, 0, 0, 1]) == pytest.approx(0.75)
+    assert out["best"] == 1.0 and out["best_site"] == "site-4" and out["spread"] == 1.0
+    # sorted (0, 0, 0, 1), position q (K - 1) = 0.3, 1.5, 2.7: p90 = 0 + 0.7 (1 - 0)
+    assert (out["p10"], out["p50"], out["p90"]) == pytest.approx((0.0, 0.0, 0.7), abs=1e-15)
+    out = summarize({"a": 0.9, "b": 0.5, "c": 0.7, "d": 0.6, "e": 0.8})
+    # sorted (0.5, 0.6, 0.7, 0.8, 0.9), position q (K - 1) = 0.4, 2, 3.6: p10 = 0.54, p50 = 0.7, p90 = 0.86
+    assert (out["p10"], out["p50"], out["p90"]) == pytest.approx((0.54, 0.7, 0.86), abs=1e-12)
+    # |differences| of the unordered pairs: 4 x 0.1, 3 x 0.2, 2 x 0.3, 1 x 0.4 = 2.0; ordered pairs 4.0 over 25,
+    # mean 0.7: Gini = 0.16 / 1.4 = 4/35
+    assert out["gini"] == pytest.approx(4 / 35, abs=1e-12)
+    assert out["best_site"] == "a" and out["spread"] == pytest.approx(0.4, abs=1e-15)
+    rng = np.random.default_rng(0)
+    for k in (1, 2, 3, 7, 40):
+        values = rng.uniform(0, 1, k).tolist()
+        out = summarize({f"site-{i}": v for i, v in enumerate(values)})
+        assert out["gini"] == pytest.approx(brute_gini(values), abs=1e-12)
+        assert [out[p] for p in ("p10", "p50", "p90")] == pytest.approx(np.percentile(values, [10, 50, 90]).tolist())
+        assert out["spread"] == max(values) - min(values) and out["spread"] >= 0
+        assert 0 <= out["gini"] <= 1 - 1 / k + 1e-12
+    assert all(type(v) is float for k, v in out.items() if not k.endswith("_site"))
+
+
+def test_summarize_does_not_depend_on_the_order_of_the_sites_but_for_ties():
+    values = {f"site-{i}": v for i, v in enumerate([0.61, 0.83, 0.1 + 0.2, 0.7, 0.55, 0.3, 0.92, 0.41, 0.48])}
+    reference = summarize(values)
+    shuffled = list(values.items())
+    for seed in range(20):
+        random.Random(seed).shuffle(shuffled)
+        assert summarize(dict(shuffled)) == reference  # exactly equal: not a float's last bit differs
+    # ties: worst and best go to the first such site in the given order; every number stays the same
+    tied = {"x": 0.5, "y": 0.9, "z": 0.5, "w": 0.9}
+    first, reverse = summarize(tied), summarize(dict(reversed(tied.items())))
+    assert (first["worst_site"], first["best_site"]) == ("x", "y")
+    assert (reverse["worst_site"], reverse["best_site"]) == ("z", "w")
+    assert {k: v for k, v in first.items() if not k.endswith("_site")} == {
+        k: v for k, v in reverse.items() if not k.endswith("_site")
+    }
+    assert first["spread"] == pytest.approx(0.4) and first["p50"] == pytest.approx(0.7)
+
+
+def test_summarize_a_loss_keeps_the_spread_positive():
+    loss = summarize({"a": 0.2, "b": 0.9, "c": 0.4}, higher_is_better=False)
+    assert (loss["worst"], loss["worst_site"], loss["best"], loss["best_site"]) == (0.9, "b", 0.2, "a")
+    assert loss["spread"] == pytest.approx(loss["worst"] - loss["best"]) and loss["spread"] > 0
+    # percentiles and Gini describe the values themselves, whichever the direction
+    score = summarize({"a": 0.2, "b": 0.9, "c": 0.4})
+    assert {k: loss[k] for k in ("p10", "p50", "p90", "gini", "spread", "mean", "std")} == {
+        k: score[k] for k in ("p10", "p50", "p90", "gini", "spread", "mean", "std")
+    }
+    assert score["best_site"] == "b" and score["worst_site"] == "a"
+
+
+@pytest.mark.parametrize(
+    "values", [[-0.1, 0.5, 0.9], [-1.0, 1.0], [0.0, 0.0, 0.0], [0.0], [-0.5, -0.2], [-1e-300, 2.0]]
+)
+def test_summarize_gini_is_none_for_negative_values_or_a_non_positive_mean(values):
+    out = summarize({f"site-{i}": v for i, v in enumerate(values)})
+    assert out["gini"] is None  # never a crash, never a number with no meaning
+    assert out["spread"] == max(values) - min(values) and out["p50"] == pytest.approx(float(np.median(values)))
 
 
 def test_performance_fairness_by_hand():

@@ -205,6 +205,8 @@ def test_make_report(tmp_path, runs_dir):
     assert result["table"] in text and (out / "results.csv").exists()
     assert all(f"]({name})" in text for name in names)
     assert text.count("1 rejected site update(s)") == 5 and "40.0 s" in text and "not finished" in text
+    assert "## Spread across sites" in text and result["tables"]["spread"] in text
+    assert result["spread"]["solo"]["p50"] == (70.0, None)
 
 
 def test_layer_weights_skipped_without_them(tmp_path, runs_dir):
@@ -522,3 +524,64 @@ def test_equal_worst_scores_name_the_same_worst_site_whatever_order_the_answers_
         record = log.add_round(0, 1.0, {s: {"dice": 0.5 if s != "site-1" else 0.9} for s in order})
         named.append(record["worst_site"])
     assert named == ["site-2", "site-2", "site-2"]  # site-2 and site-10 tie: the first in site order
+
+
+# ---------------------------------------------------------------- spread across sites (fairness.summarize)
+
+
+def test_spread_table_by_hand(tmp_path, runs_dir):
+    table, stats = report.spread_table(report.load_runs(runs_dir))
+    rows, header = table_rows(table)
+    assert header == ["Method", "Worst", "P10", "Median", "P90", "Best", "Spread", "Gini", "seeds"]
+    # Solo (60, 70, 80) sorted: p10 at position 0.2 = 62, p90 at 1.8 = 78; ordered-pair |differences| sum 80:
+    # Gini = (80 / 9) / (2 x 70)
+    assert rows["Solo"] == ["60.00", "62.00", "70.00", "78.00", "80.00", "20.00", f"{80 / 9 / 140:.3f}", "1"]
+    assert rows["FedAvg"][4] == "**90.00**" and rows["FedAvg"][-2] == f"{80 / 9 / 160:.3f}"
+    # Fed-LWR, mean ± sd over seeds (82, 85, 88) and (86, 87, 90): worst 82, 86; p10 82.6, 86.2; spread 6, 4
+    ginis = [24 / 9 / 170, 16 / 9 / (2 * 263 / 3)]
+    assert rows["Fed-LWR"] == [
+        "**84.00 ± 2.83**",
+        "**84.40 ± 2.55**",
+        "**86.00 ± 1.41**",
+        "**88.40 ± 1.41**",
+        "89.00 ± 1.41",  # FedAvg's best site is better
+        "**5.00 ± 1.41**",
+        f"**{np.mean(ginis):.3f} ± {np.std(ginis, ddof=1):.3f}**",
+        "2",
+    ]
+    assert stats["fedlwr"]["gini"][0] == pytest.approx(np.mean(ginis)) and stats["fedlwr"]["seeds"] == 2
+    # a metric with a negative site value has no Gini: "–", the other columns as usual
+    write_run(tmp_path / "neg" / "results.json", "fedprox", 0, [-0.1, 0.5, 0.6])
+    table, stats = report.spread_table(report.load_runs([runs_dir, tmp_path / "neg"]))
+    assert stats["fedprox"]["gini"] is None and table_rows(table)[0]["FedProx"][-2:] == ["–", "1"]
+    assert table_rows(table)[0]["FedProx"][0] == "-10.00"
+    assert report.spread_table([{**report.load_runs(runs_dir / "solo_s0")[0], "final": None}]) == ("", {})
+
+
+def test_a_broken_score_in_the_spread_table_names_the_file_and_the_site(tmp_path, runs_dir, capsys):
+    bad = write_run(tmp_path / "bad" / "results.json", "fedavg", 3, [0.8, float("nan"), 0.7])
+    assert report.main([str(runs_dir), str(bad), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert str(bad) in err and "site-2" in err
+
+
+def test_results_json_records_the_spread_in_rounds_final_and_the_mean_of_the_last(tmp_path):
+    from fairfl.fairness import summarize
+    from fairfl.results import ResultsLog
+
+    path = tmp_path / "results.json"
+    log = ResultsLog(str(path), "fedavg", "segmentation", "dice", 0, ["site-10", "site-2", "site-1"], {})
+    scores = [{"site-10": 0.9, "site-2": 0.5, "site-1": 0.5}, {"site-2": 0.0, "site-1": 0.0, "site-10": 0.0}]
+    log.add_round(0, 1.0, {s: {"dice": v} for s, v in scores[0].items()})
+    log.add_round(1, 1.0, {s: {"dice": v} for s, v in scores[1].items()})
+    log.finish({s: {"dice": v} for s, v in scores[0].items()}, mean_of_last=log.mean_of_last(1, 2))
+    data = json.loads(path.read_text())
+    keys = {"mean", "std", "worst", "worst_site", "best", "best_site", "spread", "p10", "p50", "p90", "gini"}
+    first, second, final = data["rounds"][0], data["rounds"][1], data["final"]
+    assert keys <= set(first) and keys <= set(final) and keys <= set(final["mean_of_last"])
+    assert {k: first[k] for k in keys} == summarize({"site-1": 0.5, "site-2": 0.5, "site-10": 0.9})
+    assert (first["worst_site"], first["best_site"]) == ("site-1", "site-10")  # ties: the first in site order
+    # ordered-pair |differences| sum 1.6 over 9 pairs, mean 1.9 / 3
+    assert first["spread"] == pytest.approx(0.4) and first["gini"] == pytest.approx(1.6 / 9 / (2 * 1.9 / 3))
+    assert "gini" in second and second["gini"] is None  # all zero: null in the file, never a crash
+    assert final["mean_of_last"]["p50"] == pytest.approx(0.25) and final["mean_of_last"]["best_site"] == "site-10"
