@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -105,8 +106,19 @@ def _metric(runs, metric=None) -> str:
 
 
 def _scores(record, metric) -> dict:
-    """{site: metric in percent} of an evaluated record (a round or "final"); {} when not evaluated."""
-    return {s: 100.0 * v[metric] for s, v in ((record or {}).get("per_site") or {}).items() if metric in v}
+    """{site: metric in percent} of an evaluated record (a round or "final"); {} when not evaluated. A value that is
+    not a number (null: a NaN as the results file writes it; anything else a hostile file holds) is NaN, so a run
+    with such a site counts as one without a finite result (left out of claims, refused by the tables), never as a
+    crash or a smaller set of sites."""
+    return {
+        s: 100.0 * (v[metric] if _is_number(v[metric]) else math.nan)
+        for s, v in ((record or {}).get("per_site") or {}).items()
+        if isinstance(v, dict) and metric in v
+    }
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _avg_std(scores: dict) -> tuple[float, float]:

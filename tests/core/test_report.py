@@ -558,8 +558,12 @@ def test_spread_table_by_hand(tmp_path, runs_dir):
     assert report.spread_table([{**report.load_runs(runs_dir / "solo_s0")[0], "final": None}]) == ("", {})
 
 
-def test_a_broken_score_in_the_spread_table_names_the_file_and_the_site(tmp_path, runs_dir, capsys):
-    bad = write_run(tmp_path / "bad" / "results.json", "fedavg", 3, [0.8, float("nan"), 0.7])
+@pytest.mark.parametrize("broken", [float("nan"), None, "0.8", True])  # None: a NaN as results.json writes it
+def test_a_broken_score_in_the_spread_table_names_the_file_and_the_site(tmp_path, runs_dir, capsys, broken):
+    bad = write_run(tmp_path / "bad" / "results.json", "fedavg", 3, [0.8, 0.5, 0.7])
+    data = json.loads(bad.read_text())
+    data["final"]["per_site"]["site-2"]["dice"] = broken
+    bad.write_text(json.dumps(data))
     assert report.main([str(runs_dir), str(bad), "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert str(bad) in err and "site-2" in err
