@@ -14,6 +14,8 @@ from pathlib import Path
 from fairfl.site_settings import MOVED_ARGUMENTS
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs"  # the job folders of a fairfl checkout (fairfl make-jobs)
+# how a run waits for its sites: they change when a round ends, never its numbers
+WAITING_ARGUMENTS = ("task_timeout", "straggler_timeout", "task_check_period")
 SERVER_CONFIG = os.path.join("app", "config", "config_fed_server.json")
 CLIENT_CONFIG = os.path.join("app", "config", "config_fed_client.json")
 JSON_KINDS = (

@@ -28,6 +28,7 @@ from nvflare.recipe import SimEnv
 from nvflare.recipe.spec import Recipe, _peek_recipe_args
 
 from fairfl.jobconfig import CLIENT_CONFIG, JOBS, SERVER_CONFIG, set_arguments
+from fairfl.simulate import RECIPE_SITE_ERRORS
 
 META = "meta.json"
 ONE_APP_FOR_ALL = {"app": ["@ALL"]}  # the deploy map of every fairfl job, and the only one a FedJob with one app writes
@@ -176,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a fairfl job in NVFlare's simulator through the recipe API "
         "(SimEnv); the results land in WORKSPACE_ROOT/<job name>/server/simulate_job/results.json.",
         epilog="NVFlare's own --export [--export-dir DIR] writes the job folder DIR/<job name> (default ./fl_job) "
-        "instead of running it.",
+        "instead of running it. Exit status: 0 done; 1 the simulator failed or could not start; 2 bad arguments; "
+        f"{RECIPE_SITE_ERRORS} the simulator ran to its end but a site or the server logged an error, or no results "
+        "file was written (the workspace has the logs).",
     )
     parser.add_argument("job", help="a job in jobs/ (fedavg, fedlwr, ...) or a job folder")
     parser.add_argument(
@@ -241,7 +244,7 @@ def main(argv=None) -> int:
     run = SimulatorRun(workspace, 0, time.time() - started, collect_errors(workspace))
     if not run.ok:  # the exit code alone does not tell (fairfl.simulate)
         print(run.describe_failure(), file=sys.stderr)
-        return 1
+        return RECIPE_SITE_ERRORS
     print(f"finished in {run.seconds:.0f} s\nresults: {run.results_path}\nreport:  fairfl report {workspace}")
     return 0
 

@@ -20,13 +20,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fairfl.jobconfig import customize_job, is_job_copy, job_arguments
+from fairfl.jobconfig import WAITING_ARGUMENTS, customize_job, is_job_copy, job_arguments
 from fairfl.results import SIMULATOR_RESULTS
 
 SIMULATOR_OUTPUT = "simulator_output.txt"
 PORT_CLASH = "Address already in use"
 PORT_CLASH_RETRIES = 2
 RECIPE, NVFLARE_SIMULATOR = "recipe", "nvflare simulator"  # the two ways in (run_simulator's `via`)
+RECIPE_SITE_ERRORS = 3  # `python -m fairfl.recipe` exits with it when the run ended but a log holds an error
 NEVER_STARTED = -1000  # the exit code of a run killed because a site's process never came up
 SITE_START_GRACE = 120.0  # seconds after the first round's record before a site without a log counts as dead
 
@@ -112,6 +113,8 @@ def run_simulator(
                 [f"site-{i}" for i in range(1, n_clients + 1)] if (threads or n_clients) >= n_clients else None
             )
             returncode = _wait(proc, workspace, timeout, kill_after_round, all_at_once)
+            if via == RECIPE and returncode == RECIPE_SITE_ERRORS:
+                returncode = 0  # the simulator itself ended well: the error logs and results are judged below
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -177,14 +180,16 @@ def run_unless_finished(
     it ran with every argument this run would have: `job_args` and the job's own defaults (a default changed
     since, such as test_scale, must not keep old runs), against the server's arguments as its results recorded
     them and the sites' (lr, ...) as the job copy beside it holds them. A default of None means "the dataset's
-    value", which the results record resolved, so it is not compared. Resuming must not mix settings."""
+    value", which the results record resolved, and a default of how the run waits for sites (WAITING_ARGUMENTS)
+    never changes its numbers, so neither is compared. Resuming must not mix settings."""
     results_path = Path(workspace) / SIMULATOR_RESULTS
     job_copy = f"{workspace}_job"
     if results_path.is_file():
         results = json.loads(results_path.read_text())
         if results.get("final"):
             config = {**(job_arguments(job_copy) if is_job_copy(job_copy) else {}), **(results.get("config") or {})}
-            wanted = {**job_arguments(str(job)), **job_args}
+            defaults = {k: v for k, v in job_arguments(str(job)).items() if k not in WAITING_ARGUMENTS}
+            wanted = {**defaults, **job_args}
             changed = sorted(k for k, v in wanted.items() if v is not None and k in config and config[k] != v)
             if changed:
                 raise ValueError(

@@ -7,7 +7,7 @@ import os
 
 from fairfl.files import json_safe, save_atomic, write_json_atomic
 from fairfl.flare import protocol
-from fairfl.jobconfig import component_arguments
+from fairfl.jobconfig import WAITING_ARGUMENTS, component_arguments
 from fairfl.models import state_to_numpy, state_to_torch
 from fairfl.training import load_tensors
 
@@ -15,14 +15,7 @@ METHOD_STATE_FILE = "method_state.json"
 CHECKPOINT_FILE = "checkpoint.pt"
 # how long the run is and how it waits for sites may change on resume: a site that stays down may need a lower
 # min_clients to go on
-RESUME_MAY_CHANGE = (
-    "num_rounds",
-    "eval_every",
-    "min_clients",
-    "task_timeout",
-    "straggler_timeout",
-    "task_check_period",
-)
+RESUME_MAY_CHANGE = ("num_rounds", "eval_every", "min_clients", *WAITING_ARGUMENTS)
 
 
 class Checkpointing:

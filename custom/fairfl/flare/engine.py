@@ -84,7 +84,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
         weighting: str = "samples",
         exclude_sites=(),
         preset: str = "",
-        task_check_period: float = 0.5,
+        task_check_period: float = 0.1,
         straggler_timeout: int = 600,
         run_name: str = "",
         max_samples: int = MAX_SAMPLES,
