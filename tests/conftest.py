@@ -32,9 +32,8 @@ def cache_dir(tmp_path_factory):
 def tiny_fedavg_run(tmp_path_factory, cache_dir):
     """jobs/fedavg, tiny, through `nvflare simulator` with 3 sites: one run that several tests check (its results;
     the recipe API's run of the same job against it)."""
-    from fairfl.simulate import NVFLARE_SIMULATOR, run_simulator
-
     from fairfl.progress import round_printer
+    from fairfl.simulate import NVFLARE_SIMULATOR, run_simulator
 
     root = tmp_path_factory.mktemp("tiny_fedavg")
     job = make_job("fedavg", str(root / "job"))

@@ -4,6 +4,7 @@ still writing and that holds what the sites sent: hostile files never crash the 
 import json
 import math
 import os
+import sys
 
 import pytest
 
@@ -186,3 +187,22 @@ def test_fairfl_run_prints_why_a_run_stopped_or_failed_and_exits_1(tmp_path, mon
     monkeypatch.setattr(simulate, "run_simulator", fake_simulator([], ok=False))
     assert cli.main(["run", job, "-n", "2", "-w", workspace, "--force", "-q"]) == 1
     assert "failed after 0:04 (0 round(s) recorded): the simulator's errors follow" in capsys.readouterr().out
+
+
+def test_the_flags_choose_what_run_simulator_is_given(capsys):
+    from fairfl.progress import PROGRESS, QUIET, VERBOSE
+
+    assert simulate.watch_options(QUIET) == {}
+    progress, verbose = simulate.watch_options(PROGRESS, "  full: "), simulate.watch_options(VERBOSE)
+    assert set(progress) == {"on_round"} and verbose["echo"] is sys.stdout
+    progress["on_round"](RUN["rounds"][0], RUN, 12)
+    assert (
+        capsys.readouterr().out
+        == "  full: round 1/10 | elapsed 0:12 | left ~1:30 | dice mean 50.0%, worst site-3 25.0%\n"
+    )
+    args = cli.build_parser().parse_args
+    assert [cli.verbosity(args(["run", "jobs/fedavg", *flag])) for flag in ([], ["-q"], ["-v"])] == [
+        PROGRESS,
+        QUIET,
+        VERBOSE,
+    ]
