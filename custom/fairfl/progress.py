@@ -80,7 +80,8 @@ def missing_sites(record: dict) -> str:
 
 def progress_line(record: dict, results: dict, elapsed: float) -> str:
     """The line of finished round `record` of the run whose results file holds `results`, `elapsed` seconds after
-    the run started: 'round k/N', elapsed, the time left (the mean round time so far times the rounds left), the
+    the run started: 'round k/N', elapsed, the time left (the mean round time so far, the first round left out once
+    there are others, times the rounds left), the
     last evaluation so far, and the sites that were absent, failed or rejected in this round."""
     results = results if isinstance(results, dict) else {}
     config = results.get("config") if isinstance(results.get("config"), dict) else {}
@@ -93,7 +94,8 @@ def progress_line(record: dict, results: dict, elapsed: float) -> str:
     parts = [f"round {done}/{num_rounds}" if num_rounds else f"round {done}", f"elapsed {clock(elapsed)}"]
     if num_rounds and number is not None:
         seconds = [s for s in (_number(r.get("seconds")) for r in so_far) if s is not None and s >= 0]
-        per_round = sum(seconds) / len(seconds) if seconds else elapsed / len(so_far)
+        timed = seconds[1:] or seconds  # the first round also waited for the sites to start: left out when it can be
+        per_round = sum(timed) / len(timed) if timed else elapsed / len(so_far)
         parts.append(f"left ~{clock(per_round * max(num_rounds - done, 0))}")
     for evaluated in reversed(so_far):
         scores = evaluation(evaluated, metric)

@@ -34,13 +34,14 @@ def test_a_line_per_round_with_time_left_from_the_mean_round_and_the_last_evalua
     first, second, third = (progress_line(r, RUN, elapsed) for r, elapsed in zip(RUN["rounds"], (12, 45, 65.4)))
     # 9 rounds left at 10 s a round
     assert first == "round 1/10 | elapsed 0:12 | left ~1:30 | dice mean 50.0%, worst site-3 25.0%"
-    # not evaluated: the last evaluation, marked with its round; mean round 20 s, 8 left
+    # not evaluated: the last evaluation, marked with its round; the first round (the sites' start) left out:
+    # 30 s a round, 8 left
     assert second == (
-        "round 2/10 | elapsed 0:45 | left ~2:40 | dice mean 50.0%, worst site-3 25.0% (round 1) | "
+        "round 2/10 | elapsed 0:45 | left ~4:00 | dice mean 50.0%, worst site-3 25.0% (round 1) | "
         "absent site-2; failed site-3 (BAD_TASK_DATA)"
     )
     assert third == (
-        "round 3/10 | elapsed 1:05 | left ~2:20 | dice mean 81.2%, worst site-6 70.0% | "
+        "round 3/10 | elapsed 1:05 | left ~2:55 | dice mean 81.2%, worst site-6 70.0% | "
         "rejected site-1 (NaN in model.0.weight)"
     )
     # the time left only counts the rounds up to this one, even when later rounds are in the file already
