@@ -81,11 +81,12 @@ def missing_sites(record: dict) -> str:
 def progress_line(record: dict, results: dict, elapsed: float) -> str:
     """The line of finished round `record` of the run whose results file holds `results`, `elapsed` seconds after
     the run started: 'round k/N', elapsed, the time left (the mean round time so far, the first round left out once
-    there are others, times the rounds left), the
-    last evaluation so far, and the sites that were absent, failed or rejected in this round."""
+    there are others, times the rounds left), the last evaluation so far, and the sites that were absent, failed or
+    rejected in this round."""
     results = results if isinstance(results, dict) else {}
     config = results.get("config") if isinstance(results.get("config"), dict) else {}
-    num_rounds = config.get("num_rounds") if type(config.get("num_rounds")) is int else None
+    num_rounds = config.get("num_rounds") if type(config.get("num_rounds")) is int else 0
+    num_rounds = num_rounds if num_rounds > 0 else None
     metric = _text(results.get("metric") or "score", 20)
     record = record if isinstance(record, dict) else {}
     number = record.get("round") if type(record.get("round")) is int else None

@@ -70,6 +70,7 @@ HOSTILE = {
     "records without rounds": {"rounds": [None, "x", 3, {}, {"round": "1"}, {"round": True}, {"round": 1.5}]},
     "config and metric of the wrong type": {"config": "x", "metric": ["dice"], "rounds": [{"round": 0}]},
     "num_rounds not a number": {"config": {"num_rounds": "20"}, "rounds": [{"round": 0, "seconds": "long"}]},
+    "num_rounds negative": {"config": {"num_rounds": -3}, "rounds": [{"round": 0, "seconds": 1.0}]},
     "NaN and infinities": {
         "config": {"num_rounds": 3},
         "rounds": [{"round": 0, "seconds": math.nan, "mean": math.nan, "worst": math.inf, "worst_site": None}],
@@ -108,6 +109,8 @@ def test_hostile_values_in_detail():
     assert outcome_line(HOSTILE["numbers as text and bools"], 3.0).startswith("failed")  # final is no object
     text = HOSTILE["numbers as text and bools"]
     assert progress_line(text["rounds"][0], text, 3.0) == "round 1 | elapsed 0:03 | not evaluated yet"
+    negative = HOSTILE["num_rounds negative"]
+    assert progress_line(negative["rounds"][0], negative, 3.0) == "round 1 | elapsed 0:03 | not evaluated yet"
     past = HOSTILE["past the last round"]
     assert progress_line(past["rounds"][0], past, 3.0) == "round 8/2 | elapsed 0:03 | left ~0:00 | score mean 200.0%"
     odd = HOSTILE["site lists of the wrong type"]
