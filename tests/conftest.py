@@ -32,11 +32,23 @@ def cache_dir(tmp_path_factory):
 def tiny_fedavg_run(tmp_path_factory, cache_dir):
     """jobs/fedavg, tiny, through `nvflare simulator` with 3 sites: one run that several tests check (its results;
     the recipe API's run of the same job against it)."""
+    from fairfl.progress import round_printer
     from fairfl.simulate import NVFLARE_SIMULATOR, run_simulator
 
     root = tmp_path_factory.mktemp("tiny_fedavg")
     job = make_job("fedavg", str(root / "job"))
-    return run_simulator(job, str(root / "ws"), n_clients=3, threads=3, timeout=600, via=NVFLARE_SIMULATOR)
+    printed = []  # the lines `fairfl run` prints while it runs, one per round
+    run = run_simulator(
+        job,
+        str(root / "ws"),
+        n_clients=3,
+        threads=3,
+        timeout=600,
+        via=NVFLARE_SIMULATOR,
+        on_round=round_printer(write=lambda line, flush: printed.append(line)),
+    )
+    run.progress_lines = printed
+    return run
 
 
 def extra_test_entries(base: Path, scaled: Path) -> dict:

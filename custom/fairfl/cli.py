@@ -85,10 +85,17 @@ def refuse_to_overwrite(path: str, force: bool, what: str, replaceable=lambda fo
     return None
 
 
+def verbosity(args) -> int:
+    from fairfl.progress import PROGRESS, QUIET, VERBOSE
+
+    return QUIET if args.quiet else VERBOSE if args.verbose else PROGRESS
+
+
 def _run(args) -> int:
     from fairfl.jobconfig import customize_job, is_job_copy, parse_assignments
+    from fairfl.progress import QUIET, outcome_line, read_results
     from fairfl.report import make_report
-    from fairfl.simulate import is_simulator_workspace, run_simulator
+    from fairfl.simulate import is_simulator_workspace, run_simulator, watch_options
     from fairfl.site_settings import FREE_RIDERS_ENV
 
     job = os.path.abspath(args.job)
@@ -114,23 +121,28 @@ def _run(args) -> int:
         except ValueError as e:  # an argument the job does not have, or a value of the wrong kind
             print(f"fairfl run: error: argument --set: {e}", file=sys.stderr)
             return 2
-        print(f"job with {overrides}: {job}")
-    print(
-        f"running {job} in NVFlare's simulator (recipe API, SimEnv) with {args.n_clients} sites; workspace {workspace}"
-        + (f"; free riders {', '.join(args.free_riders)}" if args.free_riders else ""),
-        flush=True,
-    )
-    run = run_simulator(job, workspace, args.n_clients, args.threads, env=env)
+    if verbosity(args) > QUIET:
+        if overrides:
+            print(f"job with {overrides}: {job}")
+        print(
+            f"running {job} in NVFlare's simulator (recipe API, SimEnv) with {args.n_clients} sites; workspace "
+            f"{workspace}" + (f"; free riders {', '.join(args.free_riders)}" if args.free_riders else ""),
+            flush=True,
+        )
+    run = run_simulator(job, workspace, args.n_clients, args.threads, env=env, **watch_options(verbosity(args)))
+    results = read_results(run.results_path)
+    finished = run.ok and isinstance(results.get("final"), dict) and not results.get("stopped")
+    print("\n" + outcome_line(results, run.seconds, None if run.ok else "the simulator's errors follow (stderr)"))
     if not run.ok:
         print(run.describe_failure(), file=sys.stderr)
-        return 1
-    report = make_report([run.results_path], os.path.join(workspace, "report"))
-    print(
-        f"\nfinished in {run.seconds:.0f} s\nresults:     {run.results_path}\nreport:      {report['report']}\n"
-        f"tensorboard: tensorboard --logdir {os.path.join(os.path.dirname(run.results_path), 'tb_events')}\n"
-        f"logs:        {workspace}/<site>/log.txt"
-    )
-    return 0
+    paths = [("results", run.results_path)] if results else []
+    if finished:
+        paths.append(("report", make_report([run.results_path], os.path.join(workspace, "report"))["report"]))
+        tb_events = os.path.join(os.path.dirname(run.results_path), "tb_events")
+        paths.append(("tensorboard", f"tensorboard --logdir {tb_events}"))
+    paths.append(("logs", f"{workspace}/<site>/log.txt, {workspace}/simulator_output.txt"))
+    print("\n".join(f"{what + ':':<12} {where}" for what, where in paths))
+    return 0 if finished else 1
 
 
 MIN_IMAGE_SIZE = 16  # the smallest image the networks take (the U-Net halves it three times)
@@ -232,6 +244,7 @@ def _leave_one_out(args) -> int:
             parse_assignments(args.set),
             sites=args.sites,
             threads=args.threads,
+            verbosity=verbosity(args),
         )
     except (RuntimeError, ValueError) as e:
         print(f"fairfl leave-one-out: {e}", file=sys.stderr)
@@ -267,6 +280,14 @@ def _add_simulator_arguments(parser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="change a job argument (JSON value), e.g. --set num_rounds=50; repeatable",
+    )
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument("-q", "--quiet", action="store_true", help="no line per round: only the outcome and paths")
+    shown.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also print the simulator's own log as it runs (always kept in <workspace>/simulator_output.txt)",
     )
 
 

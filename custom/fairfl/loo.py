@@ -23,6 +23,7 @@ import numpy as np
 
 from fairfl.fairness import normalise_abs
 from fairfl.files import write_json_atomic
+from fairfl.progress import QUIET
 from fairfl.simulate import run_unless_finished
 
 LOO_FILE = "loo.json"
@@ -129,9 +130,11 @@ def run_leave_one_out(
     sites=None,
     threads: int | None = None,
     metric: str | None = None,
+    verbosity: int = QUIET,
 ) -> Path:
     """Run `job` with all `n_clients` sites and once without each of `sites` (default: all of them), then write
-    `<out_dir>/loo.json` and return its path. Workspaces: `<out_dir>/runs/full`, `.../without-site-k`."""
+        `<out_dir>/loo.json` and return its path. Workspaces: `<out_dir>/runs/full`, `.../without-site-k`. `verbosity`:
+    fairfl.progress's QUIET, PROGRESS (a line per round of each run) or VERBOSE (and the simulator's log)."""
     all_sites = [f"site-{k}" for k in range(1, n_clients + 1)]  # the simulator's client names for -n
     sites = list(sites or all_sites)
     unknown = sorted(set(sites) - set(all_sites))
@@ -143,7 +146,7 @@ def run_leave_one_out(
     for key, workspace in workspaces.items():
         # the full run names no site either, so a job without the argument fails before any training
         job_args = {**overrides, "exclude_sites": [] if key == FULL_RUN else [key]}
-        runs[key] = run_unless_finished(job, workspace, n_clients, job_args, threads)
+        runs[key] = run_unless_finished(job, workspace, n_clients, job_args, threads, verbosity=verbosity)
     full = runs.pop(FULL_RUN)
     loo = {
         "job": str(job),

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fairfl.jobconfig import WAITING_ARGUMENTS, customize_job, is_job_copy, job_arguments
+from fairfl.progress import PROGRESS, QUIET, VERBOSE, finished_rounds, outcome_line, read_results, round_printer
 from fairfl.results import SIMULATOR_RESULTS
 
 SIMULATOR_OUTPUT = "simulator_output.txt"
@@ -80,6 +81,8 @@ def run_simulator(
     keep_workspace: bool = False,
     kill_after_round: int | None = None,
     via: str = RECIPE,
+    on_round=None,
+    echo=None,
 ) -> SimulatorRun:
     """Run job folder `job` with N sites, T at a time, in exactly `workspace` and return what it left: through the
     recipe API (`python -m fairfl.recipe JOB -w PARENT --name FOLDER -n N -t T --force`: SimEnv runs a job in
@@ -88,7 +91,11 @@ def run_simulator(
     The workspace is emptied first unless keep_workspace (e.g. to keep a prepared `local/resources.json`; the
     recipe adds our classes to its allow-list, `nvflare simulator` uses it as it is). kill_after_round: kill the
     whole simulator (server and sites, SIGKILL) as soon as its results file records that round: a server that
-    dies mid-run, for resume drills and tests."""
+    dies mid-run, for resume drills and tests.
+
+    While it runs: on_round(record, results, elapsed seconds) is called once for each round its results file
+    records (fairfl.progress.round_printer prints a line), and the simulator's output, which goes to
+    simulator_output.txt in the workspace, is also copied to `echo` (a text stream such as sys.stdout) when given."""
     if os.path.exists(workspace) and not keep_workspace:
         shutil.rmtree(workspace)
     os.makedirs(workspace, exist_ok=True)
@@ -112,7 +119,9 @@ def run_simulator(
             all_at_once = (
                 [f"site-{i}" for i in range(1, n_clients + 1)] if (threads or n_clients) >= n_clients else None
             )
-            returncode = _wait(proc, workspace, timeout, kill_after_round, all_at_once)
+            watch = Watch(os.path.join(workspace, SIMULATOR_RESULTS), started, on_round, log.name, echo)
+            returncode = _wait(proc, workspace, timeout, kill_after_round, all_at_once, watch)
+            watch.poll(last=True)  # the rounds and output written between the last poll and the end
             if via == RECIPE and returncode == RECIPE_SITE_ERRORS:
                 returncode = 0  # the simulator itself ended well: the error logs and results are judged below
         finally:
@@ -123,22 +132,70 @@ def run_simulator(
     return SimulatorRun(workspace, returncode, time.time() - started, collect_errors(workspace))
 
 
-def _wait(proc, workspace: str, timeout: float | None, kill_after_round: int | None, sites: list | None = None) -> int:
+class Watch:
+    """What run_simulator shows of a running simulator: each round its results file newly records, to on_round, and
+    the simulator's new output (`output`, a file) to `echo`. A results file that cannot be read yet or holds
+    nonsense counts as no rounds (fairfl.progress); a failing on_round is reported once and then left out, never
+    the end of the run."""
+
+    def __init__(self, results_path: str, started: float, on_round=None, output: str | None = None, echo=None):
+        self.results_path, self.started, self.on_round = results_path, started, on_round
+        self.output, self.echo = output, echo
+        self.reported, self.echoed = 0, 0  # rounds passed to on_round; bytes of output copied to echo
+
+    def poll(self, last: bool = False) -> dict:
+        """The results file as it is now ({} if unreadable), after passing on what is new."""
+        results = read_results(self.results_path)
+        rounds = finished_rounds(results)
+        for record in rounds[self.reported :] if self.on_round else []:
+            try:
+                self.on_round(record, results, time.time() - self.started)
+            except Exception as e:
+                print(f"progress display failed ({e!r}); the run goes on without it", file=sys.stderr, flush=True)
+                self.on_round = None
+                break
+        self.reported = max(self.reported, len(rounds))
+        if self.echo and self.output:
+            self._copy_output(last)
+        return results
+
+    def _copy_output(self, last: bool) -> None:
+        try:
+            with open(self.output, "rb") as f:
+                f.seek(self.echoed)
+                new = f.read()
+        except OSError:
+            return
+        end = len(new) if last else new.rfind(b"\n") + 1  # whole lines only: a line may be half written
+        if end:
+            self.echo.write(new[:end].decode("utf-8", errors="replace"))
+            self.echo.flush()
+            self.echoed += end
+
+
+def _wait(
+    proc,
+    workspace: str,
+    timeout: float | None,
+    kill_after_round: int | None,
+    sites: list | None = None,
+    watch: Watch | None = None,
+) -> int:
     """The simulator's exit code; raises subprocess.TimeoutExpired after `timeout` seconds (the finally above kills
     it). With kill_after_round, kills the process group once the results file records that round. With `sites`
     (every site runs at once: -t = -n), kills it when one of them has not started SITE_START_GRACE seconds after
-    the server began its rounds (NEVER_STARTED): the server would wait for it until task_timeout, an hour."""
+    the server began its rounds (NEVER_STARTED): the server would wait for it until task_timeout, an hour.
+    `watch` is polled every half second (progress lines, echoed output)."""
     deadline = time.time() + (timeout or float("inf"))
-    results = os.path.join(workspace, SIMULATOR_RESULTS)
+    watch = watch or Watch(os.path.join(workspace, SIMULATOR_RESULTS), time.time())
     rounds_began = None
     while proc.poll() is None:
         if time.time() > deadline:
             raise subprocess.TimeoutExpired(proc.args, timeout)
-        try:
-            rounds = json.load(open(results))["rounds"]
+        results = watch.poll()
+        if "rounds" in results:
             rounds_began = rounds_began or time.time()
-        except (OSError, ValueError, KeyError):
-            rounds = []
+        rounds = finished_rounds(results)
         if kill_after_round is not None and any(r["round"] >= kill_after_round for r in rounds):
             os.killpg(proc.pid, signal.SIGKILL)
             return proc.wait()
@@ -170,11 +227,27 @@ def collect_errors(workspace: str) -> dict:
     return errors
 
 
+def watch_options(verbosity: int, label: str = "") -> dict:
+    """run_simulator's on_round/echo for a verbosity (fairfl.progress: QUIET, PROGRESS, VERBOSE); `label` starts
+    each progress line."""
+    return {
+        **({"on_round": round_printer(label)} if verbosity >= PROGRESS else {}),
+        **({"echo": sys.stdout} if verbosity >= VERBOSE else {}),
+    }
+
+
 def run_unless_finished(
-    job: str, workspace: Path, n_clients: int, job_args: dict, threads: int | None = None, env: dict | None = None
+    job: str,
+    workspace: Path,
+    n_clients: int,
+    job_args: dict,
+    threads: int | None = None,
+    env: dict | None = None,
+    verbosity: int = QUIET,
 ) -> dict:
     """The results dict of `job` with `job_args` run in the simulator in `workspace` (`env`: the sites' own
-    settings, fairfl.site_settings, e.g. free riders).
+    settings, fairfl.site_settings, e.g. free riders; `verbosity`: a line per round, or the simulator's log too,
+    each progress line starting with the workspace's name).
 
     A workspace that already holds a finished run (results.json with a `final`) is kept, after checking that
     it ran with every argument this run would have: `job_args` and the job's own defaults (a default changed
@@ -199,13 +272,15 @@ def run_unless_finished(
             print(f"  {workspace.name}: finished before, kept", flush=True)
             return results
     job_copy = customize_job(str(job), job_copy, job_args)
-    run = run_simulator(job_copy, str(workspace), n_clients, threads, env=env)
+    watch = watch_options(verbosity, f"  {workspace.name}: ")
+    run = run_simulator(job_copy, str(workspace), n_clients, threads, env=env, **watch)
     for _ in range(PORT_CLASH_RETRIES):  # simulators side by side pick free ports independently: run it again
         if run.ok or not run.port_clash:
             break
         print(f"  {workspace.name}: a port was taken by another process; running it again", flush=True)
-        run = run_simulator(job_copy, str(workspace), n_clients, threads, env=env)
+        run = run_simulator(job_copy, str(workspace), n_clients, threads, env=env, **watch)
     if not run.ok:
         raise RuntimeError(f"{workspace.name} failed:\n{run.describe_failure()}")
-    print(f"  {workspace.name}: {run.seconds:.0f} s", flush=True)
-    return json.loads(results_path.read_text())
+    results = json.loads(results_path.read_text())
+    print(f"  {workspace.name}: {outcome_line(results, run.seconds)}", flush=True)
+    return results

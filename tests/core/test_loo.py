@@ -105,7 +105,7 @@ def fake_simulator(monkeypatch):
     """run_simulator replaced by one that writes the results a run with the job's exclude_sites would have."""
     calls = []
 
-    def run(job, workspace, n_clients, threads=None, env=None):
+    def run(job, workspace, n_clients, threads=None, env=None, on_round=None, echo=None):
         config = json.load(open(os.path.join(job, "app", "config", "config_fed_server.json")))
         args = next(w["args"] for w in config["workflows"] if w["path"].startswith("fairfl."))
         excluded = args["exclude_sites"]
@@ -116,6 +116,8 @@ def fake_simulator(monkeypatch):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             json.dump(data, f)
+        for record in [{"round": r, "seconds": 1.0} for r in range(args["num_rounds"])] if on_round else []:
+            on_round(record, {**data, "rounds": [record]}, 2.0)
         return SimpleNamespace(ok=True, seconds=1.0)
 
     monkeypatch.setattr(simulate, "run_simulator", run)
@@ -165,6 +167,24 @@ def test_command_line(tmp_path, fake_simulator, capsys):
     )
     printed = capsys.readouterr().out
     assert fake_simulator == [[], ["site-1"], ["site-3"]]
+    # a progress line per round of each run, named by its workspace, and each run's outcome
+    for run in ("full", "without-site-1", "without-site-3"):
+        assert f"  {run}: round 2/2 | elapsed 0:02 | left ~0:00 | not evaluated yet\n" in printed
+        assert f"  {run}: finished 0 round(s) in 0:01\n" in printed
+    quiet = [
+        "leave-one-out",
+        job,
+        "-n",
+        "3",
+        "-o",
+        str(tmp_path / "quiet"),
+        "--set",
+        "num_rounds=2",
+        "--sites",
+        "site-1",
+    ]
+    assert cli.main([*quiet, "--quiet"]) == 0
+    assert "round 2/2" not in capsys.readouterr().out
     assert "| marginal value (points) | +7.00 | -1.00 |" in printed and f"--loo {out / 'loo.json'}" in printed
     assert cli.main(["leave-one-out", job, "-n", "3", "-o", str(out), "--set", "num_rounds=3"]) == 1
     assert "other settings (num_rounds)" in capsys.readouterr().err

@@ -41,3 +41,59 @@ def test_a_run_with_a_site_that_never_started_is_killed_and_run_again(tmp_path, 
     (tmp_path / "site-2" / "log.txt").write_text("started\n")
     done = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"], start_new_session=True)
     assert simulate._wait(done, workspace, timeout=30, kill_after_round=None, sites=["site-1", "site-2"]) == 0
+
+
+STAGES = """
+import json, os, sys, time
+path = sys.argv[1]
+def write(text):
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+    time.sleep(0.6)
+print("starting", flush=True)
+write('{"rounds": [{"round": 0, "seco')  # half written (a writer that is not atomic)
+write('{"rounds": "none yet", "config": [1]}')  # the wrong types
+write(json.dumps({"config": {"num_rounds": 3}, "rounds": [{"round": 0, "seconds": 1.0, "mean": float("nan")}]}))
+print("round 0 done", flush=True)
+write("[" * 50000 + "]" * 50000)  # absurd nesting
+write(json.dumps({"config": {"num_rounds": 3}, "rounds": [{"round": 0}, None, {"round": 1, "absent": ["site-2"]}]}))
+sys.stdout.write("no newline yet")
+sys.stdout.flush()
+time.sleep(0.6)
+print(" - the last line", flush=True)
+rounds = [{"round": 0}, {"round": 1}, {"round": 2, "mean": 0.5, "worst": 0.4, "worst_site": "site-1"}]
+with open(path, "w") as f:  # the last round lands as the process exits: only the final poll sees it
+    json.dump({"config": {"num_rounds": 3}, "rounds": rounds}, f)
+"""
+
+
+def test_the_watch_reports_each_round_once_whatever_the_results_file_holds_meanwhile(tmp_path):
+    """A results file polled while it is being written: half-written, of the wrong types, NaN, absurdly nested. The
+    run goes on, each round reaches on_round once and in order (the last one after the process ended), a failing
+    on_round is left out rather than ending the run, and the simulator's output is echoed line by line."""
+    import io
+
+    workspace = fake_workspace(tmp_path, ["site-1"], ["site-1"])
+    results = tmp_path / "server" / "simulate_job" / "results.json"
+    results.unlink()
+    output, echoed, seen = tmp_path / "output.txt", io.StringIO(), []
+    with open(output, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", STAGES, str(results)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        watch = simulate.Watch(
+            str(results), time.time(), lambda r, res, t: seen.append(r["round"]), str(output), echoed
+        )
+        assert simulate._wait(proc, workspace, timeout=60, kill_after_round=None, watch=watch) == 0
+        while_running = echoed.getvalue()
+        assert while_running.endswith("\n") and output.read_text().startswith(while_running)  # whole lines only
+        watch.poll(last=True)
+    assert seen == [0, 1, 2]
+    assert echoed.getvalue() == output.read_text() == "starting\nround 0 done\nno newline yet - the last line\n"
+
+    def broken(record, results, elapsed):
+        raise BrokenPipeError("stdout closed")
+
+    watch = simulate.Watch(str(results), time.time(), broken)
+    assert watch.poll()["rounds"] and watch.on_round is None and watch.reported == 3

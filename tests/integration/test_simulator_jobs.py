@@ -11,6 +11,7 @@ from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
 
 from fairfl.flare.components import ALLOW_LIST
 from fairfl.jobconfig import CLIENT_CONFIG
+from fairfl.progress import outcome_line
 from fairfl.report import free_riders
 from fairfl.simulate import NVFLARE_SIMULATOR, SIMULATOR_OUTPUT, run_simulator
 
@@ -93,6 +94,16 @@ def test_fedavg_trains_and_reports(tiny_fedavg_run):
     tb_events = os.path.join(os.path.dirname(sim.results_path), "tb_events")
     assert sorted(os.listdir(tb_events)) == ["site-1", "site-2", "site-3"]
     assert all(os.listdir(os.path.join(tb_events, site)) for site in os.listdir(tb_events))
+    # while it ran: one progress line per round, in order, each with that round's evaluation; then the outcome
+    assert [line.split(" | ")[0] for line in sim.progress_lines] == ["round 1/2", "round 2/2"]
+    for line, record in zip(sim.progress_lines, results["rounds"]):
+        assert line.endswith(
+            f"dice mean {100 * record['mean']:.1f}%, worst {record['worst_site']} {100 * record['worst']:.1f}%"
+        )
+    final = results["final"]
+    assert outcome_line(results, sim.seconds).endswith(
+        f"dice mean {100 * final['mean']:.1f}%, worst {final['worst_site']} {100 * final['worst']:.1f}%"
+    ) and outcome_line(results, sim.seconds).startswith("finished 2 round(s) in ")
 
 
 def test_fedlwr_layer_weights_with_fewer_threads_than_sites(tmp_path, cache_dir):
