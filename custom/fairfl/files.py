@@ -52,8 +52,14 @@ def save_round_keeping_previous(obj, path: str, previous_path: str, saved_round:
     personal model, a kept optimiser state) so that a round repeated after a restart can start from the same
     state as its first try."""
     if saved_round is not None and saved_round < round_num:
+        # the new version whole on disk first, then two renames: a process killed in between leaves at least the
+        # previous round's version, never neither (a repeated round only needs that one)
+        staged = f"{path}.next"
+        save_atomic(obj, staged)
         os.replace(path, previous_path)
-    save_atomic(obj, path)
+        os.replace(staged, path)
+    else:
+        save_atomic(obj, path)
 
 
 def json_safe(value):

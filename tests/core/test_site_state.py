@@ -86,3 +86,25 @@ def test_a_train_task_of_round_r_works_from_the_local_model_before_r_and_later_t
     assert same(own(1, trains=True), states[0])  # round 1 repeated after a restart: from round 0's model
     assert same(own(1, trains=False), states[1]) and same(own(2, trains=True), states[1])
     assert own(0, trains=True) is None  # the first round: nothing of its own yet
+
+
+def test_a_process_killed_while_saving_a_new_round_leaves_the_round_before(tmp_path, monkeypatch):
+    """The new version is written whole first, then the current file becomes the previous and the new one the
+    current: dying between the two renames leaves the round before, which is what a repeated round reads."""
+    import fairfl.files as files
+
+    for round_num in (0, 1):
+        keep_version({"round": round_num, "value": round_num}, str(tmp_path), FILES, versions(tmp_path))
+    assert not list(tmp_path.glob("*.next*"))  # nothing staged is left behind
+    real_replace, current = files.os.replace, str(tmp_path / FILES[0])
+
+    def dies_putting_the_new_version_in_place(src, dst):
+        if str(dst) == current:
+            raise KeyboardInterrupt("killed")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", dies_putting_the_new_version_in_place)
+    with pytest.raises(KeyboardInterrupt):
+        keep_version({"round": 2, "value": 2}, str(tmp_path), FILES, versions(tmp_path))
+    monkeypatch.undo()
+    assert newest_before(versions(tmp_path), 2)["value"] == 1  # the repeated round 2 starts where its first try did

@@ -748,6 +748,11 @@ def test_a_site_then_the_server_killed_mid_run_come_back_and_the_named_run_resum
     restarted server; the admin submits the named run again, and it resumes after round 0 with site-2 back."""
     _, reference = federation.reference(tmp_path)
     job = exported(tmp_path, "trial", server={"run_name": "trial"})
+    # site-2 must be killed while round 1 still waits for it: NVFlare's default 2 s between a site's answer and its
+    # next request leaves that window (the jobs' 0.2 s can let a tiny round 1 end first); it changes no number
+    server_config = os.path.join(job, "app", "config", "config_fed_server.json")
+    config = json.load(open(server_config))
+    json.dump({**config, "server": {"task_request_interval": 2.0}}, open(server_config, "w"))
     first = admin.submit(federation.admin_kit, job, PROJECT_ADMIN)
     checkpoint = os.path.join(federation.kit("localhost"), "fairfl_runs", "trial", "checkpoint.pt")
     deadline = time.time() + JOB_TIMEOUT

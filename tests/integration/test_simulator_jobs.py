@@ -447,9 +447,12 @@ def test_a_named_run_killed_mid_run_resumes_and_matches_one_that_never_stopped(t
     killed = run(job, str(tmp_path / "ws"), env=env, kill_after_round=1)  # the server dies after round 2 of 4
     assert killed.returncode != 0 and json.load(open(killed.results_path))["final"] is None
     assert os.path.exists(tmp_path / "state" / "server" / "trial" / "checkpoint.pt")
-    assert os.path.exists(tmp_path / "state" / "site-1" / "trial" / "local_model.pt")  # FedCE's previous model
+    site_state = tmp_path / "state" / "site-1" / "trial"  # FedCE's previous model: the current or the previous file
+    assert any(os.path.exists(site_state / name) for name in ("local_model.pt", "local_model_previous.pt"))
     resumed = load_results(run(job, str(tmp_path / "ws"), env=env))
-    assert resumed["resumed"] in (1, 2)  # the checkpoint of round 1, or of round 0 if killed before writing it
+    # the checkpoint of round 1, of round 0 if killed before writing it, or of round 2 if round 2 (about a second
+    # of a tiny job on a busy machine) ended before the kill landed: any of them must resume to the same result
+    assert resumed["resumed"] in (1, 2, 3)
     assert [r["round"] for r in resumed["rounds"]] == [0, 1, 2, 3]
     for ours, theirs in zip(resumed["rounds"][2:], reference["rounds"][2:]):
         assert ours["weights"] == pytest.approx(theirs["weights"], abs=1e-9)
