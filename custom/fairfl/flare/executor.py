@@ -15,6 +15,7 @@ with `nvflare simulator -t` smaller than `-n`, or after a restart, the process i
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 
@@ -327,7 +328,10 @@ class FairflExecutor(Executor):
             base_loss=lambda: self._loss(meta),
             class_counts=lambda: self._class_counts(meta),
             train_settings=lambda: self._train_settings(meta),
-            own_model=lambda: self._own_model(site, meta, state_dir, round_num if trains else round_num + 1),
+            # read once per task: FedCE's probe, the start model and the parts a site keeps all ask for it
+            own_model=functools.cache(
+                lambda: self._own_model(site, meta, state_dir, round_num if trains else round_num + 1)
+            ),
             log_error=self.logger.error,
         )
 
