@@ -61,6 +61,12 @@ def existing_folder(text: str) -> str:
     return text
 
 
+def existing_file(text: str) -> str:
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    return os.path.abspath(text)
+
+
 def job_folder(text: str) -> str:
     from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG
 
@@ -368,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
             "convert-isic",
             "fairfl.data.convert_isic:convert_isic",
             "the ISIC 2019 training release (images + ground-truth CSV) to per-site datalists",
-            ("sites",),
+            ("sites", "flamby_split"),
         ),
         (
             "convert-rsna-ich",
@@ -389,6 +395,12 @@ def build_parser() -> argparse.ArgumentParser:
                 "--sites",
                 choices=["dirichlet", "source"],
                 help="dirichlet (default; FedISM+) or one site per source hospital (FedNPR, FLamby)",
+            )
+            p.add_argument(
+                "--flamby-split",
+                type=existing_file,
+                help="FLamby's Fed-ISIC2019 train_test_split file (with --sites source): its centres are the sites "
+                "and its test fold the test sets (default: SRC/train_test_split if there)",
             )
         if "include_none" in extra:
             p.add_argument(

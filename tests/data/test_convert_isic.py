@@ -27,6 +27,11 @@ def lesion(k: int) -> str:
     return f"{SOURCES[k % 4].split('_')[0][:4]}_{(k // 2 if k < 20 else k):07d}"
 
 
+def source_of(k: int) -> str:
+    """Image k's source: lesions pair images k, k+1 (k even) below 20, and a pair's sources agree."""
+    return SOURCES[(k - k % 2) % 4] if k < 20 else SOURCES[k % 4]
+
+
 def write_source(src, metadata: bool = True, fl_metadata: bool = True, size=(24, 20)):
     images = src / "ISIC_2019_Training_Input"
     images.mkdir(parents=True)
@@ -37,18 +42,17 @@ def write_source(src, metadata: bool = True, fl_metadata: bool = True, size=(24,
         Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(images / f"{image_id(k)}.jpg")
         rows.append(image_id(k) + "," + ",".join("1.0" if c == label else "0.0" for c in range(len(COLUMNS))))
     (src / "ISIC_2019_Training_GroundTruth.csv").write_text("\n".join(rows) + "\n")
-    # lesions pair images k, k+1 (k even) below 20; their sources must agree, so use the pair's source
-    source_of = [SOURCES[(k - k % 2) % 4] if k < 20 else SOURCES[k % 4] for k in range(len(LABELS))]
+    sources = [source_of(k) for k in range(len(LABELS))]
     if metadata:
         lines = ["image,age_approx,anatom_site_general,lesion_id,sex"]
         lines += [
-            f"{image_id(k)},50,back,{source_of[k].split('_')[0][:4]}_{(k // 2 if k < 20 else k):07d},male"
+            f"{image_id(k)},50,back,{sources[k].split('_')[0][:4]}_{(k // 2 if k < 20 else k):07d},male"
             for k in range(len(LABELS))
         ]
         (src / "ISIC_2019_Training_Metadata.csv").write_text("\n".join(lines) + "\n")
     if fl_metadata:
         lines = ["image,age_approx,anatom_site_general,sex,dataset"]
-        lines += [f"{image_id(k)},50,back,male,{source_of[k] if k != 59 else ''}" for k in range(len(LABELS))]
+        lines += [f"{image_id(k)},50,back,male,{sources[k] if k != 59 else ''}" for k in range(len(LABELS))]
         (src / "ISIC_2019_Training_Metadata_FL.csv").write_text("\n".join(lines) + "\n")
     return src
 
@@ -116,6 +120,127 @@ def test_source_sites_with_flare_names_and_their_own_test_sets(source, tmp_path)
     assert all(tests) and not set.intersection(*tests[:2])
     held = sum(len(entries_by_image(dst, f"site-{k}")[s]) for k in range(1, 5) for s in SPLITS)
     assert held == len(LABELS) - 2
+
+
+# FLamby's centre of each of our sources (its README's order: BCN, HAM_vidir_molemax, HAM_vidir_modern, ...)
+FLAMBY_CENTER = {"BCN_nan": 0, "HAM_vidir_modern": 2, "HAM_rosendahl": 3, "MSK4nan": 4}
+FLAMBY_HEADER = "image," + ",".join(COLUMNS) + ",target,center,fold,fold2"
+
+
+def flamby_fold(k: int) -> str:
+    """Every third lesion pair (or image, from 20 on) in the test fold: each centre gets test images."""
+    return "test" if (k // 2 if k < 20 else k) % 3 == 0 else "train"
+
+
+def write_flamby_split(path, leave_out=(58,)):
+    """FLamby's train_test_split for images 0-59 (60 is UNK) but `leave_out`, in its column layout."""
+    rows = [FLAMBY_HEADER]
+    for k, label in enumerate(LABELS[:60]):
+        if k not in leave_out:
+            one_hot = ",".join("1.0" if c == label else "0.0" for c in range(len(COLUMNS)))
+            center = FLAMBY_CENTER[source_of(k)]
+            rows.append(f"{image_id(k)},{one_hot},{label},{center},{flamby_fold(k)},{flamby_fold(k)}_{center}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_flamby_split_gives_its_centres_as_sites_and_its_test_fold_as_test_sets(source, tmp_path):
+    write_flamby_split(source / "train_test_split")  # found in SRC under FLamby's file name
+    dst = tmp_path / "dst"
+    summary = convert_isic(source, dst, sites="source", site_names="flare", seed=4)
+    assert json.loads((dst / "sites.json").read_text()) == {
+        "site-1": "center0_BCN",
+        "site-2": "center2_HAM_vidir_modern",
+        "site-3": "center3_HAM_rosendahl",
+        "site-4": "center4_MSK",
+    }
+    assert summary["split"].startswith("FLamby's Fed-ISIC2019 split") and "train_test_split" in summary["split"]
+    assert summary["excluded"]["not in FLamby's split"] == 1  # image 58; 59 (no dataset) is in FLamby's split
+    description = json.loads((dst / "dataset.json").read_text())
+    assert description["split_used"] == summary["split"] and description["split"]["test_fraction"] is None
+    fixed = description["fixed_split"]
+    assert fixed["name"] == "FLamby Fed-ISIC2019 train_test_split" and fixed["file"].endswith("train_test_split")
+    assert fixed["centers"] == {
+        "center0_BCN": 0,
+        "center2_HAM_vidir_modern": 2,
+        "center3_HAM_rosendahl": 3,
+        "center4_MSK": 4,
+    }
+    for site, src_name in json.loads((dst / "sites.json").read_text()).items():
+        center = int(src_name[len("center")])
+        mine = [k for k in range(60) if k != 58 and FLAMBY_CENTER[source_of(k)] == center]
+        lists = entries_by_image(dst, site)
+        assert set(lists["testing"]) == {image_id(k) for k in mine if flamby_fold(k) == "test"}
+        assert set(lists["training"]) | set(lists["validation"]) == {
+            image_id(k) for k in mine if flamby_fold(k) == "train"
+        }
+        assert lists["validation"] and not set(lists["training"]) & set(lists["validation"])
+        for k in range(0, 20, 2):  # a lesion's two images stay in one of training and validation
+            assert (image_id(k) in lists["training"]) == (image_id(k + 1) in lists["training"])
+        load_datalist(dst, site, task="classification", num_classes=8)
+    again = convert_isic(source, tmp_path / "again", sites="source", site_names="flare", seed=4)
+    assert again["sites"] == summary["sites"]  # the validation draw is seeded
+
+
+def test_without_flamby_split_the_source_sites_say_the_split_is_fairfls(source, tmp_path):
+    summary = convert_isic(source, tmp_path / "dst", sites="source")
+    assert "not FLamby's" in summary["split"] and "--flamby-split" in summary["split"]
+    assert "fixed_split" not in json.loads((tmp_path / "dst" / "dataset.json").read_text())
+    with pytest.raises(ValueError, match="sites='source'"):
+        convert_isic(source, tmp_path / "d2", flamby_split=write_flamby_split(tmp_path / "split.csv"))
+
+
+SPLIT = "train_test_split"
+
+
+def edit_split(src, old, new):
+    path = write_flamby_split(src / SPLIT)
+    path.write_text(path.read_text().replace(old, new))
+
+
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (lambda src: edit_split(src, "ISIC_0000007,", "ISIC_9999999,"), "line 9 (ISIC_9999999): no such image"),
+        (lambda src: edit_split(src, "ISIC_0000007,", "ISIC_0000003,"), "line 9 (ISIC_0000003): image listed twice"),
+        (
+            lambda src: edit_split(src, ",train,train_0", ",valid,train_0"),
+            "line 6 (ISIC_0000004): fold 'valid' is not 'train' or 'test'",
+        ),
+        (lambda src: edit_split(src, "1,0,train,train_0", "1,6,train,train_0"), "center '6' is not one of"),
+        (
+            lambda src: edit_split(src, ",1,0,train,train_0", ",0,0,train,train_0"),
+            "line 6 (ISIC_0000004): target 0, but ISIC_2019_Training_GroundTruth.csv says 1 (NV)",
+        ),
+        (lambda src: edit_split(src, ",test,test_4", ",train,train_4"), "centre 4 (MSK) has no image in the test fold"),
+        (lambda src: (src / SPLIT).write_text(FLAMBY_HEADER + "\n"), "no rows"),
+    ],
+)
+def test_each_flamby_split_problem_names_the_file_and_line(source, tmp_path, damage, problem):
+    damage(source)
+    convert = lambda src, dst: convert_isic(src, dst, sites="source")  # noqa: E731
+    assert_refused(convert, source, tmp_path, "-", SPLIT, problem)
+
+
+def test_command_line_flamby_split_is_used_and_said(source, tmp_path, capsys):
+    from fairfl import cli
+
+    split = write_flamby_split(tmp_path / "FLamby_train_test_split.csv", leave_out=())
+    args = ["convert-isic", str(source), str(tmp_path / "out"), "--sites", "source", "--rename-sites"]
+    assert cli.main([*args, "--flamby-split", str(split)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["split"] == f"FLamby's Fed-ISIC2019 split ({split}): its centres as sites, its test fold as testing"
+    assert printed["excluded"]["not in FLamby's split"] == 0 and len(printed["sites"]) == 4
+    with pytest.raises(SystemExit):
+        cli.main([*args[:2], str(tmp_path / "other"), "--flamby-split", str(tmp_path / "nowhere.csv")])
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_a_given_flamby_split_needs_its_columns(source, tmp_path):
+    path = write_flamby_split(tmp_path / "elsewhere.csv")
+    rewrite(path, ",fold,", ",partition,")
+    with pytest.raises(DataError, match="elsewhere.csv: missing column.s. fold"):
+        convert_isic(source, tmp_path / "dst", sites="source", flamby_split=path)
 
 
 def test_lesion_id_prefix_is_the_source_without_fl_metadata(tmp_path):

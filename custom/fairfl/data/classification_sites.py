@@ -32,9 +32,7 @@ and `<root>/<site>.json` datalists ({"image": relative path, "label": class inde
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,7 +43,7 @@ import numpy as np
 from fairfl.classification import class_counts
 from fairfl.data.builtin import extra_test_count
 from fairfl.data.corruption import Corruption
-from fairfl.data.datalist import SPLITS, output_site_names, write_datalist
+from fairfl.data.datalist import SPLITS, check_output_folder, output_site_names, staged_output, write_datalist
 from fairfl.errors import DataError
 
 CORRUPTED_SPLIT = "testing_corrupted"
@@ -180,17 +178,21 @@ def plan_sites(
     validation_fraction: float = 0.15,
     min_per_site: int = 3,
     groups: Sequence[str] | None = None,
+    fixed_test: Sequence[bool] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """Indices of `labels` per site and split: `[{"training", "validation", "testing"}, ...]`.
 
     Sites come from `site_of` (a site index per sample, -1 to leave a sample out) or else from a
     Dirichlet(alpha) split in which the last `num_corrupted` sites draw from their own share of every
     class (see the module docstring). `test_set` "shared": one stratified test set of all samples, the
-    same array in every site's "testing"; "site": each site's own stratified share. Samples of one group
+    same array in every site's "testing"; "site": each site's own stratified share, or with `fixed_test`
+    (True per test sample; needs `site_of`) exactly those samples (a published split). Samples of one group
     (`groups`: a patient, a lesion) stay together in one site and one split; a group counts as its
     most frequent class and as one unit for the fractions and `min_per_site`."""
     if test_set not in TEST_SETS:
         raise ValueError(f"test_set must be one of {TEST_SETS}, got {test_set!r}")
+    if fixed_test is not None and (site_of is None or test_set != "site"):
+        raise ValueError("a fixed test set needs given sites (site_of) and test_set 'site'")
     if not 0 <= num_corrupted < num_sites or not 0 < test_fraction < 1 or not 0 < validation_fraction < 1:
         raise ValueError("need 0 <= num_corrupted < num_sites and fractions in (0, 1)")
     labels = np.asarray(labels)
@@ -207,6 +209,11 @@ def plan_sites(
         unit_site = site_of[[m[0] for m in members]]
         if (site_of != unit_site[unit_of]).any():
             raise ValueError("the samples of one group are at different sites")
+    if fixed_test is not None:
+        fixed_test = np.asarray(fixed_test, bool)
+        unit_test = fixed_test[[m[0] for m in members]]
+        if (fixed_test != unit_test[unit_of]).any():
+            raise ValueError("the samples of one group are both in the fixed test set and out of it")
     units = np.arange(len(unit_labels))
 
     shared_test = np.zeros(0, dtype=int)
@@ -222,7 +229,11 @@ def plan_sites(
     plan = []
     for k, mine in enumerate(site_units):
         test = shared_test
-        if test_set == "site":
+        if fixed_test is not None:
+            test, mine = mine[unit_test[mine]], mine[~unit_test[mine]]
+            if not len(test):
+                raise ValueError(f"site {k + 1} has no sample in the fixed test set")
+        elif test_set == "site":
             if len(mine) < 3:
                 raise ValueError(f"site {k + 1} has {len(mine)} unit(s); a site test set needs 3 at least")
             test = mine[stratified_sample(unit_labels[mine], test_fraction, rng)]
@@ -352,6 +363,7 @@ def convert_pool(
     test_set: str | None = None,
     test_fraction: float = 0.2,
     validation_fraction: float = 0.15,
+    fixed_test: Sequence[bool] | None = None,
     seed: int = 0,
 ) -> dict:
     """The converters' common part: split a labelled pool of image files over sites and write it to `dst`.
@@ -359,15 +371,15 @@ def convert_pool(
     Sites are the distinct `sources` (a source per sample, None to leave it out; sites in sorted order)
     or, without sources, `num_sites` sites of a Dirichlet(alpha) split named site-1 ... site-N; the last
     `round(corrupted_fraction * number of sites)` are corrupted. `test_set` defaults to "site" with
-    sources (each source its own test set) and "shared" without. `image_size` resizes every image to a
-    square PNG (needed for corruption, which is defined at the size the model sees); without it, files
+    sources (each source its own test set) and "shared" without; `fixed_test` (with sources) gives each
+    site's test set as published, True per test sample (`test_fraction` unused). `image_size` resizes every
+    image to a square PNG (needed for corruption, which is defined at the size the model sees); without it, files
     are copied as they are after a full decode. `mode` converts images (PIL mode, e.g. "RGB") when they
     are rewritten. Output: the layout of `write_classification_sites`, `<dst>/dataset.json`
     (`description` plus the split, the quality shift and per-site class counts) and `<dst>/sites.json`
     (output site -> source). Complete or nothing: written to a temporary sibling, renamed into place."""
     src, dst, labels = Path(src), Path(dst), np.asarray(labels)
-    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
-        raise DataError("-", dst, "output folder exists and is not empty: choose a new folder or delete it")
+    check_output_folder(dst)
     if corrupted_fraction and image_size is None:
         raise ValueError("corrupted sites need image_size: the corruption is applied at the size the model sees")
     test_set = test_set or ("site" if sources is not None else "shared")
@@ -397,6 +409,7 @@ def convert_pool(
             test_fraction=test_fraction,
             validation_fraction=validation_fraction,
             groups=groups,
+            fixed_test=fixed_test,
         )
     except ValueError as err:
         raise DataError("-", src, f"cannot split {len(labels)} images over the sites: {err}") from err
@@ -404,9 +417,7 @@ def convert_pool(
     def image_of(i: int) -> np.ndarray | Path:
         return read_for_output(Path(paths[i]), image_size, mode)
 
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
-    try:
+    with staged_output(dst) as staging:
         sites = write_classification_sites(
             staging, plan, ids, labels, image_of, site_list, len(description["classes"]), num_corrupted, quality, seed
         )
@@ -424,7 +435,7 @@ def convert_pool(
                 method="source" if sources is not None else "dirichlet",
                 alpha=None if sources is not None else alpha,
                 test_set=test_set,
-                test_fraction=test_fraction,
+                test_fraction=None if fixed_test is not None else test_fraction,
                 validation_fraction=validation_fraction,
                 grouping="by group (no group in two sites or splits)" if groups is not None else "by image",
             ),
@@ -433,11 +444,6 @@ def convert_pool(
         )
         (staging / "dataset.json").write_text(json.dumps(description, indent=1) + "\n")
         (staging / "sites.json").write_text(json.dumps(dict(zip(site_list, origin)), indent=1) + "\n")
-        if dst.exists():
-            dst.rmdir()  # checked empty above
-        os.rename(staging, dst)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return {"sites": sites, "excluded": description.get("excluded", {})}
 
 

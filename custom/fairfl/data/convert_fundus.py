@@ -25,16 +25,22 @@ re-encoded as RGB PNG), `<dst>/<site>/labels/<id>.png`, `<dst>/<site>.json` data
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from fairfl.data.datalist import PIL_SUFFIXES, SPLITS, output_site_names, split_cases, write_datalist
+from fairfl.data.datalist import (
+    PIL_SUFFIXES,
+    SPLITS,
+    check_output_folder,
+    output_site_names,
+    split_cases,
+    staged_output,
+    write_datalist,
+)
 from fairfl.data.synthetic_fundus import LABELS, REGIONS
 from fairfl.errors import DataError
 
@@ -75,16 +81,13 @@ def convert_fundus(
         raise ValueError(f"split must be {len(SPLITS)} non-negative fractions (training, validation > 0), got {split}")
     if not src.is_dir():
         raise DataError("-", src, "source folder not found")
-    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
-        raise DataError("-", dst, "output folder exists and is not empty: choose a new folder or delete it")
+    check_output_folder(dst)
     layouts = {p.name: layout for p in sorted(src.iterdir()) if p.is_dir() and (layout := _site_layout(p))}
     if not layouts:
         raise DataError("-", src, "no site folders with image/ and mask/ folders found (see convert_fundus's layouts)")
     names = output_site_names(list(layouts), site_names)
 
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
-    try:
+    with staged_output(dst) as staging:
         summary = {
             names[source]: _convert_site(src / source, names[source], layout, staging, split, seed)
             for source, layout in layouts.items()
@@ -110,11 +113,6 @@ def convert_fundus(
         )
         (staging / "dataset.json").write_text(json.dumps(description, indent=1) + "\n")
         (staging / "sites.json").write_text(json.dumps({s: i["source"] for s, i in summary.items()}, indent=1) + "\n")
-        if dst.exists():
-            dst.rmdir()  # checked empty above
-        os.rename(staging, dst)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return {"sites": summary}
 
 

@@ -11,7 +11,11 @@ shows (a truncated file, NaN pixels) when the loader first reads the file (fairf
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -314,3 +318,28 @@ def output_site_names(sources: Sequence[str], site_names: None | str | Mapping[s
     if len(set(names.values())) != len(names):
         raise ValueError(f"site names must be unique, got {names}")
     return names
+
+
+def check_output_folder(dst: str | Path) -> None:
+    """A DataError unless `dst` is free for a converter's output (missing or an empty folder): converters never
+    write over data. Called first, so that the check does not wait for the source's."""
+    dst = Path(dst)
+    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
+        raise DataError("-", dst, "output folder exists and is not empty: choose a new folder or delete it")
+
+
+@contextmanager
+def staged_output(dst: str | Path) -> Iterator[Path]:
+    """A temporary sibling of `dst` for a converter to write into, renamed to `dst` when the block ends without an
+    error and removed otherwise: the output appears complete or not at all. `dst` must not exist or be empty."""
+    dst = Path(dst)
+    check_output_folder(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
+    try:
+        yield staging
+        if dst.exists():
+            dst.rmdir()  # checked empty above
+        os.rename(staging, dst)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
