@@ -347,18 +347,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_prepare_data)
 
-    for name, target, what, src_help in (
+    for name, target, what, src_help, extra in (
         (
             "convert-prostate",
             "fairfl.data.convert_prostate:convert_prostate",
-            "the multi-site prostate MRI layout to 2-D datalists",
-            "folder with <site>/Image/<case>.nii.gz and <site>/Mask/<case>.nii.gz",
+            "the multi-site prostate MRI layout (or NVFlare's prostate example's datalists) to 2-D datalists",
+            "folder with <site>/Image/<case>.nii.gz and <site>/Mask/<case>.nii.gz (with --nvflare-datalists: the "
+            "folder their paths are relative to, NVFlare's dataset_2D/ or dataset/)",
+            ("nvflare_datalists",),
         ),
         (
             "convert-fundus",
             "fairfl.data.convert_fundus:convert_fundus",
             "the multi-site retinal fundus layout (optic disc and cup) to datalists",
             "folder of the multi-site fundus data, one folder per site",
+            (),
         ),
     ):
         p = sub.add_parser(name, help=f"convert {what}")
@@ -366,7 +369,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("dst", help="output data root (<site>.json datalists); must not exist or be empty")
         p.add_argument("--seed", type=at_least(0), default=0)
         p.add_argument("--rename-sites", action="store_true", help="name sites site-1..site-N (FLARE client names)")
-        p.set_defaults(func=_converter(target), command=name)
+        if "nvflare_datalists" in extra:
+            p.add_argument(
+                "--nvflare-datalists",
+                type=existing_folder,
+                help="folder of NVFlare's prostate example datalists (client_<site>.json: its datalist_2D/ or "
+                "datalist/); their sites and split are kept",
+            )
+        p.set_defaults(func=_converter(target, extra), command=name)
 
     # classification: Dirichlet sites with a quality shift (FedISM+) or, for ISIC, one site per source (FedNPR)
     for name, target, what, extra in (

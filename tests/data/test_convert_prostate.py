@@ -138,3 +138,182 @@ def test_too_few_cases_and_empty_mask(tmp_path):
     with pytest.raises(DataError) as info:
         convert_prostate(src, tmp_path / "dst")
     assert "BMC" in str(info.value) and "Case01.nii.gz" in str(info.value)
+
+
+# NVFlare's prostate example (research/prostate/data_preparation): dataset[_2D]/<site>/Image|Mask/..., and
+# datalist[_2D]/client_<site>.json with paths relative to the dataset folder, client_All.json every client merged.
+NVFLARE_SPLIT = {"training": [0, 1], "validation": [2], "testing": [3]}
+
+
+def write_nvflare_3d(root, sites=("I2CVB", "MSD")):
+    """NVFlare's 3-D layout: NIfTI volumes (masks 0/1) and one datalist per client, split by case."""
+    write_source(root / "dataset", sites={s: ("", 1, ".nii.gz") for s in sites})
+    merged = {split: [] for split in NVFLARE_SPLIT}
+    for site in sites:
+        datalist = {
+            split: [
+                {"image": f"{site}/Image/Case{c:02d}.nii.gz", "label": f"{site}/Mask/Case{c:02d}.nii.gz"} for c in cases
+            ]
+            for split, cases in NVFLARE_SPLIT.items()
+        }
+        write_json(root / "datalist" / f"client_{site}.json", datalist)
+        for split in merged:
+            merged[split] += datalist[split]
+    write_json(root / "datalist" / "client_All.json", merged)
+    return root / "dataset", root / "datalist"
+
+
+def write_json(path, value):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, indent=4))
+
+
+def test_nvflare_3d_datalists_keep_their_sites_and_split(tmp_path):
+    src, lists = write_nvflare_3d(tmp_path / "nvflare")
+    dst = tmp_path / "dst"
+    summary = convert_prostate(src, dst, nvflare_datalists=lists)
+    assert set(summary["sites"]) == {"I2CVB", "MSD"}  # client_All.json (every client merged) is no site
+    assert summary["split"] == f"NVFlare's prostate datalists ({lists}), kept as they are"
+    assert json.loads((dst / "dataset.json").read_text())["split_used"] == summary["split"]
+    assert json.loads((dst / "sites.json").read_text()) == {"I2CVB": "client_I2CVB.json", "MSD": "client_MSD.json"}
+    for site in ("I2CVB", "MSD"):
+        datalist = load_datalist(dst, site)  # 2-D slices inside the data root, binary masks
+        for split, cases in NVFLARE_SPLIT.items():
+            assert {e["case"] for e in datalist[split]} == {f"Case{c:02d}" for c in cases}
+            assert summary["sites"][site]["slices"][split] == len(datalist[split])
+            organ = [organ_range(c) for c in cases]
+            assert len(datalist[split]) == sum(min(r.stop + 2, SHAPE[2]) - max(r.start - 2, 0) for r in organ)
+
+
+def test_nvflare_2d_png_datalists_from_the_command_line(tmp_path, capsys):
+    """NVFlare's 2-D example: PNG slices <site>/Image/<case>/<k>.png with 0/255 PNG masks, datalist_2D/."""
+    from PIL import Image
+
+    from fairfl import cli
+
+    src, lists = tmp_path / "dataset_2D", tmp_path / "datalist_2D"
+    rng = np.random.default_rng(1)
+    datalist = {split: [] for split in SPLITS}
+    for split, cases in NVFLARE_SPLIT.items():
+        for case in cases:
+            for k in (4, 5):
+                mask = np.zeros((12, 10), np.uint8)
+                mask[3:8, 2 : 4 + case] = 255
+                for folder, array in (("Image", rng.integers(0, 255, (12, 10), dtype=np.uint8)), ("Mask", mask)):
+                    (src / "BIDMC" / folder / f"Case{case:02d}").mkdir(parents=True, exist_ok=True)
+                    Image.fromarray(array).save(src / "BIDMC" / folder / f"Case{case:02d}" / f"{k}.png")
+                paths = {
+                    key: f"BIDMC/{folder}/Case{case:02d}/{k}.png"
+                    for key, folder in (("image", "Image"), ("label", "Mask"))
+                }
+                datalist[split].append(paths)
+    write_json(lists / "client_BIDMC.json", datalist)
+    dst = tmp_path / "dst"
+    assert cli.main(["convert-prostate", str(src), str(dst), "--nvflare-datalists", str(lists), "--rename-sites"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["split"].startswith("NVFlare's prostate datalists") and list(printed["sites"]) == ["site-1"]
+    converted = load_datalist(dst, "site-1")
+    assert [len(converted[s]) for s in SPLITS] == [4, 2, 2]
+    first = converted["training"][0]
+    assert first["case"] == "Case00" and first["image"].endswith("site-1/images/Case00_4.png")
+    assert open(first["image"], "rb").read() == (src / "BIDMC/Image/Case00/4.png").read_bytes()  # copied as is
+    assert np.array_equal(
+        np.asarray(Image.open(first["label"])), np.asarray(Image.open(src / "BIDMC/Mask/Case00/4.png")) // 255
+    )
+    batch = next(iter(make_loader(converted["training"], 16, 2, 4, train=True, seed=0)))
+    assert batch["image"].shape == (4, 1, 16, 16) and set(batch["label"].unique().tolist()) == {0, 1}
+
+
+def edit_datalist(lists, site, change):
+    path = lists / f"client_{site}.json"
+    datalist = json.loads(path.read_text())
+    change(datalist)
+    write_json(path, datalist)
+
+
+def entry(split, index, key, value):
+    def change(datalist):
+        datalist[split][index][key] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "damage, site, file, problem",
+    [
+        (
+            lambda src, lists: (
+                nib.save(nib.Nifti1Image(np.zeros(SHAPE, np.int16), AFFINE), src.parent / "outside.nii.gz"),
+                edit_datalist(lists, "MSD", entry("training", 0, "image", "../outside.nii.gz")),
+            ),
+            "MSD",
+            "outside.nii.gz",
+            "leads outside the data root",
+        ),
+        (
+            lambda src, lists: (  # absolute: fine inside the data root, refused outside it
+                edit_datalist(lists, "MSD", entry("training", 0, "image", str(src / "MSD/Image/Case00.nii.gz"))),
+                edit_datalist(lists, "MSD", entry("testing", 0, "label", str(src.parent / "Case03.nii.gz"))),
+                (src / "MSD/Mask/Case03.nii.gz").rename(src.parent / "Case03.nii.gz"),
+            ),
+            "MSD",
+            "Case03.nii.gz",
+            "give as SRC the folder its paths are relative to",
+        ),
+        (
+            lambda src, lists: (src / "I2CVB/Image/Case02.nii.gz").unlink(),
+            "I2CVB",
+            "Case02.nii.gz",
+            "image file not found (entry validation[0] of client_I2CVB.json)",
+        ),
+        (
+            lambda src, lists: edit_datalist(lists, "MSD", lambda d: d.update(testing=[])),
+            "MSD",
+            "client_MSD.json",
+            "split 'testing' is missing or empty",
+        ),
+        (
+            lambda src, lists: [p.unlink() for p in lists.glob("client_[IM]*.json")],
+            "-",
+            "datalist",
+            "no client_<site>.json datalists",
+        ),
+        (lambda src, lists: (lists / "client_MSD.json").write_text("{"), "MSD", "client_MSD.json", "not valid JSON"),
+        (
+            lambda src, lists: edit_datalist(lists, "MSD", lambda d: d["testing"].append(d["training"][0])),
+            "MSD",
+            "Case00.nii.gz",
+            "listed twice: client_MSD.json training[0] and client_MSD.json testing[1]",
+        ),
+        (
+            lambda src, lists: edit_datalist(
+                lists, "I2CVB", lambda d: d["training"].append("I2CVB/Image/Case00.nii.gz")
+            ),
+            "I2CVB",
+            "client_I2CVB.json",
+            "entry training[2] must be an object",
+        ),
+        (
+            lambda src, lists: (lists / "client_MSD.json").rename(lists / "client_M SD.json"),
+            "M SD",
+            "client_M SD.json",
+            "not a safe name",
+        ),
+        (
+            lambda src, lists: nib.save(
+                nib.Nifti1Image(np.zeros(SHAPE, np.uint8), AFFINE), src / "MSD/Mask/Case03.nii.gz"
+            ),
+            "MSD",
+            "Case03.nii.gz",
+            "mask is empty",
+        ),
+    ],
+)
+def test_each_nvflare_problem_names_site_and_file_and_writes_nothing(tmp_path, damage, site, file, problem):
+    src, lists = write_nvflare_3d(tmp_path / "nvflare")
+    damage(src, lists)
+    with pytest.raises(DataError) as info:
+        convert_prostate(src, tmp_path / "dst", nvflare_datalists=lists)
+    for part in (f"[{site}]", file, problem):
+        assert part in str(info.value), (part, str(info.value))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nvflare"]  # no output, no temporary folder

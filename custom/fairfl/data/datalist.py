@@ -107,7 +107,7 @@ def _checked_entry(
 ) -> dict:
     if not isinstance(entry, dict) or "image" not in entry or "label" not in entry:
         raise DataError(site, datalist_path, f"entry {where} must be an object with 'image' and 'label'")
-    image = _existing_file(entry["image"], root, site, datalist_path, where, "image", allow_absolute_paths)
+    image = entry_file(entry["image"], root, site, datalist_path, where, "image", allow_absolute_paths)
     image_shape = spatial_shape(image, site, IMAGE_MODES)
     checked = dict(entry, image=str(image))
     label = entry["label"]
@@ -121,7 +121,7 @@ def _checked_entry(
                 f"is not an integer in [0, {num_classes - 1}]",
             )
         return checked
-    mask = _existing_file(label, root, site, datalist_path, where, "label", allow_absolute_paths)
+    mask = entry_file(label, root, site, datalist_path, where, "label", allow_absolute_paths)
     mask_shape = spatial_shape(mask, site, MASK_MODES)
     if image_shape != mask_shape:
         raise DataError(site, mask, f"mask shape {mask_shape} does not match image {image.name} shape {image_shape}")
@@ -130,9 +130,19 @@ def _checked_entry(
     return checked
 
 
-def _existing_file(
-    value, root: Path, site: str, datalist_path: Path, where: str, kind: str, allow_absolute_paths: bool
+def entry_file(
+    value,
+    root: Path,
+    site: str,
+    datalist_path: Path,
+    where: str,
+    kind: str,
+    allow_absolute_paths: bool,
+    remedy: str = f"the site allows that only with {ALLOW_ABSOLUTE_PATHS_ENV}=1 in its environment",
 ) -> Path:
+    """The file a datalist entry's `kind` ("image", "label") names, resolved: a DataError naming the site and the
+    file unless it is a path to an existing file inside `root` (anywhere with `allow_absolute_paths`); `remedy`
+    ends the message for a path leading outside."""
     if not isinstance(value, str) or not value or "\0" in value:
         raise DataError(site, datalist_path, f"entry {where}: {kind} must be a file path, got {value!r}")
     path = Path(value).expanduser()
@@ -142,8 +152,7 @@ def _existing_file(
             site,
             path,
             f"{kind} path {value!r} (entry {where} of {datalist_path.name}) leads outside the "
-            f"data root {root} (absolute, '../' or a link out of it); the site allows that "
-            f"only with {ALLOW_ABSOLUTE_PATHS_ENV}=1 in its environment",
+            f"data root {root} (absolute, '../' or a link out of it); {remedy}",
         )
     if not path.is_file():
         raise DataError(site, path, f"{kind} file not found (entry {where} of {datalist_path.name})")
