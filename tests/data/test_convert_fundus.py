@@ -80,6 +80,14 @@ def test_both_layouts_given_test_sets_and_seeded_splits(source, tmp_path):
     description = json.loads((dst / "dataset.json").read_text())
     assert description["labels"] == {"0": "background", "1": "optic disc rim", "2": "optic cup"}
     assert description["regions"] == {"disc": [1, 2], "cup": [2]}
+    assert (
+        summary["split"]
+        == description["split_used"]
+        == (
+            "testing: the release's test/ folder at Domain1, Domain2; "
+            "the rest: fairfl's seeded split by image (0.5/0.25/0.25, seed 0)"
+        )
+    )
 
     # Given test sets are kept; the training folder is split into training and validation.
     assert sites["Domain1"]["test_set"] == "given"

@@ -74,6 +74,7 @@ def test_dirichlet_sites_shared_test_set_labels_and_lesions(source, tmp_path):
     summary = convert_isic(source, dst, num_sites=4)
     sites = [f"site-{k}" for k in range(1, 5)]
     assert list(summary["sites"]) == sites and summary["excluded"]["UNK label"] == 1
+    assert summary["split"] == "Dirichlet sites, fairfl's seeded split (seed 0)"
     description = json.loads((dst / "dataset.json").read_text())
     assert description["classes"] == list(SKIN_CLASSES) and description["num_classes"] == 8
     assert description["in_channels"] == 3 and description["split"]["method"] == "dirichlet"

@@ -65,6 +65,7 @@ def test_single_subtype_slices_split_by_patient(source, tmp_path):
     description = json.loads((dst / "dataset.json").read_text())
     assert description["classes"] == list(SUBTYPES) and description["num_classes"] == 5
     assert description["in_channels"] == 1 and description["split"]["grouping"].startswith("by group")
+    assert summary["split"] == description["split_used"] == "Dirichlet sites, fairfl's seeded split (seed 0)"
     where = {}
     for site in ("site-1", "site-2", "site-3"):
         for split, entries in load_datalist(dst, site, task="classification", num_classes=5).items():

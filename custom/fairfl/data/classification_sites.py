@@ -376,8 +376,9 @@ def convert_pool(
     image to a square PNG (needed for corruption, which is defined at the size the model sees); without it, files
     are copied as they are after a full decode. `mode` converts images (PIL mode, e.g. "RGB") when they
     are rewritten. Output: the layout of `write_classification_sites`, `<dst>/dataset.json`
-    (`description` plus the split, the quality shift and per-site class counts) and `<dst>/sites.json`
-    (output site -> source). Complete or nothing: written to a temporary sibling, renamed into place."""
+    (`description` plus the split, `split_used` in words unless `description` has it, the quality shift and
+    per-site class counts) and `<dst>/sites.json` (output site -> source). Complete or nothing: written to a
+    temporary sibling, renamed into place. Returns `{"sites", "excluded", "split": split_used}`."""
     src, dst, labels = Path(src), Path(dst), np.asarray(labels)
     check_output_folder(dst)
     if corrupted_fraction and image_size is None:
@@ -426,6 +427,8 @@ def convert_pool(
             sites[site] = dict(source=source, **sites[site])
         description = dict(
             description,
+            split_used=description.get("split_used")
+            or f"{'source' if sources is not None else 'Dirichlet'} sites, fairfl's seeded split (seed {seed})",
             source=str(src.resolve()),
             task="classification",
             num_classes=len(description["classes"]),
@@ -444,7 +447,7 @@ def convert_pool(
         )
         (staging / "dataset.json").write_text(json.dumps(description, indent=1) + "\n")
         (staging / "sites.json").write_text(json.dumps(dict(zip(site_list, origin)), indent=1) + "\n")
-    return {"sites": sites, "excluded": description.get("excluded", {})}
+    return {"sites": sites, "excluded": description.get("excluded", {}), "split": description["split_used"]}
 
 
 def read_for_output(path: Path, image_size: int | None, mode: str | None) -> np.ndarray | Path:

@@ -71,7 +71,7 @@ def convert_fundus(
             training images into training and validation in the ratio of the first two fractions.
 
     Returns:
-        `{"sites": {name: {"source", "test_set": "given" | "split", "images": {split: [ids]}}}}`.
+        `{"sites": {name: {"source", "test_set": "given" | "split", "images": {split: [ids]}}}, "split": in words}`.
 
     Raises:
         DataError naming the site and the file for every problem found (nothing is written then).
@@ -92,6 +92,7 @@ def convert_fundus(
             names[source]: _convert_site(src / source, names[source], layout, staging, split, seed)
             for source, layout in layouts.items()
         }
+        used = _split_used(summary, split, seed)
         description = dict(
             name="multi-site retinal fundus, optic disc and cup",
             converter="fairfl.data.convert_fundus",
@@ -103,6 +104,7 @@ def convert_fundus(
                 "nearest level (colour: channel mean) -> 0, 1, 2"
             ),
             split=list(split),
+            split_used=used,
             seed=seed,
             sites={
                 site: dict(
@@ -113,7 +115,13 @@ def convert_fundus(
         )
         (staging / "dataset.json").write_text(json.dumps(description, indent=1) + "\n")
         (staging / "sites.json").write_text(json.dumps({s: i["source"] for s, i in summary.items()}, indent=1) + "\n")
-    return {"sites": summary}
+    return {"sites": summary, "split": used}
+
+
+def _split_used(summary: dict, split: Sequence[float], seed: int) -> str:
+    own = f"fairfl's seeded split by image ({'/'.join(f'{f:g}' for f in split)}, seed {seed})"
+    given = [site for site, info in summary.items() if info["test_set"] == "given"]
+    return f"testing: the release's test/ folder at {', '.join(given)}; the rest: {own}" if given else own
 
 
 def mask_classes(mask: np.ndarray) -> tuple[np.ndarray, float]:

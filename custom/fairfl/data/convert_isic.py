@@ -122,7 +122,7 @@ def convert_isic(
 
     ids = sorted(labels)
     lesion = {i: metadata.get(i, {}).get("lesion_id") or None for i in ids}
-    sources, test, fixed, split_used = None, None, None, f"Dirichlet sites, fairfl's seeded split (seed {seed})"
+    sources, test, fixed, split_used = None, None, None, None  # None: convert_pool's words for its own split
     flamby = _flamby_split(src, flamby_split, labels) if sites == "source" else None
     if flamby is not None:
         path, assigned = flamby
@@ -164,7 +164,7 @@ def convert_isic(
         excluded=excluded,
     )
     description.update(split_used=split_used, **({"fixed_split": fixed} if fixed else {}))
-    summary = convert_pool(
+    return convert_pool(
         src,
         Path(dst),
         ids,
@@ -179,7 +179,6 @@ def convert_isic(
         seed=seed,
         **options,
     )
-    return {**summary, "split": split_used}
 
 
 def _ground_truth(path: Path) -> tuple[dict[str, int], set[str]]:

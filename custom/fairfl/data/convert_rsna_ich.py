@@ -68,7 +68,7 @@ def convert_rsna_ich(
             test_set "shared" by default, test_fraction, validation_fraction).
 
     Returns:
-        `{"sites": {...}, "excluded": {reason: count}}`.
+        `{"sites": {...}, "excluded": {reason: count}, "split": the split used, in words}`.
 
     Raises:
         DataError naming the site (or "-") and the file for every problem found (nothing is written then).
