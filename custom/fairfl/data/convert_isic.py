@@ -236,8 +236,9 @@ def _flamby_site(center: int) -> str:
 
 
 def _flamby_split(src: Path, given, labels: Mapping[str, int]) -> tuple[Path, dict[str, tuple[int, str]]] | None:
-    """FLamby's split as `(file, {image: (centre, fold)})`, from `given` or the first file in `src` that has its
-    columns; None if there is none. Every row is checked (DataError naming the file and the line)."""
+    """FLamby's split as `(file, {image: (centre, fold)})` from `given` (relative to `src` or absolute), else
+    `src/train_test_split[.csv]`, else a metadata CSV with its columns; None without any. Every row is checked
+    (DataError naming the file and the line)."""
     given = given or next((name for name in FLAMBY_SPLIT_FILES if (src / name).is_file()), None)
     if given is not None:
         path = src / given
