@@ -573,3 +573,45 @@ def test_train_diagnostics_are_medians_over_sites_rounds_and_runs():
     ]
     assert train_diagnostics(runs) == {"npr_grad_ratio": 2.0}
     assert train_diagnostics([{"rounds": [{"train": {"site-1": {"train_loss": 0.3}}}]}]) == {}
+
+
+def test_cost_benchmark_counts_only_training_rounds_and_pairs_each_method_with_its_own_fedavg_runs():
+    """benchmarks/cost.py: round 0 (the sites start) and evaluated rounds are not a round's cost; a site's own
+    method work is its probe, prototype and personal-training seconds; a method's ratio pairs its runs with the
+    FedAvg runs of the same repeat, never with another method's."""
+    import sys
+
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    try:
+        from cost import round_costs, summarize
+    finally:
+        sys.path.pop(0)
+
+    def record(r, seconds, per_site=None, stopped=None):
+        train = {"site-1": {"train_seconds": 1.0, "probe_seconds": 0.5}, "site-2": {"train_seconds": 2.0}}
+        phases = {"train_task": seconds - 0.5, "server_step": 0.5}
+        return {
+            "round": r,
+            "seconds": seconds,
+            "train": train,
+            "phases": phases,
+            "per_site": per_site,
+            "stopped": stopped,
+        }
+
+    results = {"rounds": [record(0, 30.0), record(1, 3.0), record(2, 5.0), record(3, 4.0, stopped="x")]}
+    results["rounds"].append(record(4, 99.0, per_site={"site-1": {"dice": 0.5}}))
+    costs = round_costs(results)
+    assert costs["rounds"] == 2 and costs["round"] == pytest.approx(4.0) and costs["train_task"] == pytest.approx(3.5)
+    assert costs["slowest_site_training"] == 2.0 and costs["all_sites_training"] == 3.0
+    assert costs["all_sites_method_work"] == 0.5
+    assert round_costs({"rounds": [record(0, 1.0), {"round": 1, "seconds": 2.0}]})["train_task"] is None  # old file
+
+    def run(seconds, dataset="prostate"):
+        return {"round": seconds, **{k: 0.0 for k in costs if k not in ("rounds", "round")}, "dataset": dataset}
+
+    runs = {"fedavg@fedprox#0": run(2.0), "fedprox@fedprox#0": run(2.2), "fedavg@fedprox#1": run(4.0)}
+    runs.update({"fedprox@fedprox#1": run(4.8), "fedavg@ditto#0": run(1.0), "ditto@ditto#0": run(3.0)})
+    summary, text = summarize(runs, {"prostate": {"round": 1.0}})
+    assert summary["methods"]["fedprox"]["ratios"] == [1.1, 1.2] and summary["methods"]["ditto"]["ratio"] == 3.0
+    assert "| fedprox | 3.50 | 3.00 | 1.15 [1.1, 1.2] | 1.1 |" in text

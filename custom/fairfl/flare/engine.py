@@ -273,6 +273,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
         for round_num in range(first_round, self.num_rounds):
             started, self.absent, self.failed = time.time(), [], {}
             updates, rejected, train_metrics = self._train_round(round_num, global_state)
+            phases = {"train_task": time.time() - started}  # where the round's time goes (cost benchmark)
             if self.abort_signal.triggered:
                 self._stop(f"aborted in round {round_num}")
                 return
@@ -295,11 +296,12 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 )
                 self.system_panic(reason, self.fl_ctx)
                 return
-            extras = {}
+            extras, step_started = {}, time.time()
             if updates or self.start_from == protocol.FROM_LOCAL:
                 global_state, extras = self.aggregate_round(round_num, global_state, updates, rejected)
             else:
                 self.error(f"round {round_num}: no acceptable site result; the global model is kept unchanged")
+            phases["server_step"] = time.time() - step_started  # aggregation, with any task of the method's own
             last = round_num == self.num_rounds - 1
             per_site = None
             if (
@@ -307,7 +309,9 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 or round_num >= self.num_rounds - self.average_last
                 or (self.eval_every > 0 and (round_num + 1) % self.eval_every == 0)
             ):
+                evaluation_started = time.time()
                 per_site = self._evaluate(round_num, global_state, rejected)
+                phases["evaluation"] = time.time() - evaluation_started
             self._log_tensorboard(round_num, per_site, train_metrics)
             record = self.results.add_round(
                 round_num,
@@ -317,6 +321,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 rejected=rejected or None,
                 absent=list(self.absent) or None,
                 failed=dict(self.failed) or None,
+                phases={name: round(seconds, 3) for name, seconds in phases.items()},
                 **extras,
             )
             if per_site:
