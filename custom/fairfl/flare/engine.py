@@ -33,7 +33,7 @@ from fairfl.jobconfig import component_arguments
 from fairfl.models import initial_state, state_to_numpy, state_to_torch
 from fairfl.names import safe_name
 from fairfl.presets import apply_preset, fill_task_defaults
-from fairfl.results import RESULTS_FILE, ResultsLog, site_key
+from fairfl.results import GLOBAL_PREFIX, RESULTS_FILE, ResultsLog, site_key
 from fairfl.site_checks import (
     MAX_SAMPLES,
     check_site_state,
@@ -119,8 +119,10 @@ class FairRoundController(Checkpointing, TaskFanOut):
             model_norm: the network's normalisation, "batch", "group" (classification networks) or "instance"; null
                 = the network's default (unet: instance, without affine parameters; cnn: group; resnet18: batch).
             weighting: "samples" (FedAvg of McMahan et al., by training-set size) or "uniform" (1/K).
-            exclude_sites: sites that never train nor enter aggregation but are still evaluated
-                (leave-one-out runs: `fairfl leave-one-out`).
+            exclude_sites: sites held out of the federation: they never train nor enter aggregation but are scored
+                with the global model as it is (never a model of their own), a new hospital joining later. Every
+                evaluated record summarises them (`held_out`) apart from the federation's sites (`federation`);
+                leave-one-out runs (`fairfl leave-one-out`) hold out one site each. Not with Solo (no global model).
             preset: named settings bundle (fairfl.presets); FAIRFL_PRESET overrides it.
             task_check_period: how often the controller checks for answers, in seconds.
             straggler_timeout: once `min_clients` sites have answered a task, wait at most this many more seconds
@@ -191,6 +193,10 @@ class FairRoundController(Checkpointing, TaskFanOut):
         fill_task_defaults(self, self.task)
         self.weighting, self.preset = weighting, preset
         self.exclude_sites = sorted(exclude_sites or [])
+        if self.exclude_sites and self.start_from == protocol.FROM_LOCAL:
+            raise ValueError(
+                f"exclude_sites {self.exclude_sites}: {self.method} has no global model to score held-out sites with"
+            )
         if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1:
             raise ValueError(f"max_samples must be a positive integer, got {max_samples!r}")
         max_share = self.default_max_share if max_share is None else max_share
@@ -229,6 +235,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 seed=self.seed,
                 sites=getattr(self, "sites", []),
                 config=self.config(),
+                held_out=self.exclude_sites,
             )
         if round_num is None:
             self.results.data["stopped"] = reason
@@ -256,6 +263,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
             seed=self.seed,
             sites=sites,
             config=self.config(),
+            held_out=self.exclude_sites,
         )
         self.writers = {}
         self.tb_dir = os.path.join(run_dir, "tb_events")
@@ -429,7 +437,21 @@ class FairRoundController(Checkpointing, TaskFanOut):
         rejected[site] = f"{rejected[site]}; {problem}" if site in rejected else problem
         self.error(f"round {round_num}: rejected the {what} of {site}: {problem}")
 
+    @property
+    def scores_global(self) -> bool:
+        """Whether the federation's sites are scored with a model of their own rather than the global model (Ditto's
+        personal model; FedNPR-Per's head, FedBN's normalisation layers: `local_keys`): then each also scores the
+        global model it receives, as it is, in the same task (its metrics prefixed GLOBAL_PREFIX)."""
+        return self.start_from == protocol.FROM_GLOBAL and (
+            self.evaluate == protocol.FROM_PERSONAL or bool(self.local_keys())
+        )
+
     def _evaluate(self, round_num, global_state, rejected) -> dict:
+        meta = {**self.task_meta, protocol.EVALUATE: self.evaluate}
+        if self.scores_global:
+            meta[protocol.SCORE_GLOBAL] = True
+        if self.exclude_sites:
+            meta[protocol.HELD_OUT] = list(self.exclude_sites)
         results = self._ask_models(
             round_num,
             protocol.TASK_VALIDATE,
@@ -438,7 +460,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 params=global_state if self.evaluate != protocol.FROM_LOCAL else {},
                 current_round=round_num,
                 total_rounds=self.num_rounds,
-                meta={**self.task_meta, protocol.EVALUATE: self.evaluate},
+                meta=meta,
             ),
             self.sites,
             global_state,
@@ -447,7 +469,13 @@ class FairRoundController(Checkpointing, TaskFanOut):
         for result in results:  # every evaluation metric is a score in [0, 1]
             site = result.meta.get("client_name", "?")
             metrics = {} if result.metrics is None else result.metrics
-            problem = metrics_problem(metrics, 0.0, 1.0) or (None if self.metric in metrics else f"no {self.metric}")
+            problem = metrics_problem(metrics, 0.0, 1.0)
+            if not problem:  # the global model's scores only where asked for; then the main one must be there
+                asked = self.scores_global and site not in self.exclude_sites
+                metrics = {k: v for k, v in metrics.items() if asked or not k.startswith(GLOBAL_PREFIX)}
+                required = [self.metric, GLOBAL_PREFIX + self.metric] if asked else [self.metric]
+                missing = [m for m in required if m not in metrics]
+                problem = f"no {missing[0]}" if missing else None
             if problem:
                 self.reject(round_num, site, f"evaluation: {problem}", rejected, "evaluation")
                 continue
