@@ -17,12 +17,15 @@ from fairfl.aggregation import cap_shares, robust_average, weighted_average
 from fairfl.files import json_safe, save_atomic, write_atomic, write_json_atomic
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
+from fairfl.methods.ditto.controller import DittoController
+from fairfl.methods.fedbn.controller import FedBNController
 from fairfl.methods.fedce.controller import FedCEController
 from fairfl.methods.fedism.controller import FedISMController
 from fairfl.methods.fedlwr.controller import FedLWRController
 from fairfl.methods.qfedavg.controller import QFedAvgController
 from fairfl.methods.qfedavg.qffl import qffl_coefficients
 from fairfl.methods.rewards.controller import CFFLController, CGSVController
+from fairfl.methods.solo.controller import SoloController
 from fairfl.models import initial_state, state_to_torch
 from fairfl.results import ResultsLog
 from fairfl.site_checks import metrics_problem, norm_outliers, number_problem, samples_problem, tensor_state
@@ -196,6 +199,50 @@ def test_a_hostile_evaluation_is_left_out_and_recorded(case, metrics):
     per_site = controller._evaluate(0, state0, rejected)
     assert set(per_site) == {"site-1", "site-2", "site-3"}
     assert rejected["site-4"].startswith("NaN in w; evaluation: ")  # both reasons kept
+
+
+GLOBAL_CASES = [
+    ("NaN global metric", {"dice": 0.5, "global_dice": float("nan")}, "no valid metric global_dice (nan)"),
+    ("global metric above 1", {"dice": 0.5, "global_dice": 1.5}, "no valid metric global_dice (1.5)"),
+    ("string global metric", {"dice": 0.5, "global_dice": "0.9"}, "no valid metric global_dice ('0.9')"),
+    (
+        "other global metric out of range",
+        {"dice": 0.5, "global_dice": 0.4, "global_dice_se": -1},
+        "no valid metric global_dice_se (-1)",
+    ),
+    ("no global metric", {"dice": 0.5, "global_dice_se": 0.1}, "no global_dice"),
+]
+
+
+@pytest.mark.parametrize("case, metrics, problem", GLOBAL_CASES, ids=[c[0] for c in GLOBAL_CASES])
+def test_a_personalised_sites_global_model_scores_are_checked_like_its_own(case, metrics, problem):
+    """Ditto asks its federation's sites for the global model's scores too and checks them like the main ones; the
+    held-out site (exclude_sites) is asked for neither and scores the global model alone."""
+    controller = make(DittoController, exclude_sites=["site-4"])
+    state0 = initial_state(controller.model_spec(), 0)
+    answers = [answer(s, {}, metrics={"dice": 0.5, "global_dice": 0.4}) for s in SITES[:3]]
+    answers.append(answer("site-4", {}, metrics={"dice": 0.3}))
+    answers[1].metrics = metrics
+    sent = []
+    controller._ask_models = lambda round_num, task, model, targets, state: sent.append(model.meta) or answers
+    rejected = {}
+    per_site = controller._evaluate(0, state0, rejected)
+    assert sent[0][protocol.SCORE_GLOBAL] is True and sent[0][protocol.HELD_OUT] == ["site-4"]
+    assert set(per_site) == {"site-1", "site-3", "site-4"} and rejected == {"site-2": f"evaluation: {problem}"}
+    assert per_site["site-1"] == {"dice": 0.5, "global_dice": 0.4} and per_site["site-4"] == {"dice": 0.3}
+
+
+def test_global_scores_are_asked_of_personalised_methods_only_and_held_out_sites_need_a_global_model():
+    assert FedBNController(**{**SEG, "model_norm": "batch"}).scores_global and make(DittoController).scores_global
+    controller = make()  # FedAvg scores the global model itself: a site's global_ copy is not recorded
+    answers = [answer(s, {}, metrics={"dice": 0.5, "global_dice": 0.1}) for s in SITES]
+    sent = []
+    controller._ask_models = lambda round_num, task, model, targets, state: sent.append(model.meta) or answers
+    per_site = controller._evaluate(0, initial_state(controller.model_spec(), 0), {})
+    assert protocol.SCORE_GLOBAL not in sent[0] and protocol.HELD_OUT not in sent[0]
+    assert all(m == {"dice": 0.5} for m in per_site.values()) and not make(SoloController).scores_global
+    with pytest.raises(ValueError, match="solo has no global model to score held-out sites with"):
+        SoloController(**SEG, exclude_sites=["site-2"])
 
 
 def reports_round(controller, state0, key, values, round_num=0):

@@ -14,9 +14,9 @@ class DittoController(FairRoundController):
     (not the site's freshly trained copy). Personal models never leave the sites; each site is evaluated with its
     own (`personal_model` 1.0 in its metrics; 0.0 for a site that has not trained yet, scored with the global model)
     and, in the same task, with the global model it received (`global_dice`, ...). A site held out of training
-    (`exclude_sites`) is scored with the global model alone. They live in the site's state dir (protocol.PERSONAL_MODEL_FILE, with the
-    previous round's), so a named run (run_name) resumes with them, a repeated round included. The global_model.pt
-    saved is FedAvg's global model."""
+    (`exclude_sites`) is scored with the global model alone. They live in the site's state dir
+    (protocol.PERSONAL_MODEL_FILE, with the previous round's), so a named run (run_name) resumes with them, a
+    repeated round included. The global_model.pt saved is FedAvg's global model."""
 
     method = "ditto"
     evaluate = protocol.FROM_PERSONAL
