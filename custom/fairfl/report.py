@@ -887,6 +887,49 @@ def plot_layer_weights(run, path) -> Path | None:
     return Path(path)
 
 
+def plot_cross_site(run, path) -> Path | None:
+    """The cross-site evaluation's matrix (`cross_site_eval`) as a heatmap, in %: rows the sites whose model is
+    scored, columns the sites whose test split scores it, the diagonal (each model on its own site) outlined; None
+    without one. A cell that is not a number (a hostile file) is left blank."""
+    from matplotlib.patches import Rectangle
+
+    cross = run.get("cross_site")
+    matrix = cross.get("matrix") if isinstance(cross, dict) else None
+    if not isinstance(matrix, dict) or not matrix or not all(isinstance(row, dict) for row in matrix.values()):
+        return None
+    models = sorted(matrix, key=_site_key)
+    sites = sorted({s for row in matrix.values() for s in row}, key=_site_key)
+    grid = np.array([[100.0 * v if _is_number(v := matrix[m].get(s)) else np.nan for s in sites] for m in models])
+    fig = _figure(figsize=(2.5 + 0.8 * len(sites), 1.5 + 0.5 * len(models)))
+    ax = fig.subplots()
+    image = ax.imshow(grid, cmap="viridis", aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(len(sites)), sites, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(len(models)), models, fontsize=8)
+    ax.set_xlabel("test data of")
+    ax.set_ylabel("model of")
+    if len(models) * len(sites) <= 400:
+        middle = np.nanmean(grid) if np.isfinite(grid).any() else 0.0
+        for (i, j), value in np.ndenumerate(grid):
+            if np.isfinite(value):
+                ax.text(
+                    j,
+                    i,
+                    f"{value:.1f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="black" if value > middle else "white",
+                )
+    for i, model in enumerate(models):
+        if model in sites:
+            j = sites.index(model)
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
+    fig.colorbar(image, ax=ax, label=f"{_label(str(cross.get('metric', run['metric'])))} (%)", shrink=0.8)
+    fig.suptitle(f"{_name(_group(run))}, seed {run['seed']}: cross-site evaluation", fontsize=10)
+    fig.savefig(path, dpi=120)
+    return Path(path)
+
+
 def plot_contributions(group: list[dict], path, title: str) -> Path | None:
     """A method's contribution estimate per site versus round (mean ± sd over seeds); free riders drawn as thick
     black dashed lines; the uniform share 1/K dotted. None if no round records contributions."""
@@ -998,6 +1041,14 @@ def with_final(runs: list, final: str) -> list:
     ]
 
 
+def _run_figure(out: Path, kind: str, run, taken) -> Path:
+    """out/<kind>_<method>_seed<seed>.png, one file per run however many runs share a method and seed (`taken`)."""
+    name = f"{kind}_{run['method']}_seed{run['seed']}"
+    while (out / f"{name}.png") in taken:
+        name += "_"
+    return out / f"{name}.png"
+
+
 def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> dict:
     """Write report.md, results.csv and the figures into out_dir; `loo`: a leave-one-out file (or its folder);
     `final`: which evaluation the tables report (`with_final`).
@@ -1034,11 +1085,12 @@ def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> d
             + (f", mean ± sd over {len(group)} seeds" if len(group) > 1 else "")
         )
     for run in runs:
-        name = f"layer_weights_{run['method']}_seed{run['seed']}"
-        while (out / f"{name}.png") in captions:
-            name += "_"
-        captions[plot_layer_weights(run, out / f"{name}.png")] = (
+        captions[plot_layer_weights(run, _run_figure(out, "layer_weights", run, captions))] = (
             f"{_name(_group(run))} layer weights by site, seed {run['seed']} ({run['file']})"
+        )
+        captions[plot_cross_site(run, _run_figure(out, "cross_site", run, captions))] = (
+            f"{_name(_group(run))}, seed {run['seed']}: cross-site evaluation, each site's own model (rows) scored "
+            f"on every site's test split (columns), in %; outlined: the model's own site ({run['file']})"
         )
     captions.pop(None, None)
     subject = dataset or ", ".join(sorted({r.get("task", "?") for r in runs}))

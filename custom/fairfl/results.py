@@ -86,6 +86,25 @@ class ResultsLog:
         per_site = {site: {name: sum(v) / len(v) for name, v in metrics.items()} for site, metrics in values.items()}
         return {"rounds": [r["round"] for r in records], "asked": count, **self._scored(per_site)}
 
+    def cross_site(self, round_num: int, matrix: dict, **extras) -> dict:
+        """Record the cross-site evaluation after round `round_num`: matrix {model's site: {test site: main metric}};
+        adds each model's score on its own site's test split (`own`, the diagonal) and its mean over the other sites
+        (`on_others`, generalisation); extras (rejected, absent, failed) where not empty."""
+        models = sorted(matrix, key=site_key)
+        others = {m: [v for s, v in matrix[m].items() if s != m] for m in models}
+        self.data["cross_site"] = {
+            "round": round_num,
+            "metric": self.data["metric"],
+            "models": models,
+            "sites": sorted({s for row in matrix.values() for s in row}, key=site_key),
+            "matrix": {m: {s: matrix[m][s] for s in sorted(matrix[m], key=site_key)} for m in models},
+            "own": {m: matrix[m][m] for m in models if m in matrix[m]},
+            "on_others": {m: sum(v) / len(v) for m, v in others.items() if v},
+            **{k: v for k, v in extras.items() if v},
+        }
+        self.write()
+        return self.data["cross_site"]
+
     def _scored(self, per_site: dict) -> dict:
         """The record's per-site metrics and the main metric's fairness summary over every site scored; with held-out
         sites, the summary of the federation's sites (`federation`) and of the held-out ones (`held_out`) apart; with

@@ -674,3 +674,27 @@ def test_report_shows_personal_against_global_and_the_held_out_sites_apart(tmp_p
     table, stats = report.personal_global_table(report.load_runs(bad))
     assert f"`{bad}` has no global-model score for site-2" in table
     assert stats["ditto"]["personal"]["mean"] == (80.0, None) and stats["ditto"]["global"]["site-2"] is None
+
+
+def test_cross_site_matrix_in_results_and_as_a_heatmap_even_from_a_hostile_file(tmp_path):
+    from fairfl.results import ResultsLog
+
+    path = personalised_run(tmp_path / "run" / "results.json", 0, {"site-1": (0.8, 0.7), "site-2": (0.6, 0.5)})
+    log = ResultsLog(str(path), "ditto", "segmentation", "dice", 0, ["site-1", "site-2", "site-10"], {})
+    log.data = json.loads(path.read_text())
+    matrix = {"site-2": {"site-10": 0.2, "site-2": 0.6, "site-1": 0.5}, "site-1": {"site-1": 0.8, "site-2": 0.4}}
+    record = log.cross_site(3, matrix, rejected={}, absent=["site-10"], failed={})
+    data = json.loads(path.read_text())["cross_site"]
+    assert data == record and record["models"] == ["site-1", "site-2"]
+    assert record["sites"] == ["site-1", "site-2", "site-10"] and list(record["matrix"]["site-2"]) == record["sites"]
+    assert record["own"] == {"site-1": 0.8, "site-2": 0.6} and record["absent"] == ["site-10"]
+    assert record["on_others"] == {"site-1": 0.4, "site-2": pytest.approx(0.35)} and "rejected" not in record
+    out = report.make_report(path, tmp_path / "out")
+    assert tmp_path / "out" / "cross_site_ditto_seed0.png" in out["figures"]
+    # a hostile file: cells that are not numbers are blank, a matrix that is not one is no figure; never a crash
+    run = report.load_runs(path)[0]
+    run["cross_site"]["matrix"]["site-1"]["site-2"] = "0.4"
+    run["cross_site"]["matrix"]["site-2"]["site-1"] = None
+    assert report.plot_cross_site(run, tmp_path / "hostile.png") == tmp_path / "hostile.png"
+    for broken in ({"matrix": [1, 2]}, {"matrix": {"site-1": 0.5}}, "matrix", {"matrix": {}}):
+        assert report.plot_cross_site({**run, "cross_site": broken}, tmp_path / "none.png") is None

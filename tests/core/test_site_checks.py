@@ -245,6 +245,41 @@ def test_global_scores_are_asked_of_personalised_methods_only_and_held_out_sites
         SoloController(**SEG, exclude_sites=["site-2"])
 
 
+def test_cross_site_evaluation_screens_the_sites_models_and_their_scores(tmp_path):
+    """Ditto's cross-site evaluation: each federation site's model is screened like a trained one (a NaN or a missing
+    tensor rejects it), each accepted one is sent to every site as it is (held-out site included), and a bad score
+    rejects that one cell; what is left is the matrix. Methods without models of the sites' own refuse it."""
+    controller = make(DittoController, exclude_sites=["site-4"], cross_site_eval=True)
+    controller.trainers = SITES[:3]
+    state0 = initial_state(controller.model_spec(), 0)
+    models = [answer(s, honest_params(state0, i)) for i, s in enumerate(SITES[:3])]
+    next(v for v in models[1].params.values() if v.dtype.kind == "f").flat[0] = np.nan
+    models[2].params.popitem()
+    asked = []
+    controller._ask_models = lambda round_num, task, model, targets, state: asked.append(model.meta) or models
+
+    def ask(round_num, task, model, targets):
+        asked.append(model.meta)
+        scores = [answer(s, {}, metrics={"dice": 0.1 * (i + 1)}) for i, s in enumerate(targets)]
+        scores[1].metrics = {"dice": 2.0}
+        return scores
+
+    controller.ask = ask
+    record = controller._cross_site(2, state0)
+    assert asked[0][protocol.SUBMIT_MODEL] is True and len(asked) == 2  # one model accepted, sent once
+    assert asked[1][protocol.HELD_OUT] == SITES  # every site scores it as it is
+    assert record["matrix"] == {"site-1": {"site-1": 0.1, "site-3": 0.30000000000000004, "site-4": 0.4}}
+    assert "NaN" in record["rejected"]["site-2"] and "cross-site model" in record["rejected"]["site-2"]
+    assert "missing keys" in record["rejected"]["site-3"]
+    assert record["rejected"]["site-2"].endswith("scoring site-1's model: no valid metric dice (2.0)")
+    refused = make(cross_site_eval=True)
+    refused.sample_clients = lambda: list(SITES)
+    with pytest.raises(ValueError, match="cross_site_eval: fedavg scores every site with the one global model"):
+        refused._run_rounds()
+    with pytest.raises(ValueError, match="cross_site_eval must be true or false"):
+        make(cross_site_eval="yes")
+
+
 def reports_round(controller, state0, key, values, round_num=0):
     answers = honest_answers(state0)
     for a, value in zip(answers, values):

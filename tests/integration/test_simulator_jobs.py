@@ -134,10 +134,16 @@ def test_solo_evaluates_own_models_on_a_data_root(tmp_path, cache_dir):
         check=True,
         capture_output=True,
     )
-    sim = run(make_job("solo", str(tmp_path / "job")), str(tmp_path / "ws"), env={"FAIRFL_DATA_ROOT": str(data_root)})
+    job = make_job("solo", str(tmp_path / "job"), {"cross_site_eval": True})
+    sim = run(job, str(tmp_path / "ws"), env={"FAIRFL_DATA_ROOT": str(data_root)})
     results = load_results(sim)
     check_common(results, "solo")
     assert "weights" not in results["rounds"][-1]
+    # cross-site evaluation: every site's own model scored on every site's test split; the diagonal is the final score
+    cross, sites = results["cross_site"], results["sites"]
+    assert cross["models"] == cross["sites"] == sites and cross["round"] == 1 and "rejected" not in cross
+    assert all(0.0 <= cross["matrix"][m][s] <= 1.0 for m in sites for s in sites)
+    assert cross["own"] == pytest.approx({s: results["final"]["per_site"][s]["dice"] for s in sites}, abs=1e-6)
 
 
 @pytest.mark.parametrize("mode, other", [("nan", "string_metric"), ("shape", "huge_update")])
@@ -532,7 +538,9 @@ def test_ditto_scores_sites_with_personal_and_global_models_and_a_held_out_site_
     from fairfl.models import state_to_numpy
 
     state_root = tmp_path / "state"
-    job = make_job("ditto", str(tmp_path / "job"), {"run_name": "trial", "exclude_sites": ["site-3"]})
+    job = make_job(
+        "ditto", str(tmp_path / "job"), {"run_name": "trial", "exclude_sites": ["site-3"], "cross_site_eval": True}
+    )
     sim = run(job, str(tmp_path / "ws"), env={"FAIRFL_STATE_ROOT": str(state_root)})
     results = load_results(sim)
     check_common(results, "ditto", held_out=["site-3"])
@@ -548,6 +556,10 @@ def test_ditto_scores_sites_with_personal_and_global_models_and_a_held_out_site_
         assert record["global_model"]["mean"] == pytest.approx(
             sum(record["per_site"][s]["global_dice"] for s in sites) / 2
         )
+    # cross-site evaluation: the federation's personal models on every site's test split, the held-out one included
+    cross = results["cross_site"]
+    assert cross["models"] == sites and cross["sites"] == results["sites"] and "rejected" not in cross
+    assert cross["own"] == pytest.approx({s: results["final"]["per_site"][s]["dice"] for s in sites}, abs=1e-6)
     # Re-score each site in-process with its personal model (from the named run's state, where a resumed run finds
     # it) and with the final global model: the reported Dice is the personal model's, and it is not the global's.
     global_state = state_to_numpy(torch.load(os.path.join(os.path.dirname(sim.results_path), "global_model.pt")))

@@ -210,7 +210,9 @@ class FairflExecutor(Executor):
 
         A site the server holds out of training (meta HELD_OUT) scores the model sent as it is. With meta SCORE_GLOBAL,
         a site scored with a model of its own (Ditto's personal model, its own head or normalisation layers) also
-        scores the model sent as it is, in the same task: those metrics prefixed GLOBAL_PREFIX (global_dice, ...)."""
+        scores the model sent as it is, in the same task: those metrics prefixed GLOBAL_PREFIX (global_dice, ...).
+        With meta SUBMIT_MODEL (the server's cross-site evaluation) the site returns the model it would score, as
+        its params, unscored."""
         meta, ctx, steps = task.meta, self._context(site, task, state_dir, trains=False), TaskSteps(task.meta)
         held_out = site in meta.get(protocol.HELD_OUT, [])
         if held_out:
@@ -218,6 +220,8 @@ class FairflExecutor(Executor):
         else:
             model = steps.evaluated_model(ctx)  # a model of the site's own (Ditto's personal one), or None
             model = self._model_for(ctx, steps, protocol.EVALUATE) if model is None else model
+        if meta.get(protocol.SUBMIT_MODEL):
+            return FLModel(params_type=ParamsType.FULL, params=state_to_numpy(model.state_dict()), metrics={})
         loader = self._loader(site, meta, "testing", train=False, seed=self.seed)
         metrics = self._test_scores(site, model, loader, meta)
         if meta.get(protocol.SCORE_GLOBAL) and not held_out:

@@ -206,6 +206,10 @@ def test_evaluation_uses_the_personal_model_and_the_sent_one_before_there_is_one
     held_out = {protocol.SCORE_GLOBAL: True, protocol.HELD_OUT: ["site-2"]}
     alone = executor._validate("site-2", with_meta(task, held_out), str(tmp_path)).metrics
     assert alone["dice"] == pytest.approx(on_global, abs=1e-9) and not {"personal_model", "global_dice"} & set(alone)
+    # cross-site evaluation: the site hands over the model it is scored with, its personal one, unscored
+    submitted = executor._validate("site-2", with_meta(task, {protocol.SUBMIT_MODEL: True}), str(tmp_path))
+    assert not submitted.metrics and set(submitted.params) == set(personal_state(tmp_path))
+    assert all(np.array_equal(submitted.params[k], v.numpy()) for k, v in personal_state(tmp_path).items())
     for bad in ("site-2", [3]):  # the server's list is checked: a bad one is bad task data naming the field
         with pytest.raises(DataError, match="held_out is not a list of site names"):
             executor._check_task("site-2", {**task.meta, protocol.HELD_OUT: bad})
