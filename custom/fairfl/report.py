@@ -26,7 +26,7 @@ import numpy as np
 from fairfl.fairness import contribution_agreement, normalise_abs, performance_fairness, summarize
 from fairfl.loo import load_loo, marginal_table
 from fairfl.methods import display_name
-from fairfl.results import RESULTS_FILE, SCHEMA_VERSION, SIMULATOR_RESULTS
+from fairfl.results import GLOBAL_PREFIX, RESULTS_FILE, SCHEMA_VERSION, SIMULATOR_RESULTS
 
 METHOD_ORDER = ("solo", "fedavg")  # then the others alphabetically
 METRIC_LABEL = {
@@ -320,12 +320,7 @@ def spread_table(runs, metric=None) -> tuple[str, dict]:
         return "", {}
     stats = {}
     for key, group in groups.items():
-        summaries = []
-        for run in group:
-            try:
-                summaries.append(summarize(_scores(run["final"], metric)))
-            except ValueError as e:  # a hostile or broken file: name it
-                raise ValueError(f"{run['file']}: {e}") from e
+        summaries = [_summarized(run, _scores(run["final"], metric)) for run in group]
         stats[key] = {
             k: None if any(s[k] is None for s in summaries) else _mean_sd(s[k] for s in summaries)
             for _, k, _, _ in SPREAD_COLUMNS
@@ -344,6 +339,111 @@ def spread_table(runs, metric=None) -> tuple[str, dict]:
         for key, v in stats.items()
     )
     return "\n".join(_markdown(["Method", *(h for h, _, _, _ in SPREAD_COLUMNS), "seeds"], rows)), stats
+
+
+def _summarized(run, scores: dict) -> dict:
+    """`fairness.summarize` of a run's per-site scores; a value it refuses (not a finite number) names the file."""
+    try:
+        return summarize(scores)
+    except ValueError as e:  # a hostile or broken file: name it
+        raise ValueError(f"{run['file']}: {e}") from e
+
+
+# ---------------------------------------------------------------- the global model and held-out sites
+
+SUMMARY_COLUMNS = (("Avg.", "mean"), ("Std.", "std"), ("Worst", "worst"))
+
+
+def _summary_stats(group, per_run) -> dict:
+    """{"mean"|"std"|"worst": (mean, sd over seeds) or None} of each run's `summarize` of its {site: %} in `per_run`
+    (runs with no site left out)."""
+    summaries = [_summarized(run, scores) for run, scores in zip(group, per_run) if scores]
+    return {k: _mean_sd(s[k] for s in summaries) for _, k in SUMMARY_COLUMNS}
+
+
+def _federation_scores(run, metric) -> dict:
+    """{site: final metric in %} of the sites that trained (not held out)."""
+    return {s: v for s, v in _scores(run["final"], metric).items() if s not in _left_out(run)}
+
+
+def personal_global_table(runs, metric=None) -> tuple[str, dict]:
+    """Personalised methods (final `global_<metric>` scores): each federation site's final metric (%) with the model
+    it is scored with (its personal model, or the global model with its own head or normalisation layers) and with
+    the global model as it is, and Avg., Std. and Worst over the sites that have both, mean ± sd over seeds.
+    ("", {}) when no run has global-model scores. Returns (markdown, {group: {"personal"|"global": {site|"mean"|
+    "std"|"worst": (mean, sd) or None}}})."""
+    metric = _metric(runs, metric)
+    global_metric = GLOBAL_PREFIX + metric
+    groups = {
+        key: group
+        for key, group in _by_method(_finished(runs, metric)).items()
+        if any(_federation_scores(r, global_metric) for r in group)
+    }
+    if not groups:
+        return "", {}
+    sites = sorted({s for g in groups.values() for r in g for s in _federation_scores(r, metric)}, key=_site_key)
+    stats, rows, notes = {}, [], []
+    for key, group in groups.items():
+        scores = {
+            model: [_federation_scores(r, m) for r in group]
+            for model, m in (("personal", metric), ("global", global_metric))
+        }
+        both = [set(p) & set(g) for p, g in zip(scores["personal"], scores["global"])]
+        for run, own, shared in zip(group, scores["personal"], both):
+            if set(own) - shared:
+                missing = ", ".join(sorted(set(own) - shared, key=_site_key))
+                notes.append(f"Note: `{run['file']}` has no global-model score for {missing}: left out of its Avg.")
+        for model in ("personal", "global"):
+            cells = {site: _mean_sd(p[site] for p in scores[model] if site in p) for site in sites}
+            cells.update(_summary_stats(group, [{s: p[s] for s in b} for p, b in zip(scores[model], both)]))
+            stats.setdefault(key, {})[model] = cells
+            rows.append([_name(key), f"{model} model", *(_cell(cells[c]) for c in [*sites, "mean", "std", "worst"])])
+    header = ["Method", "Scored with", *sites, *(h for h, _ in SUMMARY_COLUMNS)]
+    return "\n".join(_markdown(header, rows) + ([""] + notes if notes else [])), stats
+
+
+PERSONAL_GLOBAL_TEXT = (
+    "Personalised methods score each site with a model of its own (Ditto: its personal model; FedNPR-Per, FedBN: the "
+    "global model with the site's own classifier head or normalisation layers) and, in the same evaluation, with the "
+    "global model as the server holds it (`global_model.pt`; for FedNPR-Per and FedBN with the head or normalisation "
+    "layers it started with, never trained: what a site gets that has not trained its own). Final {label} (%) per "
+    "site of the federation; Avg., Std. (population) and Worst over the sites scored with both; mean ± sd over seeds."
+)
+
+
+def held_out_table(runs, metric=None) -> tuple[str, dict]:
+    """Runs with sites held out of training (`exclude_sites`, scored with the global model): Avg., Std. and Worst of
+    the final metric (%) over the federation's sites and over the held-out ones, mean ± sd over seeds. ("", {})
+    without such a run. Returns (markdown, {group: {"held_out": [sites], "federation"|"held_out_scores": {"mean"|
+    "std"|"worst": (mean, sd) or None}}})."""
+    metric = _metric(runs, metric)
+    groups = {k: g for k, g in _by_method(_finished(runs, metric)).items() if _left_out(g[0])}
+    if not groups:
+        return "", {}
+    stats, rows = {}, []
+    for key, group in groups.items():
+        held_out = _left_out(group[0])  # a group's runs hold out the same sites (`_variant`)
+        federation = _summary_stats(group, [_federation_scores(r, metric) for r in group])
+        scores = [{s: v for s, v in _scores(r["final"], metric).items() if s in held_out} for r in group]
+        outside = _summary_stats(group, scores)
+        stats[key] = {"held_out": held_out, "federation": federation, "held_out_scores": outside}
+        rows.append(
+            [
+                _name(key),
+                ", ".join(held_out),
+                *(_cell(part[k]) for part in (federation, outside) for _, k in SUMMARY_COLUMNS),
+            ]
+        )
+    header = ["Method", "Held out", *(f"{who} {h}" for who in ("Federation", "Held-out") for h, _ in SUMMARY_COLUMNS)]
+    return "\n".join(_markdown(header, rows)), stats
+
+
+HELD_OUT_TEXT = (
+    "Sites held out of training (server argument `exclude_sites`): they never train nor enter aggregation and are "
+    "scored with the final global model as it is, as a hospital joining later would receive it. Final {label} (%): "
+    "Avg., Std. (population) and Worst over the federation's sites and over the held-out sites apart, mean ± sd over "
+    "seeds; –: no held-out site scored."
+)
 
 
 # ---------------------------------------------------------------- FedCE paper: fairness and contribution tables
@@ -787,6 +887,49 @@ def plot_layer_weights(run, path) -> Path | None:
     return Path(path)
 
 
+def plot_cross_site(run, path) -> Path | None:
+    """The cross-site evaluation's matrix (`cross_site_eval`) as a heatmap, in %: rows the sites whose model is
+    scored, columns the sites whose test split scores it, the diagonal (each model on its own site) outlined; None
+    without one. A cell that is not a number (a hostile file) is left blank."""
+    from matplotlib.patches import Rectangle
+
+    cross = run.get("cross_site")
+    matrix = cross.get("matrix") if isinstance(cross, dict) else None
+    if not isinstance(matrix, dict) or not matrix or not all(isinstance(row, dict) for row in matrix.values()):
+        return None
+    models = sorted(matrix, key=_site_key)
+    sites = sorted({s for row in matrix.values() for s in row}, key=_site_key)
+    grid = np.array([[100.0 * v if _is_number(v := matrix[m].get(s)) else np.nan for s in sites] for m in models])
+    fig = _figure(figsize=(2.5 + 0.8 * len(sites), 1.5 + 0.5 * len(models)))
+    ax = fig.subplots()
+    image = ax.imshow(grid, cmap="viridis", aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(len(sites)), sites, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(len(models)), models, fontsize=8)
+    ax.set_xlabel("test data of")
+    ax.set_ylabel("model of")
+    if len(models) * len(sites) <= 400:
+        middle = np.nanmean(grid) if np.isfinite(grid).any() else 0.0
+        for (i, j), value in np.ndenumerate(grid):
+            if np.isfinite(value):
+                ax.text(
+                    j,
+                    i,
+                    f"{value:.1f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="black" if value > middle else "white",
+                )
+    for i, model in enumerate(models):
+        if model in sites:
+            j = sites.index(model)
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
+    fig.colorbar(image, ax=ax, label=f"{_label(str(cross.get('metric', run['metric'])))} (%)", shrink=0.8)
+    fig.suptitle(f"{_name(_group(run))}, seed {run['seed']}: cross-site evaluation", fontsize=10)
+    fig.savefig(path, dpi=120)
+    return Path(path)
+
+
 def plot_contributions(group: list[dict], path, title: str) -> Path | None:
     """A method's contribution estimate per site versus round (mean ± sd over seeds); free riders drawn as thick
     black dashed lines; the uniform share 1/K dotted. None if no round records contributions."""
@@ -898,6 +1041,14 @@ def with_final(runs: list, final: str) -> list:
     ]
 
 
+def _run_figure(out: Path, kind: str, run, taken) -> Path:
+    """out/<kind>_<method>_seed<seed>.png, one file per run however many runs share a method and seed (`taken`)."""
+    name = f"{kind}_{run['method']}_seed{run['seed']}"
+    while (out / f"{name}.png") in taken:
+        name += "_"
+    return out / f"{name}.png"
+
+
 def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> dict:
     """Write report.md, results.csv and the figures into out_dir; `loo`: a leave-one-out file (or its folder);
     `final`: which evaluation the tables report (`with_final`).
@@ -919,6 +1070,8 @@ def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> d
     contributions_table, contributions = contribution_table(runs)
     agreement_table, agreement = contribution_agreement_table(runs, loo) if loo else ("", {})
     shift_table, shift = quality_shift_table(runs)
+    personal_table, personal = personal_global_table(runs, metric)
+    held_table, held_out = held_out_table(runs, metric)
     write_csv(runs, out / "results.csv", metric)
     captions = {
         plot_convergence(
@@ -932,11 +1085,12 @@ def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> d
             + (f", mean ± sd over {len(group)} seeds" if len(group) > 1 else "")
         )
     for run in runs:
-        name = f"layer_weights_{run['method']}_seed{run['seed']}"
-        while (out / f"{name}.png") in captions:
-            name += "_"
-        captions[plot_layer_weights(run, out / f"{name}.png")] = (
+        captions[plot_layer_weights(run, _run_figure(out, "layer_weights", run, captions))] = (
             f"{_name(_group(run))} layer weights by site, seed {run['seed']} ({run['file']})"
+        )
+        captions[plot_cross_site(run, _run_figure(out, "cross_site", run, captions))] = (
+            f"{_name(_group(run))}, seed {run['seed']}: cross-site evaluation, each site's own model (rows) scored "
+            f"on every site's test split (columns), in %; outlined: the model's own site ({run['file']})"
         )
     captions.pop(None, None)
     subject = dataset or ", ".join(sorted({r.get("task", "?") for r in runs}))
@@ -956,6 +1110,11 @@ def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> d
         lines += ["## Spread across sites", "", SPREAD_TEXT.format(label=_label(metric)), "", spread, ""]
     if shift_table:
         lines += ["## Clean and corrupted test sets", "", QUALITY_SHIFT_TEXT, "", shift_table, ""]
+    if personal_table:
+        lines += ["## Personal and global models", "", PERSONAL_GLOBAL_TEXT.format(label=_label(metric)), ""]
+        lines += [personal_table, ""]
+    if held_table:
+        lines += ["## Held-out sites", "", HELD_OUT_TEXT.format(label=_label(metric)), "", held_table, ""]
     if fairness_table:
         lines += [
             "## Performance fairness",
@@ -1004,6 +1163,8 @@ def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> d
         "contributions": contributions,
         "contribution_agreement": agreement,
         "quality_shift": shift,
+        "personal_global": personal,
+        "held_out": held_out,
         "loo": loo,
         "tables": {
             "spread": spread,
@@ -1011,6 +1172,8 @@ def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> d
             "contributions": contributions_table,
             "contribution_agreement": agreement_table,
             "quality_shift": shift_table,
+            "personal_global": personal_table,
+            "held_out": held_table,
         },
     }
 
@@ -1063,6 +1226,8 @@ def run(args) -> int:
     print(result["table"])
     for title, key in (
         ("Spread across sites", "spread"),
+        ("Personal and global models", "personal_global"),
+        ("Held-out sites", "held_out"),
         ("Performance fairness against Solo", "performance_fairness"),
         ("Client contributions", "contributions"),
         ("Contribution estimates against leave-one-out", "contribution_agreement"),

@@ -13,6 +13,9 @@ SCHEMA_VERSION = 1
 RESULTS_FILE = "results.json"
 # where the results file lies inside an `nvflare simulator` workspace
 SIMULATOR_RESULTS = os.path.join("server", "simulate_job", RESULTS_FILE)
+# a personalised method's site (scored with a model of its own) also scores the global model it received: each of
+# that evaluation's metrics under this prefix (global_dice, global_auc, ...) beside its own
+GLOBAL_PREFIX = "global_"
 
 
 def site_key(site: str) -> list:
@@ -23,8 +26,13 @@ def site_key(site: str) -> list:
 class ResultsLog:
     """Accumulates per-round records and rewrites the file after each one, so a crash loses at most a round."""
 
-    def __init__(self, path: str, method: str, task: str, metric: str, seed: int, sites: list, config: dict):
+    def __init__(
+        self, path: str, method: str, task: str, metric: str, seed: int, sites: list, config: dict, held_out=()
+    ):
+        """held_out: the sites held out of training (the server's `exclude_sites`), scored with the global model: every
+        evaluated record summarises them apart from the federation's sites as well."""
         self.path = path
+        self.held_out = sorted(held_out, key=site_key)
         self.data = {
             "schema": SCHEMA_VERSION,
             "method": method,
@@ -32,6 +40,7 @@ class ResultsLog:
             "metric": metric,
             "seed": seed,
             "sites": sorted(sites, key=site_key),
+            "held_out_sites": self.held_out,
             "config": config,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "rounds": [],
@@ -77,13 +86,50 @@ class ResultsLog:
         per_site = {site: {name: sum(v) / len(v) for name, v in metrics.items()} for site, metrics in values.items()}
         return {"rounds": [r["round"] for r in records], "asked": count, **self._scored(per_site)}
 
+    def cross_site(self, round_num: int, matrix: dict, **extras) -> dict:
+        """Record the cross-site evaluation after round `round_num`: matrix {model's site: {test site: main metric}};
+        adds each model's score on its own site's test split (`own`, the diagonal) and its mean over the other sites
+        (`on_others`, generalisation); extras (rejected, absent, failed) where not empty."""
+        models = sorted(matrix, key=site_key)
+        others = {m: [v for s, v in matrix[m].items() if s != m] for m in models}
+        self.data["cross_site"] = {
+            "round": round_num,
+            "metric": self.data["metric"],
+            "models": models,
+            "sites": sorted({s for row in matrix.values() for s in row}, key=site_key),
+            "matrix": {m: {s: matrix[m][s] for s in sorted(matrix[m], key=site_key)} for m in models},
+            "own": {m: matrix[m][m] for m in models if m in matrix[m]},
+            "on_others": {m: sum(v) / len(v) for m, v in others.items() if v},
+            **{k: v for k, v in extras.items() if v},
+        }
+        self.write()
+        return self.data["cross_site"]
+
     def _scored(self, per_site: dict) -> dict:
+        """The record's per-site metrics and the main metric's fairness summary over every site scored; with held-out
+        sites, the summary of the federation's sites (`federation`) and of the held-out ones (`held_out`) apart; with
+        global-model scores (GLOBAL_PREFIX), their summary over the federation's sites (`global_model`)."""
         metric = self.data["metric"]
-        # in site order, not the order answers arrived: equal scores name the same worst site every run
-        scores = {site: per_site[site][metric] for site in sorted(per_site, key=site_key) if metric in per_site[site]}
-        summary = summarize(scores) if scores else {}
-        return {"per_site": {s: per_site[s] for s in sorted(per_site, key=site_key)}, **summary}
+        summary = _summary(per_site, metric)
+        record = {"per_site": {s: per_site[s] for s in sorted(per_site, key=site_key)}}
+        record.update({k: v for k, v in summary.items() if k != "sites"})
+        federation = {s: m for s, m in per_site.items() if s not in self.held_out}
+        if self.held_out:
+            record["federation"] = _summary(federation, metric)
+            record["held_out"] = _summary({s: m for s, m in per_site.items() if s in self.held_out}, metric)
+        global_model = _summary(federation, GLOBAL_PREFIX + metric)
+        if global_model["sites"]:
+            record["global_model"] = global_model
+        return record
 
     def write(self) -> None:
         """Atomically, NaN/Inf as null (`fairfl.files.write_json_atomic`)."""
         write_json_atomic(self.path, self.data)
+
+
+def _summary(per_site: dict, metric: str) -> dict:
+    """{"sites": the sites that have `metric`, in site order, **`summarize` of their values} ({"sites": []} when none
+    has)."""
+    # in site order, not the order answers arrived: equal scores name the same worst site every run
+    scores = {site: per_site[site][metric] for site in sorted(per_site, key=site_key) if metric in per_site[site]}
+    return {"sites": list(scores), **(summarize(scores) if scores else {})}

@@ -309,6 +309,7 @@ def test_checkpoint_restores_round_model_saga_state_and_results_and_refuses_othe
     updates = updates_with(state0, {"site-1": sharpness(0.2), "site-2": sharpness(0.4)}, protocol.SHARPNESS)
     state1, extras = first.aggregate(0, state0, updates, {})
     first.results.add_round(0, 1.0, weights=extras["weights"])
+    first.results.cross_site(0, {"site-1": {"site-1": 0.5, "site-2": 0.25}})  # kept by a resubmitted run
     path = str(tmp_path / "trial" / "checkpoint.pt")
     assert first._load_checkpoint(path) is None  # a new run
     first._save_checkpoint(path, 0, state1)
@@ -318,6 +319,7 @@ def test_checkpoint_restores_round_model_saga_state_and_results_and_refuses_othe
     assert loaded["round"] == 0 and all(np.array_equal(loaded["global_state"][k], state1[k]) for k in state1)
     assert resumed.saga_state.to_dict() == first.saga_state.to_dict()
     assert resumed.results.data["rounds"] == first.results.data["rounds"] and resumed.results.data["resumed"] == 1
+    assert resumed.results.data["cross_site"] == first.results.data["cross_site"]
     with pytest.raises(ValueError, match="other settings .*q"):
         controller(q=1.0)._load_checkpoint(path)
     # a checkpoint written before an argument existed (here: this release's optimiser, average_last and saga

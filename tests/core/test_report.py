@@ -589,3 +589,112 @@ def test_results_json_records_the_spread_in_rounds_final_and_the_mean_of_the_las
     assert first["spread"] == pytest.approx(0.4) and first["gini"] == pytest.approx(1.6 / 9 / (2 * 1.9 / 3))
     assert "gini" in second and second["gini"] is None  # all zero: null in the file, never a crash
     assert final["mean_of_last"]["p50"] == pytest.approx(0.25) and final["mean_of_last"]["best_site"] == "site-10"
+
+
+# ---------------------------------------------------------------- the global model and held-out sites
+
+
+def personalised_run(path, seed, scores, held_out=(), method="ditto"):
+    """A results.json written by the real ResultsLog: final per-site {site: (dice, global_dice or None)}; the
+    held-out sites (the server's exclude_sites) are in config and scored without a global_ copy."""
+    from fairfl.results import ResultsLog
+
+    log = ResultsLog(
+        str(path), method, "segmentation", "dice", seed, list(scores), {"exclude_sites": list(held_out)}, held_out
+    )
+    per_site = {
+        s: {"dice": d, **({} if g is None else {"global_dice": g}), "personal_model": 1.0}
+        for s, (d, g) in scores.items()
+    }
+    log.add_round(0, 1.0, per_site)
+    log.finish(per_site)
+    return path
+
+
+def test_results_summarise_the_global_model_and_the_held_out_sites_apart_leaving_every_number_as_it_was(tmp_path):
+    from fairfl.fairness import summarize
+
+    scores = {"site-1": (0.8, 0.7), "site-2": (0.6, 0.65), "site-3": (0.5, None)}
+    data = json.loads(personalised_run(tmp_path / "r.json", 0, scores, held_out=["site-3"]).read_text())
+    final = data["final"]
+    assert data["held_out_sites"] == ["site-3"] and data["config"]["exclude_sites"] == ["site-3"]
+    # the main metric's summary over every site scored, as before; the parts apart, each naming its sites
+    everyone = summarize({s: d for s, (d, _) in scores.items()})
+    assert {k: final[k] for k in everyone} == everyone and "sites" not in final
+    assert final["federation"] == {"sites": ["site-1", "site-2"], **summarize({"site-1": 0.8, "site-2": 0.6})}
+    assert final["held_out"] == {"sites": ["site-3"], **summarize({"site-3": 0.5})}
+    assert final["global_model"] == {"sites": ["site-1", "site-2"], **summarize({"site-1": 0.7, "site-2": 0.65})}
+    assert data["rounds"][0]["global_model"]["worst_site"] == "site-2"
+    # a run without held-out sites nor global scores records exactly what it recorded before
+    plain = json.loads(personalised_run(tmp_path / "p.json", 0, {"site-1": (0.8, None)}, method="fedavg").read_text())
+    assert plain["held_out_sites"] == [] and set(plain["final"]) == {"per_site", *everyone}
+    # the mean of the last rounds averages the global scores too
+    from fairfl.results import ResultsLog
+
+    log = ResultsLog(str(tmp_path / "m.json"), "ditto", "segmentation", "dice", 0, ["site-1"], {})
+    log.add_round(0, 1.0, {"site-1": {"dice": 0.5, "global_dice": 0.2}})
+    log.add_round(1, 1.0, {"site-1": {"dice": 0.7, "global_dice": 0.4}})
+    assert log.mean_of_last(1, 2)["global_model"]["mean"] == pytest.approx(0.3)
+
+
+def test_report_shows_personal_against_global_and_the_held_out_sites_apart(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    personalised_run(runs / "d0" / "results.json", 0, {"site-1": (0.8, 0.7), "site-2": (0.6, 0.5)})
+    personalised_run(runs / "d1" / "results.json", 1, {"site-1": (0.9, 0.6), "site-2": (0.7, 0.6)})
+    held = {"site-1": (0.8, 0.7), "site-2": (0.6, 0.4), "site-3": (0.3, None)}
+    personalised_run(runs / "h" / "results.json", 0, held, held_out=["site-3"])
+    write_run(runs / "fedavg" / "results.json", "fedavg", 0, [0.7, 0.7, 0.7])  # no global scores: not in it
+    out = report.make_report(runs, tmp_path / "out")
+    rows = [line.split(" | ") for line in out["tables"]["personal_global"].splitlines()[2:]]
+    assert [r[:2] for r in rows] == [
+        ["| Ditto", "personal model"],
+        ["| Ditto", "global model"],
+        ["| Ditto (without site-3)", "personal model"],
+        ["| Ditto (without site-3)", "global model"],
+    ]
+    # per site and Avg./Std./Worst, mean ± sd over seeds; a held-out site is not in the federation's table
+    assert rows[1][2:] == ["65.00 ± 7.07", "55.00 ± 7.07", "60.00 ± 0.00", "5.00 ± 7.07", "55.00 ± 7.07 |"]
+    assert rows[3][2:] == ["70.00", "40.00", "55.00", "15.00", "40.00 |"]  # no site-3 column
+    assert out["personal_global"]["ditto"]["personal"]["mean"] == pytest.approx((75.0, 7.0710678))
+    held_rows = table_rows(out["tables"]["held_out"])[0]
+    assert held_rows == {"Ditto (without site-3)": ["site-3", "70.00", "10.00", "60.00", "30.00", "0.00", "30.00"]}
+    text = out["report"].read_text()
+    assert "## Personal and global models" in text and "## Held-out sites" in text
+    # hostile files: a global score that is not a number stops the report naming file and site; a missing one is
+    # a note, that site left out of both rows' Avg.
+    bad = personalised_run(tmp_path / "bad" / "results.json", 2, {"site-1": (0.8, 0.7), "site-2": (0.6, 0.5)})
+    data = json.loads(bad.read_text())
+    data["final"]["per_site"]["site-2"]["global_dice"] = None  # a NaN as the file writes it
+    bad.write_text(json.dumps(data))
+    assert report.main([str(runs), str(bad), "--out", str(tmp_path / "out2")]) == 1
+    err = capsys.readouterr().err
+    assert str(bad) in err and "site-2" in err
+    del data["final"]["per_site"]["site-2"]["global_dice"]
+    bad.write_text(json.dumps(data))
+    table, stats = report.personal_global_table(report.load_runs(bad))
+    assert f"`{bad}` has no global-model score for site-2" in table
+    assert stats["ditto"]["personal"]["mean"] == (80.0, None) and stats["ditto"]["global"]["site-2"] is None
+
+
+def test_cross_site_matrix_in_results_and_as_a_heatmap_even_from_a_hostile_file(tmp_path):
+    from fairfl.results import ResultsLog
+
+    path = personalised_run(tmp_path / "run" / "results.json", 0, {"site-1": (0.8, 0.7), "site-2": (0.6, 0.5)})
+    log = ResultsLog(str(path), "ditto", "segmentation", "dice", 0, ["site-1", "site-2", "site-10"], {})
+    log.data = json.loads(path.read_text())
+    matrix = {"site-2": {"site-10": 0.2, "site-2": 0.6, "site-1": 0.5}, "site-1": {"site-1": 0.8, "site-2": 0.4}}
+    record = log.cross_site(3, matrix, rejected={}, absent=["site-10"], failed={})
+    data = json.loads(path.read_text())["cross_site"]
+    assert data == record and record["models"] == ["site-1", "site-2"]
+    assert record["sites"] == ["site-1", "site-2", "site-10"] and list(record["matrix"]["site-2"]) == record["sites"]
+    assert record["own"] == {"site-1": 0.8, "site-2": 0.6} and record["absent"] == ["site-10"]
+    assert record["on_others"] == {"site-1": 0.4, "site-2": pytest.approx(0.35)} and "rejected" not in record
+    out = report.make_report(path, tmp_path / "out")
+    assert tmp_path / "out" / "cross_site_ditto_seed0.png" in out["figures"]
+    # a hostile file: cells that are not numbers are blank, a matrix that is not one is no figure; never a crash
+    run = report.load_runs(path)[0]
+    run["cross_site"]["matrix"]["site-1"]["site-2"] = "0.4"
+    run["cross_site"]["matrix"]["site-2"]["site-1"] = None
+    assert report.plot_cross_site(run, tmp_path / "hostile.png") == tmp_path / "hostile.png"
+    for broken in ({"matrix": [1, 2]}, {"matrix": {"site-1": 0.5}}, "matrix", {"matrix": {}}):
+        assert report.plot_cross_site({**run, "cross_site": broken}, tmp_path / "none.png") is None

@@ -17,12 +17,15 @@ from fairfl.aggregation import cap_shares, robust_average, weighted_average
 from fairfl.files import json_safe, save_atomic, write_atomic, write_json_atomic
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
+from fairfl.methods.ditto.controller import DittoController
+from fairfl.methods.fedbn.controller import FedBNController
 from fairfl.methods.fedce.controller import FedCEController
 from fairfl.methods.fedism.controller import FedISMController
 from fairfl.methods.fedlwr.controller import FedLWRController
 from fairfl.methods.qfedavg.controller import QFedAvgController
 from fairfl.methods.qfedavg.qffl import qffl_coefficients
 from fairfl.methods.rewards.controller import CFFLController, CGSVController
+from fairfl.methods.solo.controller import SoloController
 from fairfl.models import initial_state, state_to_torch
 from fairfl.results import ResultsLog
 from fairfl.site_checks import metrics_problem, norm_outliers, number_problem, samples_problem, tensor_state
@@ -196,6 +199,85 @@ def test_a_hostile_evaluation_is_left_out_and_recorded(case, metrics):
     per_site = controller._evaluate(0, state0, rejected)
     assert set(per_site) == {"site-1", "site-2", "site-3"}
     assert rejected["site-4"].startswith("NaN in w; evaluation: ")  # both reasons kept
+
+
+GLOBAL_CASES = [
+    ("NaN global metric", {"dice": 0.5, "global_dice": float("nan")}, "no valid metric global_dice (nan)"),
+    ("global metric above 1", {"dice": 0.5, "global_dice": 1.5}, "no valid metric global_dice (1.5)"),
+    ("string global metric", {"dice": 0.5, "global_dice": "0.9"}, "no valid metric global_dice ('0.9')"),
+    (
+        "other global metric out of range",
+        {"dice": 0.5, "global_dice": 0.4, "global_dice_se": -1},
+        "no valid metric global_dice_se (-1)",
+    ),
+    ("no global metric", {"dice": 0.5, "global_dice_se": 0.1}, "no global_dice"),
+]
+
+
+@pytest.mark.parametrize("case, metrics, problem", GLOBAL_CASES, ids=[c[0] for c in GLOBAL_CASES])
+def test_a_personalised_sites_global_model_scores_are_checked_like_its_own(case, metrics, problem):
+    """Ditto asks its federation's sites for the global model's scores too and checks them like the main ones; the
+    held-out site (exclude_sites) is asked for neither and scores the global model alone."""
+    controller = make(DittoController, exclude_sites=["site-4"])
+    state0 = initial_state(controller.model_spec(), 0)
+    answers = [answer(s, {}, metrics={"dice": 0.5, "global_dice": 0.4}) for s in SITES[:3]]
+    answers.append(answer("site-4", {}, metrics={"dice": 0.3}))
+    answers[1].metrics = metrics
+    sent = []
+    controller._ask_models = lambda round_num, task, model, targets, state: sent.append(model.meta) or answers
+    rejected = {}
+    per_site = controller._evaluate(0, state0, rejected)
+    assert sent[0][protocol.SCORE_GLOBAL] is True and sent[0][protocol.HELD_OUT] == ["site-4"]
+    assert set(per_site) == {"site-1", "site-3", "site-4"} and rejected == {"site-2": f"evaluation: {problem}"}
+    assert per_site["site-1"] == {"dice": 0.5, "global_dice": 0.4} and per_site["site-4"] == {"dice": 0.3}
+
+
+def test_global_scores_are_asked_of_personalised_methods_only_and_held_out_sites_need_a_global_model():
+    assert FedBNController(**{**SEG, "model_norm": "batch"}).scores_global and make(DittoController).scores_global
+    controller = make()  # FedAvg scores the global model itself: a site's global_ copy is not recorded
+    answers = [answer(s, {}, metrics={"dice": 0.5, "global_dice": 0.1}) for s in SITES]
+    sent = []
+    controller._ask_models = lambda round_num, task, model, targets, state: sent.append(model.meta) or answers
+    per_site = controller._evaluate(0, initial_state(controller.model_spec(), 0), {})
+    assert protocol.SCORE_GLOBAL not in sent[0] and protocol.HELD_OUT not in sent[0]
+    assert all(m == {"dice": 0.5} for m in per_site.values()) and not make(SoloController).scores_global
+    with pytest.raises(ValueError, match="solo has no global model to score held-out sites with"):
+        SoloController(**SEG, exclude_sites=["site-2"])
+
+
+def test_cross_site_evaluation_screens_the_sites_models_and_their_scores(tmp_path):
+    """Ditto's cross-site evaluation: each federation site's model is screened like a trained one (a NaN or a missing
+    tensor rejects it), each accepted one is sent to every site as it is (held-out site included), and a bad score
+    rejects that one cell; what is left is the matrix. Methods without models of the sites' own refuse it."""
+    controller = make(DittoController, exclude_sites=["site-4"], cross_site_eval=True)
+    controller.trainers = SITES[:3]
+    state0 = initial_state(controller.model_spec(), 0)
+    models = [answer(s, honest_params(state0, i)) for i, s in enumerate(SITES[:3])]
+    next(v for v in models[1].params.values() if v.dtype.kind == "f").flat[0] = np.nan
+    models[2].params.popitem()
+    asked = []
+    controller._ask_models = lambda round_num, task, model, targets, state: asked.append(model.meta) or models
+
+    def ask(round_num, task, model, targets):
+        asked.append(model.meta)
+        scores = [answer(s, {}, metrics={"dice": 0.1 * (i + 1)}) for i, s in enumerate(targets)]
+        scores[1].metrics = {"dice": 2.0}
+        return scores
+
+    controller.ask = ask
+    record = controller._cross_site(2, state0)
+    assert asked[0][protocol.SUBMIT_MODEL] is True and len(asked) == 2  # one model accepted, sent once
+    assert asked[1][protocol.HELD_OUT] == SITES  # every site scores it as it is
+    assert record["matrix"] == {"site-1": {"site-1": 0.1, "site-3": 0.30000000000000004, "site-4": 0.4}}
+    assert "NaN" in record["rejected"]["site-2"] and "cross-site model" in record["rejected"]["site-2"]
+    assert "missing keys" in record["rejected"]["site-3"]
+    assert record["rejected"]["site-2"].endswith("scoring site-1's model: no valid metric dice (2.0)")
+    refused = make(cross_site_eval=True)
+    refused.sample_clients = lambda: list(SITES)
+    with pytest.raises(ValueError, match="cross_site_eval: fedavg scores every site with the one global model"):
+        refused._run_rounds()
+    with pytest.raises(ValueError, match="cross_site_eval must be true or false"):
+        make(cross_site_eval="yes")
 
 
 def reports_round(controller, state0, key, values, round_num=0):

@@ -67,7 +67,7 @@ def faulty(site, mode, tasks=("train",)):
     return {"tasks": list(tasks), "filters": [corrupt(site, mode)]}
 
 
-def check_common(results, method, sites=("site-1", "site-2", "site-3"), rounds=2, eval_every=1):
+def check_common(results, method, sites=("site-1", "site-2", "site-3"), rounds=2, eval_every=1, held_out=()):
     assert results["schema"] == 1 and results["method"] == method
     assert results["sites"] == list(sites)
     assert [r["round"] for r in results["rounds"]] == list(range(rounds))
@@ -79,11 +79,11 @@ def check_common(results, method, sites=("site-1", "site-2", "site-3"), rounds=2
     assert final["mean"] == pytest.approx(mean)
     assert final["std"] == pytest.approx(math.sqrt(sum((d - mean) ** 2 for d in dice) / len(dice)))
     assert final["worst"] == pytest.approx(min(dice))
-    # every site trained in every round; every eval_every-th round was evaluated at every site
+    # every site but the held-out ones trained in every round; every eval_every-th round was evaluated at every site
     for record in results["rounds"]:
         evaluated = (record["round"] + 1) % eval_every == 0
         assert set(record.get("per_site") or ()) == (set(sites) if evaluated else set())
-        assert set(record["train"]) == set(sites)
+        assert set(record["train"]) == set(sites) - set(held_out)
 
 
 def test_fedavg_trains_and_reports(tiny_fedavg_run):
@@ -142,10 +142,16 @@ def test_solo_evaluates_own_models_on_a_data_root(tmp_path, cache_dir):
         check=True,
         capture_output=True,
     )
-    sim = run(make_job("solo", str(tmp_path / "job")), str(tmp_path / "ws"), env={"FAIRFL_DATA_ROOT": str(data_root)})
+    job = make_job("solo", str(tmp_path / "job"), {"cross_site_eval": True})
+    sim = run(job, str(tmp_path / "ws"), env={"FAIRFL_DATA_ROOT": str(data_root)})
     results = load_results(sim)
     check_common(results, "solo")
     assert "weights" not in results["rounds"][-1]
+    # cross-site evaluation: every site's own model scored on every site's test split; the diagonal is the final score
+    cross, sites = results["cross_site"], results["sites"]
+    assert cross["models"] == cross["sites"] == sites and cross["round"] == 1 and "rejected" not in cross
+    assert all(0.0 <= cross["matrix"][m][s] <= 1.0 for m in sites for s in sites)
+    assert cross["own"] == pytest.approx({s: results["final"]["per_site"][s]["dice"] for s in sites}, abs=1e-6)
 
 
 def test_faulty_sites_are_rejected_every_round_and_the_global_model_stays_finite(tmp_path, cache_dir):
@@ -246,7 +252,10 @@ def test_fedavg_leaves_excluded_site_out_of_training_but_evaluates_it(tmp_path, 
     record = results["rounds"][0]
     assert set(record["train"]) == set(record["weights"]) == {"site-1", "site-2"}
     assert set(results["final"]["per_site"]) == {"site-1", "site-2", "site-3"}
-    assert results["config"]["exclude_sites"] == ["site-3"]
+    assert results["config"]["exclude_sites"] == results["held_out_sites"] == ["site-3"]
+    final = results["final"]  # the held-out site summarised apart; every site's summary as before
+    assert final["federation"]["sites"] == ["site-1", "site-2"] and final["held_out"]["sites"] == ["site-3"]
+    assert final["held_out"]["mean"] == final["per_site"]["site-3"]["dice"] and "global_model" not in final
 
 
 def test_exported_job_runs_only_where_sites_allow_list_fairfl(tmp_path, cache_dir):
@@ -484,6 +493,9 @@ def test_fednpr_per_trains_with_prototypes_and_keeps_the_heads_on_the_sites(tmp_
         assert all(m["prototype_seconds"] > 0 for m in record["train"].values())
         assert all(math.isfinite(m["npr_grad_ratio"]) and m["npr_grad_ratio"] > 0 for m in record["train"].values())
         assert all(0.0 <= v["balanced_accuracy"] <= 1.0 for v in record["per_site"].values())
+        # each site scored with its own head and with the global model as it is (the untrained head it started with)
+        assert all(0.0 <= v["global_auc"] <= 1.0 and "global_clean_auc" in v for v in record["per_site"].values())
+        assert record["global_model"]["sites"] == ["site-1", "site-2", "site-3"]
     spec = {"name": "cnn", "in_channels": 3, "num_classes": 8, "channels": [8, 16]}
     start = initial_state(spec, 0)
     final = torch.load(os.path.join(os.path.dirname(sim.results_path), "global_model.pt"))
@@ -519,7 +531,11 @@ def test_reward_jobs_give_each_site_its_own_model(tmp_path, cache_dir, job):
     assert state["method"] == job and state["state"]["reputations"] == results["final"]["contributions"]
 
 
-def test_ditto_scores_every_site_with_its_personal_model_kept_in_the_named_runs_state(tmp_path, cache_dir):
+def test_ditto_scores_sites_with_personal_and_global_models_and_a_held_out_site_with_the_global_one(
+    tmp_path, cache_dir
+):
+    """One named Ditto run holding out site-3: site-1 and site-2 are scored with their personal models (kept in the
+    named run's state) and with the global model in the same task; site-3 with the global model alone."""
     import torch
     from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
@@ -529,16 +545,28 @@ def test_ditto_scores_every_site_with_its_personal_model_kept_in_the_named_runs_
     from fairfl.models import state_to_numpy
 
     state_root = tmp_path / "state"
-    job = make_job("ditto", str(tmp_path / "job"), {"run_name": "trial"})
+    job = make_job(
+        "ditto", str(tmp_path / "job"), {"run_name": "trial", "exclude_sites": ["site-3"], "cross_site_eval": True}
+    )
     sim = run(job, str(tmp_path / "ws"), env={"FAIRFL_STATE_ROOT": str(state_root)})
     results = load_results(sim)
-    check_common(results, "ditto")
-    sites = results["sites"]
-    assert results["config"]["ditto_lambda"] == 0.1
+    check_common(results, "ditto", held_out=["site-3"])
+    sites = ["site-1", "site-2"]
+    assert results["config"]["ditto_lambda"] == 0.1 and results["held_out_sites"] == ["site-3"]
     for record in results["rounds"]:
         assert set(record["weights"]) == set(sites) and sum(record["weights"].values()) == pytest.approx(1.0)
         assert all(record["per_site"][s]["personal_model"] == 1.0 for s in sites)
         assert all(math.isfinite(record["train"][s]["personal_train_loss"]) for s in sites)
+        assert set(record["per_site"]["site-3"]) <= {"dice", "dice_se"}  # the global model alone: no global_ copy
+        assert record["global_model"]["sites"] == record["federation"]["sites"] == sites
+        assert record["held_out"]["sites"] == ["site-3"]
+        assert record["global_model"]["mean"] == pytest.approx(
+            sum(record["per_site"][s]["global_dice"] for s in sites) / 2
+        )
+    # cross-site evaluation: the federation's personal models on every site's test split, the held-out one included
+    cross = results["cross_site"]
+    assert cross["models"] == sites and cross["sites"] == results["sites"] and "rejected" not in cross
+    assert cross["own"] == pytest.approx({s: results["final"]["per_site"][s]["dice"] for s in sites}, abs=1e-6)
     # Re-score each site in-process with its personal model (from the named run's state, where a resumed run finds
     # it) and with the final global model: the reported Dice is the personal model's, and it is not the global's.
     global_state = state_to_numpy(torch.load(os.path.join(os.path.dirname(sim.results_path), "global_model.pt")))
@@ -550,6 +578,13 @@ def test_ditto_scores_every_site_with_its_personal_model_kept_in_the_named_runs_
         protocol.NUM_SITES: 3,
         protocol.DATA_SEED: 0,
     }
+    assert not (state_root / "site-3" / "trial" / protocol.PERSONAL_MODEL_FILE).exists()
+    held_out = FairflExecutor(image_size=32, batch_size=8, synthetic_size_scale=0.5)._validate(
+        "site-3",
+        FLModel(params_type=ParamsType.FULL, params=global_state, meta={**meta, protocol.EVALUATE: "global"}),
+        str(tmp_path / "none"),
+    )
+    assert results["final"]["per_site"]["site-3"]["dice"] == pytest.approx(held_out.metrics["dice"], abs=1e-6)
     differs = []
     for site in sites:
         state_dir = state_root / site / "trial"
@@ -566,5 +601,7 @@ def test_ditto_scores_every_site_with_its_personal_model_kept_in_the_named_runs_
         }
         reported = results["final"]["per_site"][site]["dice"]
         assert reported == pytest.approx(scores[protocol.FROM_PERSONAL], abs=1e-6)
+        global_dice = results["final"]["per_site"][site]["global_dice"]
+        assert global_dice == pytest.approx(scores[protocol.FROM_GLOBAL], abs=1e-6)
         differs.append(abs(reported - scores[protocol.FROM_GLOBAL]) > 1e-4)
     assert any(differs), "every site scored exactly as the global model: not evaluated with personal models"

@@ -90,6 +90,8 @@ class Checkpointing:
             rounds=checkpoint["results"]["rounds"],
             final=checkpoint["results"]["final"],
             resumed=checkpoint["round"] + 1,
+            # a finished run submitted again keeps its cross-site evaluation (cross_site_eval)
+            **{k: v for k, v in checkpoint["results"].items() if k == "cross_site"},
         )
         self.results.write()
         self.info(f"run {self.run_name!r}: resuming after round {checkpoint['round']} from {path}")

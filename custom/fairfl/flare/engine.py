@@ -33,7 +33,7 @@ from fairfl.jobconfig import component_arguments
 from fairfl.models import initial_state, state_to_numpy, state_to_torch
 from fairfl.names import safe_name
 from fairfl.presets import apply_preset, fill_task_defaults
-from fairfl.results import RESULTS_FILE, ResultsLog, site_key
+from fairfl.results import GLOBAL_PREFIX, RESULTS_FILE, ResultsLog, site_key
 from fairfl.site_checks import (
     MAX_SAMPLES,
     check_site_state,
@@ -97,6 +97,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
         keep_optimizer_state: bool = False,
         average_last: int = 1,
         test_scale: float = 1.0,
+        cross_site_eval: bool = False,
     ):
         """
         Args:
@@ -119,8 +120,10 @@ class FairRoundController(Checkpointing, TaskFanOut):
             model_norm: the network's normalisation, "batch", "group" (classification networks) or "instance"; null
                 = the network's default (unet: instance, without affine parameters; cnn: group; resnet18: batch).
             weighting: "samples" (FedAvg of McMahan et al., by training-set size) or "uniform" (1/K).
-            exclude_sites: sites that never train nor enter aggregation but are still evaluated
-                (leave-one-out runs: `fairfl leave-one-out`).
+            exclude_sites: sites held out of the federation: they never train nor enter aggregation but are scored
+                with the global model as it is (never a model of their own), a new hospital joining later. Every
+                evaluated record summarises them (`held_out`) apart from the federation's sites (`federation`);
+                leave-one-out runs (`fairfl leave-one-out`) hold out one site each. Not with Solo (no global model).
             preset: named settings bundle (fairfl.presets); FAIRFL_PRESET overrides it.
             task_check_period: how often the controller checks for answers, in seconds.
             straggler_timeout: once `min_clients` sites have answered a task, wait at most this many more seconds
@@ -155,6 +158,11 @@ class FairRoundController(Checkpointing, TaskFanOut):
             test_scale: the built-in data's test splits hold about this many times their items (1 to 20), the extra
                 ones drawn from each site's own distribution, for a more precise test metric; training and
                 validation data are unchanged. A site with a data root ignores it.
+            cross_site_eval: after the last round, every federation site's own model (Solo's local model, Ditto's
+                personal model, the global model with FedNPR-Per's head or FedBN's normalisation layers of the site)
+                is sent to every site, held-out ones included, and scored on its test split: results.json
+                `cross_site`. The sites' models leave them (to the server, then to every site): only where they
+                agree. Only for the methods that score each site with a model of its own.
         """
         if (
             isinstance(task_check_period, bool)
@@ -174,6 +182,9 @@ class FairRoundController(Checkpointing, TaskFanOut):
             raise ValueError(f"average_last must be a positive integer, got {average_last!r}")
         self.average_last = average_last
         self.test_scale = check_test_scale(test_scale)
+        if not isinstance(cross_site_eval, bool):
+            raise ValueError(f"cross_site_eval must be true or false, got {cross_site_eval!r}")
+        self.cross_site_eval = cross_site_eval
         if weighting not in ("samples", "uniform"):
             raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
         self.num_rounds, self.eval_every, self.min_clients = num_rounds, eval_every, min_clients
@@ -191,6 +202,10 @@ class FairRoundController(Checkpointing, TaskFanOut):
         fill_task_defaults(self, self.task)
         self.weighting, self.preset = weighting, preset
         self.exclude_sites = sorted(exclude_sites or [])
+        if self.exclude_sites and self.start_from == protocol.FROM_LOCAL:
+            raise ValueError(
+                f"exclude_sites {self.exclude_sites}: {self.method} has no global model to score held-out sites with"
+            )
         if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1:
             raise ValueError(f"max_samples must be a positive integer, got {max_samples!r}")
         max_share = self.default_max_share if max_share is None else max_share
@@ -229,6 +244,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 seed=self.seed,
                 sites=getattr(self, "sites", []),
                 config=self.config(),
+                held_out=self.exclude_sites,
             )
         if round_num is None:
             self.results.data["stopped"] = reason
@@ -243,6 +259,11 @@ class FairRoundController(Checkpointing, TaskFanOut):
         unknown = sorted(set(self.exclude_sites) - set(sites))
         if unknown:
             raise ValueError(f"exclude_sites names sites that are not in this run: {unknown}")
+        if self.cross_site_eval and not (self.start_from == protocol.FROM_LOCAL or self.scores_global):
+            raise ValueError(
+                f"cross_site_eval: {self.method} scores every site with the one global model; there are no sites' own "
+                f"models to cross-evaluate"
+            )
         self.sites, self.trainers = sites, [s for s in sites if s not in self.exclude_sites]
         self.min_responses = self.min_clients or len(sites)
         self.absent = []
@@ -256,6 +277,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
             seed=self.seed,
             sites=sites,
             config=self.config(),
+            held_out=self.exclude_sites,
         )
         self.writers = {}
         self.tb_dir = os.path.join(run_dir, "tb_events")
@@ -339,6 +361,8 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 self.results.mean_of_last(self.num_rounds - 1, self.average_last) if self.average_last > 1 else None
             )
             final = self.results.finish(per_site, mean_of_last=mean_of_last, **self.final_extras())
+            if self.cross_site_eval:
+                self.results.cross_site(self.num_rounds - 1, **self._cross_site(self.num_rounds - 1, global_state))
             if self.run_name:  # with the final record: submitting the finished run again changes nothing
                 self._save_checkpoint(self._checkpoint_path(), self.num_rounds - 1, global_state)
             self.info(
@@ -434,7 +458,21 @@ class FairRoundController(Checkpointing, TaskFanOut):
         rejected[site] = f"{rejected[site]}; {problem}" if site in rejected else problem
         self.error(f"round {round_num}: rejected the {what} of {site}: {problem}")
 
+    @property
+    def scores_global(self) -> bool:
+        """Whether the federation's sites are scored with a model of their own rather than the global model (Ditto's
+        personal model; FedNPR-Per's head, FedBN's normalisation layers: `local_keys`): then each also scores the
+        global model it receives, as it is, in the same task (its metrics prefixed GLOBAL_PREFIX)."""
+        return self.start_from == protocol.FROM_GLOBAL and (
+            self.evaluate == protocol.FROM_PERSONAL or bool(self.local_keys())
+        )
+
     def _evaluate(self, round_num, global_state, rejected) -> dict:
+        meta = {**self.task_meta, protocol.EVALUATE: self.evaluate}
+        if self.scores_global:
+            meta[protocol.SCORE_GLOBAL] = True
+        if self.exclude_sites:
+            meta[protocol.HELD_OUT] = list(self.exclude_sites)
         results = self._ask_models(
             round_num,
             protocol.TASK_VALIDATE,
@@ -443,21 +481,78 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 params=global_state if self.evaluate != protocol.FROM_LOCAL else {},
                 current_round=round_num,
                 total_rounds=self.num_rounds,
-                meta={**self.task_meta, protocol.EVALUATE: self.evaluate},
+                meta=meta,
             ),
             self.sites,
             global_state,
         )
         per_site = {}
-        for result in results:  # every evaluation metric is a score in [0, 1]
+        for result in results:
             site = result.meta.get("client_name", "?")
-            metrics = {} if result.metrics is None else result.metrics
-            problem = metrics_problem(metrics, 0.0, 1.0) or (None if self.metric in metrics else f"no {self.metric}")
+            asked = self.scores_global and site not in self.exclude_sites
+            metrics, problem = self._screen_scores(result, asked)
             if problem:
                 self.reject(round_num, site, f"evaluation: {problem}", rejected, "evaluation")
-                continue
-            per_site[site] = {name: float(v) for name, v in metrics.items()}
+            else:
+                per_site[site] = metrics
         return per_site
+
+    def _screen_scores(self, result, with_global: bool) -> tuple:
+        """(the answer's metrics as floats, None) or (None, why they cannot be recorded): every evaluation metric is a
+        score in [0, 1] and the main one must be there; the global model's scores (GLOBAL_PREFIX) are kept only
+        `with_global`, and then the main one of them must be there too."""
+        metrics = {} if result.metrics is None else result.metrics
+        problem = metrics_problem(metrics, 0.0, 1.0)
+        if problem:
+            return None, problem
+        metrics = {k: float(v) for k, v in metrics.items() if with_global or not k.startswith(GLOBAL_PREFIX)}
+        required = [self.metric, GLOBAL_PREFIX + self.metric] if with_global else [self.metric]
+        missing = [m for m in required if m not in metrics]
+        return (None, f"no {missing[0]}") if missing else (metrics, None)
+
+    def _cross_site(self, round_num, global_state) -> dict:
+        """Cross-site evaluation (`cross_site_eval`) after the last round: every federation site returns the model it
+        is scored with (`validate` with SUBMIT_MODEL), screened like a trained model (every tensor of the network,
+        finite); each accepted one is sent to every site, which scores it as it is (as a held-out site scores the
+        global model). Returns {"matrix": {model's site: {test site: main metric}}, "rejected", "absent",
+        "failed"} (ResultsLog.cross_site)."""
+        self.absent, self.failed, rejected = [], {}, {}
+        model = FLModel(
+            params_type=ParamsType.FULL,
+            params=global_state if self.evaluate != protocol.FROM_LOCAL else {},
+            current_round=round_num,
+            total_rounds=self.num_rounds,
+            meta={**self.task_meta, protocol.EVALUATE: self.evaluate, protocol.SUBMIT_MODEL: True},
+        )
+        reference = state_to_torch(global_state)  # the whole network, the parts the sites keep included
+        models = {}
+        for result in self._ask_models(round_num, protocol.TASK_VALIDATE, model, self.trainers, global_state):
+            site = result.meta.get("client_name", "?")
+            state, problem = tensor_state({} if result.params is None else result.params)
+            problem = problem or check_site_state(state, reference)
+            if problem:
+                self.reject(round_num, site, f"cross-site model: {problem}", rejected, "cross-site model")
+            else:
+                models[site] = state_to_numpy(state)
+        matrix = {}
+        for owner in sorted(models, key=site_key):
+            sent = FLModel(
+                params_type=ParamsType.FULL,
+                params=models[owner],
+                current_round=round_num,
+                total_rounds=self.num_rounds,
+                meta={**self.task_meta, protocol.EVALUATE: protocol.FROM_GLOBAL, protocol.HELD_OUT: list(self.sites)},
+            )
+            for result in self.ask(round_num, protocol.TASK_VALIDATE, sent, self.sites):
+                site = result.meta.get("client_name", "?")
+                metrics, problem = self._screen_scores(result, with_global=False)
+                if problem:
+                    self.reject(
+                        round_num, site, f"scoring {owner}'s model: {problem}", rejected, "cross-site evaluation"
+                    )
+                else:
+                    matrix.setdefault(owner, {})[site] = metrics[self.metric]
+        return {"matrix": matrix, "rejected": rejected, "absent": list(self.absent), "failed": dict(self.failed)}
 
     def _ask_models(self, round_num, task_name, model: FLModel, targets, global_state) -> list:
         """`ask` with `model` for every target, or, when the method keeps a model per site (`models_for`), `ask_each`

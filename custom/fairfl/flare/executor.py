@@ -39,6 +39,7 @@ from fairfl.methods.steps import StepContext, TaskSteps
 from fairfl.methods.steps import problems as step_problems
 from fairfl.models import build_model, check_model_spec, is_int_in, load_numpy_state, state_to_numpy
 from fairfl.presets import apply_preset
+from fairfl.results import GLOBAL_PREFIX
 from fairfl.site_settings import site_settings
 from fairfl.training import (
     TrainSettings,
@@ -205,11 +206,36 @@ class FairflExecutor(Executor):
         has it, `testing_corrupted`, the same images corrupted as the corrupted sites' are (corrupted_*); and,
         without prefix, on the test set of this site's own image quality (corrupted_* at a site listed under
         `corrupted_sites` in the data root's dataset.json, clean_* elsewhere; `corrupted_site` 1.0 or 0.0), so that
-        the spread of `auc` across sites is FedISM+'s Table IV ("client-level testing")."""
+        the spread of `auc` across sites is FedISM+'s Table IV ("client-level testing").
+
+        A site the server holds out of training (meta HELD_OUT) scores the model sent as it is. With meta SCORE_GLOBAL,
+        a site scored with a model of its own (Ditto's personal model, its own head or normalisation layers) also
+        scores the model sent as it is, in the same task: those metrics prefixed GLOBAL_PREFIX (global_dice, ...).
+        With meta SUBMIT_MODEL (the server's cross-site evaluation) the site returns the model it would score, as
+        its params, unscored."""
         meta, ctx, steps = task.meta, self._context(site, task, state_dir, trains=False), TaskSteps(task.meta)
-        model = steps.evaluated_model(ctx)  # a model of the site's own (Ditto's personal one), or None
-        model = self._model_for(ctx, steps, protocol.EVALUATE) if model is None else model
+        held_out = site in meta.get(protocol.HELD_OUT, [])
+        if held_out:
+            model = load_numpy_state(build_model(meta[protocol.MODEL_SPEC]), task.params)
+        else:
+            model = steps.evaluated_model(ctx)  # a model of the site's own (Ditto's personal one), or None
+            model = self._model_for(ctx, steps, protocol.EVALUATE) if model is None else model
+        if meta.get(protocol.SUBMIT_MODEL):
+            return FLModel(params_type=ParamsType.FULL, params=state_to_numpy(model.state_dict()), metrics={})
         loader = self._loader(site, meta, "testing", train=False, seed=self.seed)
+        metrics = self._test_scores(site, model, loader, meta)
+        if meta.get(protocol.SCORE_GLOBAL) and not held_out:
+            sent = load_numpy_state(build_model(meta[protocol.MODEL_SPEC]), task.params)
+            metrics.update({GLOBAL_PREFIX + k: v for k, v in self._test_scores(site, sent, loader, meta).items()})
+        return FLModel(
+            params_type=ParamsType.FULL,
+            params={},
+            metrics={**metrics, **ctx.metrics},
+            meta={protocol.NUM_SAMPLES: len(loader.dataset)},
+        )
+
+    def _test_scores(self, site, model, loader, meta: dict) -> dict:
+        """`model`'s metrics on this site's test split (`loader`) and corrupted test split, as `_validate` reports."""
         metrics = self._evaluate(model, loader, meta)
         if self._task(meta) == CLASSIFICATION:  # under quality shift: clean, corrupted, and the site's own quality
             scores = {"clean": metrics}
@@ -223,12 +249,7 @@ class FairflExecutor(Executor):
                 "corrupted_site": float(corrupted_site),
                 **{f"{quality}_{name}": v for quality, values in scores.items() for name, v in values.items()},
             }
-        return FLModel(
-            params_type=ParamsType.FULL,
-            params={},
-            metrics={**metrics, **ctx.metrics},
-            meta={protocol.NUM_SAMPLES: len(loader.dataset)},
-        )
+        return metrics
 
     def _cka(self, site, task: FLModel, state_dir: str) -> FLModel:
         """Per-layer CKA between the site's local model and the anchor on a random sample of the site's images,
@@ -272,6 +293,9 @@ class FairflExecutor(Executor):
         problem = check_optimizer_settings(meta[protocol.OPTIMIZER]) if protocol.OPTIMIZER in meta else None
         if problem:
             raise DataError(site, "the server's task", f"{protocol.OPTIMIZER} settings: {problem}")
+        held_out = meta.get(protocol.HELD_OUT, [])
+        if not (isinstance(held_out, list) and all(isinstance(s, str) for s in held_out)):
+            raise DataError(site, "the server's task", f"{protocol.HELD_OUT} is not a list of site names")
 
     @staticmethod
     def _task(meta: dict) -> str:

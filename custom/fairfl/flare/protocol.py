@@ -22,6 +22,12 @@ SEND_PARAMS = "send_params"  # whether the site returns its trained weights
 FROM_GLOBAL, FROM_LOCAL = "global", "local"
 FROM_PERSONAL = "personal"  # EVALUATE only: the site's Ditto personal model (PERSONAL_MODEL_FILE); a site that
 # has none yet (never trained) is scored with the model sent, Ditto's v_k start
+SCORE_GLOBAL = "score_global"  # validate: a site scored with a model of its own also scores the model sent, as it
+# is, and reports those metrics prefixed fairfl.results.GLOBAL_PREFIX (global_dice, ...) beside its own
+HELD_OUT = "held_out"  # validate: the sites held out of training (exclude_sites); such a site scores the model sent as
+# it is, never a model of its own (a personal model, a kept head or normalisation layers)
+SUBMIT_MODEL = "submit_model"  # validate (cross-site evaluation): the site returns the model it is scored with, as
+# its params, instead of scores
 SALT_RHO = "salt_rho"  # FedISM(+): train with GSAM (SALT) at this search distance ...
 SALT_ALPHA = "salt_alpha"  # ... and this surrogate-gap weight alpha
 SHARPNESS_RHO = "sharpness_rho"  # FedISM(+): before training, measure the sharpness of the model sent at this rho

@@ -196,6 +196,27 @@ def test_evaluation_uses_the_personal_model_and_the_sent_one_before_there_is_one
     # a site that never trained (exclude_sites) is scored with the model sent: Ditto's v_k starts as w
     fresh = executor._validate("site-2", task, str(tmp_path / "never_trained")).metrics
     assert fresh["personal_model"] == 0.0 and fresh["dice"] == pytest.approx(on_global, abs=1e-9)
+    # asked for the global model's score too: the same task also scores the model sent as it is, the personal
+    # model's scores unchanged
+    both = executor._validate("site-2", with_meta(task, {protocol.SCORE_GLOBAL: True}), str(tmp_path)).metrics
+    sent = executor._evaluate(load_numpy_state(build_model(spec), w0), loader, meta)
+    assert both["dice"] == pytest.approx(expected, abs=1e-9) and both["personal_model"] == 1.0
+    assert {k: both["global_" + k] for k in sent} == pytest.approx(sent) and sent["dice"] == on_global
+    # a held-out site is scored with the model sent, never with a personal model it may hold (a stale one here)
+    held_out = {protocol.SCORE_GLOBAL: True, protocol.HELD_OUT: ["site-2"]}
+    alone = executor._validate("site-2", with_meta(task, held_out), str(tmp_path)).metrics
+    assert alone["dice"] == pytest.approx(on_global, abs=1e-9) and not {"personal_model", "global_dice"} & set(alone)
+    # cross-site evaluation: the site hands over the model it is scored with, its personal one, unscored
+    submitted = executor._validate("site-2", with_meta(task, {protocol.SUBMIT_MODEL: True}), str(tmp_path))
+    assert not submitted.metrics and set(submitted.params) == set(personal_state(tmp_path))
+    assert all(np.array_equal(submitted.params[k], v.numpy()) for k, v in personal_state(tmp_path).items())
+    for bad in ("site-2", [3]):  # the server's list is checked: a bad one is bad task data naming the field
+        with pytest.raises(DataError, match="held_out is not a list of site names"):
+            executor._check_task("site-2", {**task.meta, protocol.HELD_OUT: bad})
+
+
+def with_meta(task, extra):
+    return FLModel(params_type=task.params_type, params=task.params, meta={**task.meta, **extra})
 
 
 @pytest.mark.parametrize("damage", ["garbage", "bare_state_dict", "other_network", "nan"])

@@ -14,7 +14,7 @@ from fairfl.methods.fednpr.controller import FedNPRController
 from fairfl.methods.fedprox.client import with_proximal_term
 from fairfl.methods.fedprox.controller import FedProxController
 from fairfl.methods.steps import TaskSteps
-from fairfl.models import build_model, head_state_keys, initial_state, state_to_torch
+from fairfl.models import build_model, head_state_keys, initial_state, load_numpy_state, state_to_torch
 
 TINY = {"dataset": "skin_imbalanced", "model_channels": [4, 8], "num_rounds": 2}
 
@@ -117,12 +117,18 @@ def test_executor_trains_with_npr_and_evaluates_with_its_own_head(tmp_path, cach
     assert all(np.array_equal(state[k].numpy(), own_head[k]) for k in head)
     body = [k for k in params if k not in head and params[k].dtype.kind == "f"]
     assert all(np.array_equal(state[k].numpy(), params[k]) for k in body)
+    # scored with its own head and, asked by the server (FedNPR-Per keeps a part local), with the global model as
+    # sent (the head the server holds: never trained)
+    assert FedNPRController(personal_head=True, **TINY).scores_global and not FedNPRController(**TINY).scores_global
+    validate = {**meta, protocol.EVALUATE: protocol.FROM_GLOBAL, protocol.SCORE_GLOBAL: True}
     scores = executor._validate(
-        "site-2",
-        FLModel(params_type=ParamsType.FULL, params=params, meta={**meta, protocol.EVALUATE: protocol.FROM_GLOBAL}),
-        str(tmp_path),
+        "site-2", FLModel(params_type=ParamsType.FULL, params=params, meta=validate), str(tmp_path)
     ).metrics
-    assert 0.0 <= scores["balanced_accuracy"] <= 1.0
+    loader = executor._loader("site-2", meta, "testing", train=False, seed=executor.seed)
+    own_scores = executor._evaluate(model, loader, meta)
+    sent_scores = executor._evaluate(load_numpy_state(build_model(controller.model_spec()), params), loader, meta)
+    assert scores["clean_auc"] == pytest.approx(own_scores["auc"]) and 0.0 <= scores["balanced_accuracy"] <= 1.0
+    assert scores["global_clean_auc"] == pytest.approx(sent_scores["auc"]) != own_scores["auc"]
 
 
 def test_server_expects_no_head_from_fednpr_per_sites_and_every_key_from_fednpr_sites():

@@ -12,10 +12,11 @@ class DittoController(FairRoundController):
     site keeps a personal model v_k, which starts as the first global model it receives and each round trains for
     the same local epochs/steps on loss_k(v) + (lambda / 2) ||v - w_t||^2, w_t the global model sent that round
     (not the site's freshly trained copy). Personal models never leave the sites; each site is evaluated with its
-    own (`personal_model` 1.0 in its metrics; 0.0 for a site that never trained, e.g. under `exclude_sites`, which
-    is scored with the global model). They live in the site's state dir (protocol.PERSONAL_MODEL_FILE, with the
-    previous round's), so a named run (run_name) resumes with them, a repeated round included. The global_model.pt
-    saved is FedAvg's global model."""
+    own (`personal_model` 1.0 in its metrics; 0.0 for a site that has not trained yet, scored with the global model)
+    and, in the same task, with the global model it received (`global_dice`, ...). A site held out of training
+    (`exclude_sites`) is scored with the global model alone. They live in the site's state dir
+    (protocol.PERSONAL_MODEL_FILE, with the previous round's), so a named run (run_name) resumes with them, a
+    repeated round included. The global_model.pt saved is FedAvg's global model."""
 
     method = "ditto"
     evaluate = protocol.FROM_PERSONAL
