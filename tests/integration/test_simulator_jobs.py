@@ -367,40 +367,31 @@ def test_fedism_plus_on_skin_with_a_site_sending_nan_sharpness(tmp_path, cache_d
     assert set(state["state"]["weights"]) == {"site-1", "site-3", "site-4"}
 
 
-def test_qfedavg_and_fedavg_run_on_the_classification_data(tmp_path, cache_dir):
-    # site-2 reports another lr than the others (q-FedAvg's L = 1 / lr): that site is rejected, not the job
+def test_qfedavg_on_the_classification_data_rejects_a_wrong_lr_and_a_claim_of_huge_data(tmp_path, cache_dir):
+    # site-2 reports another lr than the others (q-FedAvg's L = 1 / lr); site-3 claims 10**18 training samples
+    # (all the weight, were it unchecked): each site is rejected, not the job
+    fault = {"tasks": ["train"], "filters": [corrupt("site-2", "lr"), corrupt("site-3", "huge_samples")]}
     job = make_job(
         "qfedavg",
         str(tmp_path / "job"),
         server={"num_rounds": 1},
         client=TINY_CLASSIFICATION,
-        client_extra={"task_result_filters": [faulty("site-2", "lr")]},
+        client_extra={"task_result_filters": [fault]},
     )
-    sim = run(job, str(tmp_path / "ws"), n=3, t=3)
-    assert "site-2" in sim.errors.pop("server", "")
+    sim = run(job, str(tmp_path / "ws"), n=4, t=4)
+    server_errors = sim.errors.pop("server", "")
+    assert "site-2" in server_errors and "site-3" in server_errors
     results = load_results(sim)
-    sites = ["site-1", "site-2", "site-3"]
+    sites = ["site-1", "site-2", "site-3", "site-4"]
     check_classification(results, "qfedavg", sites, rounds=1)
     record = results["rounds"][0]
-    assert set(record["rejected"]) == {"site-2"} and "differs from the round's lr" in record["rejected"]["site-2"]
-    assert set(record["losses"]) == {"site-1", "site-3"} and record["lipschitz"] == pytest.approx(1 / 3e-4)
+    assert set(record["rejected"]) == {"site-2", "site-3"}
+    assert "differs from the round's lr" in record["rejected"]["site-2"]
+    assert "max_samples" in record["rejected"]["site-3"]
+    assert set(record["losses"]) == {"site-1", "site-4"} and record["lipschitz"] == pytest.approx(1 / 3e-4)
     assert 0.0 <= record["global_share"] < 1.0
+    assert set(record["weights"]) == {"site-1", "site-4"}
     assert sum(record["weights"].values()) + record["global_share"] == pytest.approx(1.0)
-    # FedAvg on the same data: only the dataset (and so the task, model and metrics) changes; site-3 claims 10**18
-    # training samples (all the weight, unchecked) and is rejected
-    job = make_job(
-        "fedavg",
-        str(tmp_path / "job_fedavg"),
-        server={"num_rounds": 1, "dataset": "skin"},
-        client=TINY_CLASSIFICATION,
-        client_extra={"task_result_filters": [faulty("site-3", "huge_samples")]},
-    )
-    sim = run(job, str(tmp_path / "ws_fedavg"), n=3, t=3)
-    assert "site-3" in sim.errors.pop("server", "")
-    results = load_results(sim)
-    check_classification(results, "fedavg", sites, rounds=1)
-    assert "max_samples" in results["rounds"][0]["rejected"]["site-3"]
-    assert set(results["rounds"][0]["weights"]) == {"site-1", "site-2"}
 
 
 def crashing_site(site="site-3", round_num=1):
