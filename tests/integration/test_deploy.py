@@ -161,7 +161,7 @@ def wait_for_clients(kit, user, names, timeout=120):
                     return
         except Exception:
             pass
-        time.sleep(3)
+        time.sleep(1)
     raise TimeoutError(f"sites {names} did not connect within {timeout} s")
 
 
