@@ -9,9 +9,10 @@ sites report (`train_seconds`, and the method's own site work: `probe_seconds`, 
 `personal_train_seconds`).
 
 The floor is the same local training without FLARE: the executor's own train step (same data, model, optimiser,
-loss and seeds as in a run) called for every site in a plain loop, the sites spread over `--cores` processes of one
-thread each, as the simulator spreads its site processes over the machine's cores. FedAvg's round time over the
-floor's is what orchestration adds.
+loss and seeds as in a run) called for every site in a plain loop, after each repeat's runs, in two layouts: the
+sites spread over `--cores` processes of one thread each (the machine's physical limit), and one one-thread process
+per site, as the simulator runs them (what six processes sharing two cores cost by themselves). FedAvg's round time
+over a floor's is what orchestration adds.
 
     python benchmarks/cost.py --repeats 2 --rounds 6 --out benchmarks/results/cost
 
@@ -141,7 +142,7 @@ def floor(dataset: str, num_sites: int, rounds: int, cores: int) -> dict:
     if any(w.returncode for w in workers):
         raise RuntimeError("a floor worker failed")
     per_round = [max(values) for values in zip(*per_worker)]  # a round ends when the slowest process is done
-    return {"round": round(statistics.median(per_round), 3), "rounds": per_round, "cores": cores}
+    return {"round": round(statistics.median(per_round), 3), "rounds": per_round, "processes": cores}
 
 
 # -------------------------------------------------------------------------------------------------- the summary
@@ -177,14 +178,17 @@ def summarize(runs: dict, floors: dict) -> tuple[dict, str]:
         lines[-1] += " | ".join(cells[1:]) + " |"
     lines += [
         "",
-        "| dataset | FedAvg round (s) | floor: same training without FLARE (s) | ratio |",
-        "|---|---|---|---|",
+        "| dataset | FedAvg round (s) | floor, a process per core (s) | FedAvg / floor | floor, a process per site (s) "
+        "| FedAvg / floor |",
+        "|---|---|---|---|---|---|",
     ]
-    for dataset, value in floors.items():
-        fedavg = [r["round"] for k, r in runs.items() if k.startswith("fedavg@") and r["dataset"] == dataset]
-        if fedavg:
-            median = statistics.median(fedavg)
-            lines.append(f"| {dataset} | {median:.2f} | {value['round']:.2f} | {median / value['round']:.2f} |")
+    for dataset in sorted({r["dataset"] for r in runs.values()}):
+        fedavg = median_of(r["round"] for k, r in runs.items() if k.startswith("fedavg@") and r["dataset"] == dataset)
+        cells = [dataset, f"{fedavg:.2f}"]
+        for layout in ("per_core", "per_site"):
+            measured = median_of(f["round"] for k, f in floors.items() if k.startswith(f"{dataset}#{layout}#"))
+            cells += [f"{measured:.2f}", f"{fedavg / measured:.2f}"] if measured else ["–", "–"]
+        lines.append("| " + " | ".join(cells) + " |")
     return {"methods": table, "floors": floors}, "\n".join(lines) + "\n"
 
 
@@ -227,11 +231,13 @@ def main(argv=None) -> int:
                     print(f"{key}: running ...", flush=True)
                     state["runs"][key] = {**run_job(job, dataset, args.rounds, args.sites, tmp), "dataset": dataset}
                     save()
-        for dataset in sorted({r["dataset"] for r in state["runs"].values()}):
-            if dataset not in state["floors"]:
-                print(f"floor on {dataset} ...", flush=True)
-                state["floors"][dataset] = floor(dataset, args.sites, args.rounds, args.cores)
-                save()
+            for dataset in sorted({job_args(m)[0]["dataset"] for m in args.methods}):  # beside this repeat's runs
+                for layout, processes in (("per_core", args.cores), ("per_site", args.sites)):
+                    key = f"{dataset}#{layout}#{repeat}"
+                    if key not in state["floors"]:
+                        print(f"floor {key} ...", flush=True)
+                        state["floors"][key] = floor(dataset, args.sites, args.rounds, processes)
+                        save()
     print(open(os.path.join(args.out, "SUMMARY.md")).read())
     return 0
 
