@@ -167,6 +167,11 @@ def summarize(runs: dict, floors: dict) -> tuple[dict, str]:
         "",
         f"`{' '.join(['python', 'benchmarks/cost.py', *sys.argv[1:]])}` ({versions()})",
         "",
+        "## Round time against FedAvg's",
+        "",
+        "Seconds, medians over the rounds that neither start the sites nor evaluate, then over the repeats; ratio: "
+        "the median of the per-repeat ratios (each listed).",
+        "",
         "| method | round (s) | FedAvg's (s) | ratio [pairs] | target | train task | server step | slowest site "
         "training | all sites' training | all sites' method work |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -177,6 +182,8 @@ def summarize(runs: dict, floors: dict) -> tuple[dict, str]:
         lines.append(f"| {method} | {cells[0]} | {row['fedavg_round']:.2f} | {ratio} | {row['target'] or '–'} | ")
         lines[-1] += " | ".join(cells[1:]) + " |"
     lines += [
+        "",
+        "## FedAvg against the same training without FLARE",
         "",
         "| dataset | FedAvg round (s) | floor, a process per core (s) | FedAvg / floor | floor, a process per site (s) "
         "| FedAvg / floor |",
@@ -238,6 +245,7 @@ def main(argv=None) -> int:
                         print(f"floor {key} ...", flush=True)
                         state["floors"][key] = floor(dataset, args.sites, args.rounds, processes)
                         save()
+    save()  # also rewrites the summary of runs that were all kept
     print(open(os.path.join(args.out, "SUMMARY.md")).read())
     return 0
 
