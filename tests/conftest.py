@@ -14,10 +14,13 @@ TINY_SERVER = {"num_rounds": 2, "eval_every": 1, "model_channels": [8, 16, 32], 
 TINY_CLIENT = {"image_size": 32, "synthetic_size_scale": 0.5, "cka_max_samples": 16}
 
 
-def make_job(name: str, dst: str, server: dict = None, client: dict = None, client_extra: dict = None) -> str:
-    """jobs/<name> copied to dst with tiny settings (plus any overrides); the repo's job stays untouched."""
+def make_job(
+    name: str, dst: str, server: dict = None, client: dict = None, client_extra: dict = None, mlflow=False
+) -> str:
+    """jobs/<name> copied to dst with tiny settings (plus any overrides; mlflow as `fairfl run --mlflow`); the repo's
+    job stays untouched."""
     args = {**TINY_SERVER, **TINY_CLIENT, **(server or {}), **(client or {})}
-    return customize_job(os.path.join(JOBS, name), dst, args, client_config=client_extra)
+    return customize_job(os.path.join(JOBS, name), dst, args, client_config=client_extra, mlflow=mlflow)
 
 
 @pytest.fixture(scope="session")

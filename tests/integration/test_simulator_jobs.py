@@ -14,6 +14,7 @@ from fairfl.jobconfig import CLIENT_CONFIG
 from fairfl.progress import outcome_line
 from fairfl.report import free_riders
 from fairfl.simulate import NVFLARE_SIMULATOR, SIMULATOR_OUTPUT, run_simulator
+from fairfl.tracking import MLFLOW_EXPERIMENT, TB_FOLDER, mlflow_location
 
 from conftest import make_job
 
@@ -67,6 +68,38 @@ def faulty(site, mode, tasks=("train",)):
     return {"tasks": list(tasks), "filters": [corrupt(site, mode)]}
 
 
+def recorded(results, site):
+    """{metric: {round: value}} of `site` in results.json: its accepted training and evaluation metrics."""
+    found = {}
+    for record in results["rounds"]:
+        for part in ("train", "per_site"):
+            for name, value in (record.get(part) or {}).get(site, {}).items():
+                found.setdefault(name, {})[record["round"]] = value
+    return found
+
+
+def tensorboard_scalars(run_dir, site):
+    """{tag: {step: value}} that TensorBoard shows for `site` (tb_events/<site>/; {} when there is none)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folder = os.path.join(run_dir, TB_FOLDER, site)
+    if not os.path.isdir(folder):
+        return {}
+    events = EventAccumulator(folder)
+    events.Reload()
+    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+
+
+def check_tracking(sim, results, sites):
+    """TensorBoard shows exactly what results.json records, per site, metric (tag) and round (step): accepted
+    numbers only (TensorBoard keeps 32-bit floats)."""
+    run_dir = os.path.dirname(sim.results_path)
+    assert set(os.listdir(os.path.join(run_dir, TB_FOLDER))) == {s for s in sites if recorded(results, s)}
+    for site in sites:
+        shown, expected = tensorboard_scalars(run_dir, site), recorded(results, site)
+        assert shown == {name: pytest.approx(steps, rel=1e-6) for name, steps in expected.items()}, site
+
+
 def check_common(results, method, sites=("site-1", "site-2", "site-3"), rounds=2):
     assert results["schema"] == 1 and results["method"] == method
     assert results["sites"] == list(sites)
@@ -91,9 +124,8 @@ def test_fedavg_trains_and_reports(tiny_fedavg_run):
     weights = results["rounds"][-1]["weights"]
     assert sum(weights.values()) == pytest.approx(1.0) and len(weights) == 3
     assert os.path.exists(os.path.join(os.path.dirname(sim.results_path), "global_model.pt"))
-    tb_events = os.path.join(os.path.dirname(sim.results_path), "tb_events")
-    assert sorted(os.listdir(tb_events)) == ["site-1", "site-2", "site-3"]
-    assert all(os.listdir(os.path.join(tb_events, site)) for site in os.listdir(tb_events))
+    check_tracking(sim, results, ("site-1", "site-2", "site-3"))
+    assert set(recorded(results, "site-1")) >= {"train_loss", "train_seconds", "dice"}
     # while it ran: one progress line per round, in order, each with that round's evaluation; then the outcome
     assert [line.split(" | ")[0] for line in sim.progress_lines] == ["round 1/2", "round 2/2"]
     for line, record in zip(sim.progress_lines, results["rounds"]):
@@ -140,16 +172,23 @@ def test_solo_evaluates_own_models_on_a_data_root(tmp_path, cache_dir):
     assert "weights" not in results["rounds"][-1]
 
 
-@pytest.mark.parametrize("mode, other", [("nan", "string_metric"), ("shape", "huge_update")])
-def test_faulty_sites_are_rejected_every_round_and_the_global_model_stays_finite(tmp_path, cache_dir, mode, other):
-    # site-2 sends broken weights; site-3 string metrics (train and validate) or a finite but huge update
+@pytest.mark.parametrize(
+    "mode, other, evaluation", [("nan", "string_metric", "string_metric"), ("shape", "huge_update", "out_of_range")]
+)
+def test_faulty_sites_are_rejected_every_round_and_the_global_model_stays_finite(
+    tmp_path, cache_dir, mode, other, evaluation
+):
+    # site-2 sends broken weights; site-3 string metrics (train and validate), or a finite but huge update and
+    # evaluation scores of 7 (MLflow on in that run: what it records is checked against results.json)
     fault = {
         "task_result_filters": [
             {"tasks": ["train"], "filters": [corrupt("site-2", mode), corrupt("site-3", other)]},
-            faulty("site-3", other, ("validate",)),
+            faulty("site-3", evaluation, ("validate",)),
         ]
     }
-    sim = run(make_job("fedavg", str(tmp_path / "job"), client_extra=fault), str(tmp_path / "ws"), n=4, t=4)
+    mlflow = evaluation == "out_of_range"
+    job = make_job("fedavg", str(tmp_path / "job"), client_extra=fault, mlflow=mlflow)
+    sim = run(job, str(tmp_path / "ws"), n=4, t=4)
     # the server logs the rejections as errors; those are the expected ones
     server_errors = sim.errors.pop("server", "")
     assert "site-2" in server_errors and "site-3" in server_errors
@@ -160,14 +199,37 @@ def test_faulty_sites_are_rejected_every_round_and_the_global_model_stays_finite
         assert ("no valid metric train_" if other == "string_metric" else "times the round's median") in record[
             "rejected"
         ]["site-3"]
+        assert "evaluation: " in record["rejected"]["site-3"]
         assert set(record["weights"]) == {"site-1", "site-4"}
         assert set(record["train"]["site-3"]) == (
             set() if other == "string_metric" else {"train_loss", "train_seconds"}
         )
     final = results["final"]
-    scored = {"site-1", "site-2", "site-4"} if other == "string_metric" else {"site-1", "site-2", "site-3", "site-4"}
-    assert set(final["per_site"]) == scored  # a string Dice is not a score
+    assert set(final["per_site"]) == {"site-1", "site-2", "site-4"}  # a string or a Dice of 7 is not a score
     assert all(math.isfinite(v["dice"]) for v in final["per_site"].values())
+    # the trackers show the accepted numbers: site-3's training metrics where they were numbers, never its scores
+    sites = ("site-1", "site-2", "site-3", "site-4")
+    check_tracking(sim, results, sites)
+    assert "dice" not in tensorboard_scalars(os.path.dirname(sim.results_path), "site-3")
+    if mlflow:
+        assert mlflow_metrics(os.path.dirname(sim.results_path), sites) == {s: recorded(results, s) for s in sites}
+
+
+def mlflow_metrics(run_dir, sites):
+    """{site: {metric: {step: value}}} of the run's MLflow store (one finished MLflow run per site), read with
+    MLflow's own client."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_location(run_dir, True))
+    runs = client.search_runs([client.get_experiment_by_name(MLFLOW_EXPERIMENT).experiment_id])
+    assert len(runs) == len(sites) and all(r.info.status == "FINISHED" for r in runs)
+    found = {}
+    for r in runs:
+        site = next(s for s in sites if r.info.run_name.startswith(f"{s}-"))
+        found[site] = {
+            name: {m.step: m.value for m in client.get_metric_history(r.info.run_id, name)} for name in r.data.metrics
+        }
+    return found
 
 
 def test_fedlwr_rejects_out_of_range_cka(tmp_path, cache_dir):
