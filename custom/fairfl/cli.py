@@ -120,8 +120,8 @@ def _run(args) -> int:
     if customized:
         try:
             job = customize_job(job, job_copy, overrides, mlflow=args.mlflow)
-        except ValueError as e:  # an argument the job does not have, a value of the wrong kind, a second MLflow
-            print(f"fairfl run: error: argument {'--set' if overrides else '--mlflow'}: {e}", file=sys.stderr)
+        except ValueError as e:  # an argument the job lacks, a value of the wrong kind; mlflow missing or a bad URI
+            print(f"fairfl run: error: {e}", file=sys.stderr)
             return 2
     if verbosity(args) > QUIET:
         if customized:

@@ -240,5 +240,5 @@ def test_fairfl_run_with_mlflow_runs_a_job_copy_with_nvflares_receiver_and_print
     assert cli.main(argv) == 0
     assert "mlflow:      mlflow ui --backend-store-uri http://127.0.0.1:5000" in capsys.readouterr().out
     assert cli.main(["run", job, "-w", workspace, "--force", "--mlflow", " "]) == 2
-    assert "--mlflow: mlflow: true (a store in the run folder) or a tracking URI" in capsys.readouterr().err
+    assert "error: mlflow: true (a store in the run folder) or a tracking URI, got ' '" in capsys.readouterr().err
     assert len(ran) == 2
