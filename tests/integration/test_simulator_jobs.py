@@ -14,9 +14,9 @@ from fairfl.jobconfig import CLIENT_CONFIG
 from fairfl.progress import outcome_line
 from fairfl.report import free_riders
 from fairfl.simulate import NVFLARE_SIMULATOR, SIMULATOR_OUTPUT, run_simulator
-from fairfl.tracking import MLFLOW_EXPERIMENT, TB_FOLDER, mlflow_location
+from fairfl.tracking import MLFLOW_EXPERIMENT, mlflow_location
 
-from conftest import make_job
+from conftest import check_tracking, make_job, recorded, tensorboard_scalars
 
 pytestmark = pytest.mark.slow
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: faults.py
@@ -68,38 +68,6 @@ def faulty(site, mode, tasks=("train",)):
     return {"tasks": list(tasks), "filters": [corrupt(site, mode)]}
 
 
-def recorded(results, site):
-    """{metric: {round: value}} of `site` in results.json: its accepted training and evaluation metrics."""
-    found = {}
-    for record in results["rounds"]:
-        for part in ("train", "per_site"):
-            for name, value in (record.get(part) or {}).get(site, {}).items():
-                found.setdefault(name, {})[record["round"]] = value
-    return found
-
-
-def tensorboard_scalars(run_dir, site):
-    """{tag: {step: value}} that TensorBoard shows for `site` (tb_events/<site>/; {} when there is none)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    folder = os.path.join(run_dir, TB_FOLDER, site)
-    if not os.path.isdir(folder):
-        return {}
-    events = EventAccumulator(folder)
-    events.Reload()
-    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
-
-
-def check_tracking(sim, results, sites):
-    """TensorBoard shows exactly what results.json records, per site, metric (tag) and round (step): accepted
-    numbers only (TensorBoard keeps 32-bit floats)."""
-    run_dir = os.path.dirname(sim.results_path)
-    assert set(os.listdir(os.path.join(run_dir, TB_FOLDER))) == {s for s in sites if recorded(results, s)}
-    for site in sites:
-        shown, expected = tensorboard_scalars(run_dir, site), recorded(results, site)
-        assert shown == {name: pytest.approx(steps, rel=1e-6) for name, steps in expected.items()}, site
-
-
 def check_common(results, method, sites=("site-1", "site-2", "site-3"), rounds=2):
     assert results["schema"] == 1 and results["method"] == method
     assert results["sites"] == list(sites)
@@ -124,7 +92,7 @@ def test_fedavg_trains_and_reports(tiny_fedavg_run):
     weights = results["rounds"][-1]["weights"]
     assert sum(weights.values()) == pytest.approx(1.0) and len(weights) == 3
     assert os.path.exists(os.path.join(os.path.dirname(sim.results_path), "global_model.pt"))
-    check_tracking(sim, results, ("site-1", "site-2", "site-3"))
+    check_tracking(os.path.dirname(sim.results_path), results, ("site-1", "site-2", "site-3"))
     assert set(recorded(results, "site-1")) >= {"train_loss", "train_seconds", "dice"}
     # while it ran: one progress line per round, in order, each with that round's evaluation; then the outcome
     assert [line.split(" | ")[0] for line in sim.progress_lines] == ["round 1/2", "round 2/2"]
@@ -209,7 +177,7 @@ def test_faulty_sites_are_rejected_every_round_and_the_global_model_stays_finite
     assert all(math.isfinite(v["dice"]) for v in final["per_site"].values())
     # the trackers show the accepted numbers: site-3's training metrics where they were numbers, never its scores
     sites = ("site-1", "site-2", "site-3", "site-4")
-    check_tracking(sim, results, sites)
+    check_tracking(os.path.dirname(sim.results_path), results, sites)
     assert "dice" not in tensorboard_scalars(os.path.dirname(sim.results_path), "site-3")
     if mlflow:
         assert mlflow_metrics(os.path.dirname(sim.results_path), sites) == {s: recorded(results, s) for s in sites}
