@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from fairfl.jobconfig import customize_job
+from fairfl.tracking import TB_FOLDER
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOBS = os.path.join(REPO, "jobs")
@@ -14,10 +15,44 @@ TINY_SERVER = {"num_rounds": 2, "eval_every": 1, "model_channels": [8, 16, 32], 
 TINY_CLIENT = {"image_size": 32, "synthetic_size_scale": 0.5, "cka_max_samples": 16}
 
 
-def make_job(name: str, dst: str, server: dict = None, client: dict = None, client_extra: dict = None) -> str:
-    """jobs/<name> copied to dst with tiny settings (plus any overrides); the repo's job stays untouched."""
+def make_job(
+    name: str, dst: str, server: dict = None, client: dict = None, client_extra: dict = None, mlflow=False
+) -> str:
+    """jobs/<name> copied to dst with tiny settings (plus any overrides; mlflow as `fairfl run --mlflow`); the repo's
+    job stays untouched."""
     args = {**TINY_SERVER, **TINY_CLIENT, **(server or {}), **(client or {})}
-    return customize_job(os.path.join(JOBS, name), dst, args, client_config=client_extra)
+    return customize_job(os.path.join(JOBS, name), dst, args, client_config=client_extra, mlflow=mlflow)
+
+
+def recorded(results, site):
+    """{metric: {round: value}} of `site` in results.json: its accepted training and evaluation metrics."""
+    found = {}
+    for record in results["rounds"]:
+        for part in ("train", "per_site"):
+            for name, value in (record.get(part) or {}).get(site, {}).items():
+                found.setdefault(name, {})[record["round"]] = value
+    return found
+
+
+def tensorboard_scalars(run_dir, site):
+    """{tag: {step: value}} that TensorBoard shows for `site` (tb_events/<site>/; {} when there is none)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folder = os.path.join(run_dir, TB_FOLDER, site)
+    if not os.path.isdir(folder):
+        return {}
+    events = EventAccumulator(folder)
+    events.Reload()
+    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+
+
+def check_tracking(run_dir, results, sites):
+    """TensorBoard shows exactly what results.json records, per site, metric (tag) and round (step): accepted
+    numbers only (TensorBoard keeps 32-bit floats)."""
+    assert set(os.listdir(os.path.join(run_dir, TB_FOLDER))) == {s for s in sites if recorded(results, s)}
+    for site in sites:
+        shown, expected = tensorboard_scalars(run_dir, site), recorded(results, site)
+        assert shown == {name: pytest.approx(steps, rel=1e-6) for name, steps in expected.items()}, site
 
 
 @pytest.fixture(scope="session")

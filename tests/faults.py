@@ -17,7 +17,8 @@ class CorruptResult(Filter):
         site's process after it trained in round `round`, before it answers (a site that dies mid-round);
         "string_metric" turns every metric of every answer (train and validate) into a string; "huge_samples" claims
         10**18 training samples; "huge_update" adds 1000 to every float weight (a finite, huge update); "lr" reports
-        a learning rate 10 times its own (q-FedAvg's L = 1 / lr)."""
+        a learning rate 10 times its own (q-FedAvg's L = 1 / lr); "out_of_range" makes every metric of an evaluation
+        7.0 (a score outside [0, 1])."""
         super().__init__()
         self.site, self.mode, self.round = site, mode, round
         self.train_results = 0  # train answers this process has sent
@@ -33,11 +34,11 @@ class CorruptResult(Filter):
                     os._exit(1)
             return shareable
         if self.mode == "string_metric" and model.metrics:
-            model.metrics = {name: f"{value}; DROP TABLE results" for name, value in model.metrics.items()}
-            if "initial_metrics" in (model.meta or {}):  # where a result with weights carries its metrics
-                model.meta["initial_metrics"] = model.metrics
+            set_metrics(model, {name: f"{value}; DROP TABLE results" for name, value in model.metrics.items()})
         elif self.mode == "huge_samples" and model.params:
             model.meta["num_samples"] = 10**18
+        elif self.mode == "out_of_range" and model.metrics and not model.params:
+            set_metrics(model, {name: 7.0 for name in model.metrics})
         elif self.mode == "lr" and model.params:
             model.meta["lr"] = model.meta["lr"] * 10
         elif self.mode == "cka" and "cka" in (model.meta or {}):
@@ -62,3 +63,9 @@ class CorruptResult(Filter):
         else:
             return shareable
         return FLModelUtils.to_shareable(model)
+
+
+def set_metrics(model, metrics):
+    model.metrics = metrics
+    if "initial_metrics" in (model.meta or {}):  # where NVFlare's result carries its metrics too (it wins)
+        model.meta["initial_metrics"] = metrics

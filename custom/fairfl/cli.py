@@ -103,6 +103,7 @@ def _run(args) -> int:
     from fairfl.report import make_report
     from fairfl.simulate import is_simulator_workspace, run_simulator, watch_options
     from fairfl.site_settings import FREE_RIDERS_ENV
+    from fairfl.tracking import TB_FOLDER, mlflow_location
 
     job = os.path.abspath(args.job)
     workspace = os.path.abspath(args.workspace or os.path.join("workspaces", os.path.basename(job.rstrip("/"))))
@@ -115,21 +116,23 @@ def _run(args) -> int:
         return 2
     # the simulator empties its workspace: only a previous simulator workspace, and only with --force
     problem = refuse_to_overwrite(workspace, args.force, "workspace", is_simulator_workspace)
+    customized = overrides or args.mlflow is not False
     problem = problem or (
-        overrides and refuse_to_overwrite(job_copy, args.force, "job copy", lambda folder: is_job_copy(str(folder)))
+        customized and refuse_to_overwrite(job_copy, args.force, "job copy", lambda folder: is_job_copy(str(folder)))
     )
     if problem:
         print(f"fairfl run: {problem}", file=sys.stderr)
         return 1
-    if overrides:
+    if customized:
         try:
-            job = customize_job(job, job_copy, overrides)
-        except ValueError as e:  # an argument the job does not have, or a value of the wrong kind
-            print(f"fairfl run: error: argument --set: {e}", file=sys.stderr)
+            job = customize_job(job, job_copy, overrides, mlflow=args.mlflow)
+        except ValueError as e:  # an argument the job lacks, a value of the wrong kind; mlflow missing or a bad URI
+            print(f"fairfl run: error: {e}", file=sys.stderr)
             return 2
     if verbosity(args) > QUIET:
-        if overrides:
-            print(f"job with {overrides}: {job}")
+        if customized:
+            changes = [str(overrides)] * bool(overrides) + ["MLflow tracking"] * (args.mlflow is not False)
+            print(f"job with {' and '.join(changes)}: {job}")
         print(
             f"running {job} in NVFlare's simulator (recipe API, SimEnv) with {args.n_clients} sites; workspace "
             f"{workspace}" + (f"; free riders {', '.join(args.free_riders)}" if args.free_riders else ""),
@@ -144,8 +147,10 @@ def _run(args) -> int:
     paths = [("results", run.results_path)] if results else []
     if finished:
         paths.append(("report", make_report([run.results_path], os.path.join(workspace, "report"))["report"]))
-        tb_events = os.path.join(os.path.dirname(run.results_path), "tb_events")
-        paths.append(("tensorboard", f"tensorboard --logdir {tb_events}"))
+        run_dir = os.path.dirname(run.results_path)
+        paths.append(("tensorboard", f"tensorboard --logdir {os.path.join(run_dir, TB_FOLDER)}"))
+        if args.mlflow is not False:
+            paths.append(("mlflow", f"mlflow ui --backend-store-uri {mlflow_location(run_dir, args.mlflow)}"))
     paths.append(("logs", f"{workspace}/<site>/log.txt, {workspace}/simulator_output.txt"))
     print("\n".join(f"{what + ':':<12} {where}" for what, where in paths))
     return 0 if finished else 1
@@ -277,6 +282,18 @@ def _export_job(args) -> int:
     return 0
 
 
+def add_mlflow_argument(parser) -> None:
+    parser.add_argument(
+        "--mlflow",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="TRACKING_URI",
+        help="also send every site's accepted metrics to MLflow (NVFlare's MLflowReceiver on the server): to a "
+        "SQLite store mlflow.db beside results.json, or to TRACKING_URI (needs pip install 'fairfl[tracking]')",
+    )
+
+
 def _add_simulator_arguments(parser) -> None:
     parser.add_argument("-n", "--n-clients", type=at_least(1), default=6)
     parser.add_argument("-t", "--threads", type=at_least(1), default=None, help="client processes at once (default n)")
@@ -316,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="these sites are free riders (FedCE's Fig. 4): sets the sites' own "
         "FAIRFL_FREE_RIDERS in the simulator's environment",
     )
+    add_mlflow_argument(p)
     _add_simulator_arguments(p)
     p.set_defaults(func=_run)
 

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from fairfl.site_settings import MOVED_ARGUMENTS
+from fairfl.tracking import with_mlflow
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs"  # the job folders of a fairfl checkout (fairfl make-jobs)
 # how a run waits for its sites: they change when a round ends, never its numbers
@@ -80,13 +81,16 @@ def is_job_copy(folder: str) -> bool:
     )
 
 
-def customize_job(src: str, dst: str, args: dict | None = None, client_config: dict | None = None) -> str:
+def customize_job(
+    src: str, dst: str, args: dict | None = None, client_config: dict | None = None, mlflow: bool | str = False
+) -> str:
     """Copy job `src` to `dst`, setting each argument in `args` on every fairfl component that has it.
 
     An argument no component has, or a value of another JSON kind than the job's (a string for a number), is a
     ValueError naming it, and nothing is written (a typo must not silently run the defaults). `dst` may exist
     only as an empty folder or an earlier job copy (`is_job_copy`), which is replaced; anything else is refused,
-    never deleted. client_config: top-level keys to set in the client config (e.g. task_result_filters)."""
+    never deleted. client_config: top-level keys to set in the client config (e.g. task_result_filters). mlflow:
+    add NVFlare's MLflow receiver to the server (fairfl.tracking.with_mlflow: True, or a tracking URI)."""
     if os.path.lexists(dst) and not (
         os.path.isdir(dst) and not os.path.islink(dst) and (not os.listdir(dst) or is_job_copy(dst))
     ):
@@ -97,7 +101,7 @@ def customize_job(src: str, dst: str, args: dict | None = None, client_config: d
     try:
         copy = os.path.join(staging, "job")
         shutil.copytree(src, copy)
-        _set_arguments(src, copy, args or {}, client_config or {})
+        _set_arguments(src, copy, args or {}, client_config or {}, mlflow)
         if os.path.exists(dst):
             shutil.rmtree(dst)
         os.replace(copy, dst)
@@ -106,13 +110,14 @@ def customize_job(src: str, dst: str, args: dict | None = None, client_config: d
     return dst
 
 
-def _set_arguments(src: str, job: str, args: dict, client_config: dict) -> None:
+def _set_arguments(src: str, job: str, args: dict, client_config: dict, mlflow: bool | str) -> None:
     configs = {}
     for name in (SERVER_CONFIG, CLIENT_CONFIG):
         with open(os.path.join(job, name)) as f:
             configs[name] = json.load(f)
     set_arguments(configs, args, src)
     configs[CLIENT_CONFIG].update(client_config)
+    configs[SERVER_CONFIG] = with_mlflow(configs[SERVER_CONFIG], mlflow)
     for name, config in configs.items():
         with open(os.path.join(job, name), "w") as f:
             json.dump(config, f, indent=2)

@@ -29,6 +29,7 @@ from nvflare.recipe.spec import Recipe, _peek_recipe_args
 
 from fairfl.jobconfig import CLIENT_CONFIG, JOBS, SERVER_CONFIG, set_arguments
 from fairfl.simulate import RECIPE_SITE_ERRORS
+from fairfl.tracking import with_mlflow
 
 META = "meta.json"
 ONE_APP_FOR_ALL = {"app": ["@ALL"]}  # the deploy map of every fairfl job, and the only one a FedJob with one app writes
@@ -110,11 +111,15 @@ def allow_fairfl_classes(workspace: str) -> str:
 class FairflRecipe(Recipe):
     """The fairfl job `job` (a name in jobs/ or a job folder) as an NVFlare recipe, with `arguments` set (e.g.
     num_rounds=50, image_size=32: server or client arguments, as `fairfl run --set`). `name`: the job's name
-    (default its meta.json's), which SimEnv also names the run's workspace after (workspace_root/<name>)."""
+    (default its meta.json's), which SimEnv also names the run's workspace after (workspace_root/<name>). `mlflow`:
+    True or a tracking URI adds NVFlare's MLflow receiver to the server (`fairfl run --mlflow`, fairfl.tracking);
+    the job's TensorBoard receiver is always there. (NVFlare's add_experiment_tracking adds a receiver through the
+    Job API, which the job's own component list would replace: refused, see `_validate_before_use`.)"""
 
-    def __init__(self, job: str, *, name: str | None = None, **arguments):
+    def __init__(self, job: str, *, name: str | None = None, mlflow: bool | str = False, **arguments):
         server, client, meta = job_configuration(job)
         server, client = with_arguments(job, server, client, arguments)
+        server = with_mlflow(server, mlflow)
         if meta.get("deploy_map", ONE_APP_FOR_ALL) != ONE_APP_FOR_ALL:
             raise ValueError(
                 f"job {job}: the recipe runs one app on every site, not the deploy_map {json.dumps(meta['deploy_map'])}"
@@ -170,7 +175,7 @@ def job_name(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fairfl.cli import at_least
+    from fairfl.cli import add_mlflow_argument, at_least
 
     parser = argparse.ArgumentParser(
         prog="python -m fairfl.recipe",
@@ -202,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--name", type=job_name, help="the job's name, and so its workspace WORKSPACE_ROOT/NAME (default the job's own)"
     )
     parser.add_argument("--force", action="store_true", help="replace the workspace of an earlier run")
+    add_mlflow_argument(parser)
     return parser
 
 
@@ -223,7 +229,7 @@ def main(argv=None) -> int:
     if args.threads is not None and args.threads > args.n_clients:
         parser.error(f"argument -t/--threads: at most -n ({args.n_clients}), got {args.threads}")
     try:
-        recipe = FairflRecipe(args.job, name=args.name, **parse_assignments(args.set))
+        recipe = FairflRecipe(args.job, name=args.name, mlflow=args.mlflow, **parse_assignments(args.set))
     except ValueError as e:  # no such job, key=value malformed, an argument the job lacks or of the wrong kind
         parser.error(str(e))
     env = SimEnv(

@@ -126,7 +126,7 @@ def run_simulator(
                 returncode = 0  # the simulator itself ended well: the error logs and results are judged below
         finally:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_all(proc)
                 proc.wait()
     shutil.move(log.name, os.path.join(workspace, SIMULATOR_OUTPUT))
     return SimulatorRun(workspace, returncode, time.time() - started, collect_errors(workspace))
@@ -197,14 +197,31 @@ def _wait(
             rounds_began = rounds_began or time.time()
         rounds = finished_rounds(results)
         if kill_after_round is not None and any(r["round"] >= kill_after_round for r in rounds):
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_all(proc)
             return proc.wait()
         if sites and rounds_began and time.time() - rounds_began > SITE_START_GRACE and never_started(workspace, sites):
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_all(proc)
             proc.wait()
             return NEVER_STARTED
         time.sleep(0.5 if kill_after_round is None else 0.05)  # a kill must land before the next round ends
     return proc.returncode
+
+
+def kill_all(proc) -> None:
+    """SIGKILL `proc`, its process group and every process below it: NVFlare's SimEnv starts the simulator in a
+    session of its own, which a group kill misses (the server would go on with the run)."""
+    import psutil
+
+    try:
+        below = psutil.Process(proc.pid).children(recursive=True)  # before the kill, which orphans them
+    except psutil.NoSuchProcess:
+        below = []
+    os.killpg(proc.pid, signal.SIGKILL)
+    for child in below:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def never_started(workspace: str, sites: list) -> list:

@@ -15,6 +15,7 @@ reports (`fairfl.methods.fedism.saga.check_report`). How much any one site can w
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -27,6 +28,7 @@ MAX_REPORTED = 1e6  # a self-reported loss, sharpness or error above this is not
 MAX_SAMPLES = 10**7  # default cap on a site's training-set size (`max_samples`)
 MAX_METRICS = 64  # metrics one answer may carry ...
 MAX_NAME = 100  # ... and the length of their names
+METRIC_NAME = re.compile(r"[\w\-. :/]+")  # what MLflow accepts as a metric name
 
 
 def number_problem(value, what: str, low: float = 0.0, high: float = float("inf")) -> str | None:
@@ -146,7 +148,8 @@ def samples_problem(num_samples, declared: int | None, cap: int) -> str | None:
 
 def metrics_problem(metrics, low: float = -MAX_REPORTED, high: float = MAX_REPORTED) -> str | None:
     """Why a site's metrics {name: number} cannot be recorded: not a mapping, too many, a name that is not a short
-    string, or a value that is not a finite real number in [low, high]."""
+    string of the characters MLflow takes (letters, digits, `_-. :/`; else MLflow refuses the whole batch of the
+    run's metrics it is in), or a value that is not a finite real number in [low, high]."""
     if metrics is None:
         return None
     if not isinstance(metrics, Mapping):
@@ -156,6 +159,8 @@ def metrics_problem(metrics, low: float = -MAX_REPORTED, high: float = MAX_REPOR
     for name, value in metrics.items():
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
             return f"metric name {_short(name)} is not a string of 1 to {MAX_NAME} characters"
+        if not METRIC_NAME.fullmatch(name):
+            return f"metric name {_short(name)} has characters other than letters, digits and _-. :/"
         problem = number_problem(value, f"metric {name}", low, high)
         if problem:
             return problem

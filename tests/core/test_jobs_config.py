@@ -49,7 +49,7 @@ def test_every_job_exposes_the_site_bounds_and_robust_aggregation(job, tmp_path)
         robust["robust_aggregation"] = "none"
     custom = customize_job(os.path.join(JOBS, job), str(tmp_path / "job"), robust)
     config = json.load(open(os.path.join(custom, "app", "config", "config_fed_server.json")))
-    ((path, args),) = component_paths(config)
+    path, args = next(component_paths(config))  # the controller
     module, _, name = path.rpartition(".")
     controller = getattr(importlib.import_module(module), name)(**args)
     assert {k: controller.config()[k] for k in robust} == robust

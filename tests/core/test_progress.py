@@ -210,3 +210,35 @@ def test_the_flags_choose_what_run_simulator_is_given(capsys):
         QUIET,
         VERBOSE,
     ]
+
+
+def test_fairfl_run_with_mlflow_runs_a_job_copy_with_nvflares_receiver_and_prints_where_it_writes(
+    tmp_path, monkeypatch, capsys
+):
+    rounds = [evaluated(0, 0.8, 0.7, "site-1")]
+    final = {"per_site": {"site-1": {"dice": 0.7}}, "mean": 0.8, "worst": 0.7, "worst_site": "site-1"}
+    ran = []
+    fake = fake_simulator(rounds, final)
+    monkeypatch.setattr(simulate, "run_simulator", lambda job, *a, **k: ran.append(job) or fake(job, *a, **k))
+    monkeypatch.setattr("fairfl.report.make_report", lambda paths, out: {"report": os.path.join(out, "report.md")})
+    job, workspace = os.path.join(REPO, "jobs", "fedavg"), str(tmp_path / "ws")
+    assert cli.main(["run", job, "-n", "2", "-w", workspace, "--quiet", "--mlflow"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    run_dir = os.path.join(workspace, "server", "simulate_job")
+    assert [line for line in out if line.startswith(("tensorboard:", "mlflow:"))] == [
+        f"tensorboard: tensorboard --logdir {run_dir}/tb_events",
+        f"mlflow:      mlflow ui --backend-store-uri sqlite:///{run_dir}/mlflow.db",
+    ]
+    with open(os.path.join(ran[0], "app", "config", "config_fed_server.json")) as f:
+        components = json.load(f)["components"]
+    assert ran[0] == workspace + "_job" and [(c["path"], c["args"].get("tracking_uri", "-")) for c in components] == [
+        ("nvflare.app_opt.tracking.tb.tb_receiver.TBAnalyticsReceiver", "-"),
+        ("nvflare.app_opt.tracking.mlflow.mlflow_receiver.MLflowReceiver", None),
+    ]
+    # a tracking server's URI instead; an empty one is refused before anything runs
+    argv = ["run", job, "-w", workspace, "--force", "--quiet", "--mlflow", "http://127.0.0.1:5000"]
+    assert cli.main(argv) == 0
+    assert "mlflow:      mlflow ui --backend-store-uri http://127.0.0.1:5000" in capsys.readouterr().out
+    assert cli.main(["run", job, "-w", workspace, "--force", "--mlflow", " "]) == 2
+    assert "error: mlflow: true (a store in the run folder) or a tracking URI, got ' '" in capsys.readouterr().err
+    assert len(ran) == 2

@@ -97,3 +97,29 @@ def test_the_watch_reports_each_round_once_whatever_the_results_file_holds_meanw
 
     watch = simulate.Watch(str(results), time.time(), broken)
     assert watch.poll()["rounds"] and watch.on_round is None and watch.reported == 3
+
+
+def test_a_kill_reaches_a_process_in_a_session_of_its_own(tmp_path):
+    """NVFlare's SimEnv starts the simulator with os.setsid: a kill of our child's process group alone left the
+    server running (a resume drill's "killed" server finished the run)."""
+    import os
+
+    import psutil
+
+    pid_file = tmp_path / "pid"
+    code = (
+        "import os, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], preexec_fn=os.setsid)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    deadline = time.time() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
+        time.sleep(0.05)
+    server = psutil.Process(int(pid_file.read_text()))
+    assert os.getsid(server.pid) != os.getsid(proc.pid)  # out of reach of a group kill
+    simulate.kill_all(proc)
+    proc.wait(timeout=10)
+    server.wait(timeout=10)
+    assert not server.is_running()

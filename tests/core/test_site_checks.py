@@ -30,6 +30,8 @@ from fairfl.models import initial_state, state_to_torch
 from fairfl.results import ResultsLog
 from fairfl.site_checks import metrics_problem, norm_outliers, number_problem, samples_problem, tensor_state
 
+from conftest import check_tracking, tensorboard_scalars
+
 SEG = {"model_channels": [4, 8], "model_strides": [2], "num_rounds": 3}
 SITES = ["site-1", "site-2", "site-3", "site-4"]
 
@@ -121,6 +123,7 @@ TRAIN_CASES = [
     ("metrics a list", {"metrics": [0.1, 0.2]}, "metrics"),
     ("10000 metrics", {"metrics": {f"m{i}": 0.0 for i in range(10000)}}, "metrics"),
     ("metric name not a string", {"metrics": {7: 0.1}}, "metric name"),
+    ("metric name MLflow refuses", {"metrics": {"dice": 0.5, "loss; DROP": 0.1}}, "metric name 'loss; DROP' has"),
     ("NaN tensor", {"params": with_tensor(0, lambda v: np.full_like(v, np.nan))}, "NaN"),
     ("Inf tensor", {"params": with_tensor(1, lambda v: np.full_like(v, np.inf))}, "Inf"),
     ("missing tensor", {"params": without_first_key}, "missing keys"),
@@ -596,17 +599,50 @@ def test_atomic_writes_keep_the_old_file_and_no_temporary_on_error(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["global_model.pt", "method_state.json"]
 
 
+class ServerEngine:
+    """What the round loop uses of NVFlare's server engine: new contexts, and events delivered to the job's
+    components as its run manager delivers them (here NVFlare's own TensorBoard receiver, writing into `run_dir`)."""
+
+    def __init__(self, run_dir, components):
+        from nvflare.apis.fl_context import FLContextManager
+        from nvflare.apis.workspace import Workspace
+
+        for folder in ("startup", "local"):  # what NVFlare checks a workspace by
+            (run_dir.parent / folder).mkdir(exist_ok=True)
+        self.components, self.workspace = components, Workspace(str(run_dir.parent), "server")
+        self.contexts = FLContextManager(engine=self, identity_name="server", job_id=run_dir.name)
+
+    def new_context(self):
+        return self.contexts.new_context()
+
+    def get_workspace(self):
+        return self.workspace
+
+    def fire_event(self, event_type, fl_ctx):
+        from nvflare.private.event import fire_event
+
+        fire_event(event_type, self.components, fl_ctx)
+
+
 def run_rounds(tmp_path, train, validate, **kwargs):
     """The controller's real round loop (`run`) with the sending replaced: `train(round)` and `validate(round)`
-    give the answers of each task."""
+    give the answers of each task. NVFlare's TensorBoard receiver records what the loop tracks."""
+    from nvflare.apis.event_type import EventType
     from nvflare.apis.signal import Signal
+    from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     controller = make(tmp_path=tmp_path, **{"num_rounds": 2, "eval_every": 1, **kwargs})
     controller.sample_clients = lambda: list(SITES)
     controller.abort_signal, controller.fl_ctx = Signal(), None
+    controller.engine = ServerEngine(tmp_path, [TBAnalyticsReceiver(tb_folder="tb_events")])
     answers = {protocol.TASK_TRAIN: train, protocol.TASK_VALIDATE: validate}
     controller._ask_models = lambda round_num, task_name, *args: answers[task_name](round_num)
+    with controller.engine.new_context() as fl_ctx:
+        controller.engine.fire_event(EventType.START_RUN, fl_ctx)
     controller.run()
+    with controller.engine.new_context() as fl_ctx:
+        controller.engine.fire_event(EventType.END_RUN, fl_ctx)
     return json.loads((tmp_path / "results.json").read_text(), parse_constant=lambda c: pytest.fail(f"bare {c}"))
 
 
@@ -626,6 +662,10 @@ def test_the_round_loop_goes_on_past_a_hostile_site_and_stops_with_a_reason_when
         assert "train_loss" in record["rejected"]["site-3"] and "evaluation" in record["rejected"]["site-3"]
         assert set(record["weights"]) == {"site-1", "site-2", "site-4"} and record["train"]["site-3"] == {}
     assert set(results["final"]["per_site"]) == {"site-1", "site-2", "site-4"}
+    # NVFlare's TensorBoard receiver shows the accepted numbers per site and round; nothing of site-3 (its NaN loss,
+    # its string Dice), whose folder is never made
+    check_tracking(str(tmp_path / "a"), results, SITES)
+    assert tensorboard_scalars(str(tmp_path / "a"), "site-1")["dice"] == {0: 0.5, 1: 0.5}
     # no site's evaluation usable at the end: the run says so instead of ending without a word
     results = run_rounds(
         tmp_path / "b", train, lambda r: [answer(s, {}, metrics={"dice": float("nan")}) for s in SITES], num_rounds=1

@@ -145,7 +145,7 @@ def test_sim_env_workspace_allow_lists_our_classes_and_nvflare_keeps_them(tmp_pa
     SimEnv._ensure_default_component_policy(str(tmp_path / "ws"))  # SimEnv.deploy runs it after the recipe's
     allowed = read(tmp_path / "ws" / "local", "resources.json")["class_allow_list"]
     assert path == str(tmp_path / "ws" / "local" / "resources.json")
-    assert allowed == [*DEFAULT_CLASS_ALLOW_LIST, *ALLOW_LIST]
+    assert allowed == list(dict.fromkeys([*DEFAULT_CLASS_ALLOW_LIST, *ALLOW_LIST]))  # NVFlare's has the receivers
 
     # a workspace's own settings and entries are kept; made from resources.json.default when that is all there is
     local = tmp_path / "own" / "local"

@@ -14,8 +14,9 @@ from fairfl.jobconfig import CLIENT_CONFIG
 from fairfl.progress import outcome_line
 from fairfl.report import free_riders
 from fairfl.simulate import NVFLARE_SIMULATOR, SIMULATOR_OUTPUT, run_simulator
+from fairfl.tracking import MLFLOW_EXPERIMENT, mlflow_location
 
-from conftest import make_job
+from conftest import check_tracking, make_job, recorded, tensorboard_scalars
 
 pytestmark = pytest.mark.slow
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: faults.py
@@ -97,9 +98,8 @@ def test_fedavg_trains_and_reports(tiny_fedavg_run):
         assert set(phases) == {"train_task", "server_step", "evaluation"} and min(phases.values()) >= 0
         assert sum(phases.values()) <= record["seconds"] + 0.01
     assert os.path.exists(os.path.join(os.path.dirname(sim.results_path), "global_model.pt"))
-    tb_events = os.path.join(os.path.dirname(sim.results_path), "tb_events")
-    assert sorted(os.listdir(tb_events)) == ["site-1", "site-2", "site-3"]
-    assert all(os.listdir(os.path.join(tb_events, site)) for site in os.listdir(tb_events))
+    check_tracking(os.path.dirname(sim.results_path), results, ("site-1", "site-2", "site-3"))
+    assert set(recorded(results, "site-1")) >= {"train_loss", "train_seconds", "dice"}
     # while it ran: one progress line per round, in order, each with that round's evaluation; then the outcome
     assert [line.split(" | ")[0] for line in sim.progress_lines] == ["round 1/2", "round 2/2"]
     for line, record in zip(sim.progress_lines, results["rounds"]):
@@ -156,30 +156,55 @@ def test_solo_evaluates_own_models_on_a_data_root(tmp_path, cache_dir):
 
 def test_faulty_sites_are_rejected_every_round_and_the_global_model_stays_finite(tmp_path, cache_dir):
     # one run, four broken or malicious sites among honest site-1 and site-6: site-2 sends NaN weights, site-3
-    # string metrics (train and validate), site-4 a tensor of the wrong shape, site-5 a finite but huge update
+    # string metrics (train and validate), site-4 a tensor of the wrong shape, site-5 a finite but huge update and
+    # evaluation scores of 7. MLflow is on: what it and TensorBoard record is checked against results.json
     broken = {"site-2": "nan", "site-3": "string_metric", "site-4": "shape", "site-5": "huge_update"}
     fault = {
         "task_result_filters": [
             {"tasks": ["train"], "filters": [corrupt(site, mode) for site, mode in broken.items()]},
-            faulty("site-3", "string_metric", ("validate",)),
+            {"tasks": ["validate"], "filters": [corrupt("site-3", "string_metric"), corrupt("site-5", "out_of_range")]},
         ]
     }
-    sim = run(make_job("fedavg", str(tmp_path / "job"), client_extra=fault), str(tmp_path / "ws"), n=6, t=6)
+    job = make_job("fedavg", str(tmp_path / "job"), client_extra=fault, mlflow=True)
+    sim = run(job, str(tmp_path / "ws"), n=6, t=6)
     # the server logs the rejections as errors; those are the expected ones
     server_errors = sim.errors.pop("server", "")
     assert all(site in server_errors for site in broken)
     results = load_results(sim)
     assert len(results["rounds"]) == 2 and "stopped" not in results
-    for record in results["rounds"]:
+    for record in results["rounds"]:  # every round is evaluated (eval_every 1)
         assert set(record["rejected"]) == set(broken)
         assert "no valid metric train_" in record["rejected"]["site-3"]
         assert "times the round's median" in record["rejected"]["site-5"]
+        assert all("evaluation: " in record["rejected"][site] for site in ("site-3", "site-5"))
         assert set(record["weights"]) == {"site-1", "site-6"}
         assert set(record["train"]["site-3"]) == set()  # a string is not a metric
         assert set(record["train"]["site-5"]) == {"train_loss", "train_seconds"}
     final = results["final"]
-    assert set(final["per_site"]) == {"site-1", "site-2", "site-4", "site-5", "site-6"}  # a string Dice is not a score
+    assert set(final["per_site"]) == {"site-1", "site-2", "site-4", "site-6"}  # a string or a Dice of 7 is no score
     assert all(math.isfinite(v["dice"]) for v in final["per_site"].values())
+    # the trackers show the accepted numbers: site-5's training metrics, never its scores; nothing of site-3
+    run_dir, sites = os.path.dirname(sim.results_path), tuple(f"site-{k}" for k in range(1, 7))
+    check_tracking(run_dir, results, sites)
+    assert "dice" not in tensorboard_scalars(run_dir, "site-5") and not tensorboard_scalars(run_dir, "site-3")
+    assert mlflow_metrics(run_dir, sites) == {s: recorded(results, s) for s in sites}
+
+
+def mlflow_metrics(run_dir, sites):
+    """{site: {metric: {step: value}}} of the run's MLflow store (one finished MLflow run per site), read with
+    MLflow's own client."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_location(run_dir, True))
+    runs = client.search_runs([client.get_experiment_by_name(MLFLOW_EXPERIMENT).experiment_id])
+    assert len(runs) == len(sites) and all(r.info.status == "FINISHED" for r in runs)
+    found = {}
+    for r in runs:
+        site = next(s for s in sites if r.info.run_name.startswith(f"{s}-"))
+        found[site] = {
+            name: {m.step: m.value for m in client.get_metric_history(r.info.run_id, name)} for name in r.data.metrics
+        }
+    return found
 
 
 def test_fedlwr_rejects_out_of_range_cka(tmp_path, cache_dir):

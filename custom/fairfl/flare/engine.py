@@ -4,8 +4,9 @@ A round: send `train` (global model, or nothing for Solo) -> screen every answer
 weights, the training-set size, the update's size against the round's others, the metrics; a site that fails is
 rejected for the round, naming the site and the field) -> the method aggregates (its reports checked by the same
 functions; no site above `max_share`) -> every `eval_every` rounds and at the end, send `validate` and record
-per-site metrics -> results.json, TensorBoard, checkpoint. Nothing a site sends ends the job: a site whose task
-fails is recorded under `failed`, and a job that must stop leaves results.json with `stopped` and why.
+per-site metrics -> results.json, NVFlare's analytics events (TensorBoard, MLflow: fairfl.tracking), checkpoint.
+Nothing a site sends ends the job: a site whose task fails is recorded under `failed`, and a job that must stop
+leaves results.json with `stopped` and why.
 
 The task (segmentation or classification) comes from the dataset; so do the results file's main metric (`dice`;
 classification: `auc`, the clean test set's macro one-vs-rest AUC) and the default network (U-Net; small CNN)."""
@@ -16,7 +17,11 @@ import os
 import time
 from typing import NamedTuple
 
+from nvflare.apis.analytix import ANALYTIC_EVENT_TYPE, AnalyticsDataType
+from nvflare.apis.fl_constant import FedEventHeader, ReservedKey
+from nvflare.apis.utils.analytix_utils import create_analytic_dxo
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.widgets.convert_to_fed_event import FED_EVENT_PREFIX
 
 from fairfl.aggregation import (
     ROBUST_MODES,
@@ -48,6 +53,7 @@ from fairfl.training import check_optimizer_settings
 GLOBAL_MODEL_FILE = "global_model.pt"
 MAIN_METRIC = {"segmentation": "dice", "classification": "auc"}  # the results file's `metric`, per task
 DEFAULT_MODEL = {"segmentation": "unet", "classification": "cnn"}
+FED_ANALYTIC_EVENT = FED_EVENT_PREFIX + ANALYTIC_EVENT_TYPE  # what NVFlare's receivers take from the sites
 
 
 class SiteUpdate(NamedTuple):
@@ -279,8 +285,6 @@ class FairRoundController(Checkpointing, TaskFanOut):
             config=self.config(),
             held_out=self.exclude_sites,
         )
-        self.writers = {}
-        self.tb_dir = os.path.join(run_dir, "tb_events")
         global_state = initial_state(self.model_spec(), self.seed)
         first_round = 0
         if self.run_name:
@@ -334,7 +338,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 evaluation_started = time.time()
                 per_site = self._evaluate(round_num, global_state, rejected)
                 phases["evaluation"] = time.time() - evaluation_started
-            self._log_tensorboard(round_num, per_site, train_metrics)
+            self._track(round_num, per_site, train_metrics)
             record = self.results.add_round(
                 round_num,
                 time.time() - started,
@@ -374,8 +378,6 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 f"round {self.num_rounds - 1}: no site's evaluation could be used (see the round's rejected, "
                 f"failed and absent); there are no final results"
             )
-        for writer in self.writers.values():
-            writer.close()
 
     def _train_round(self, round_num, global_state):
         send_global = self.start_from == protocol.FROM_GLOBAL or round_num == 0
@@ -691,12 +693,15 @@ class FairRoundController(Checkpointing, TaskFanOut):
             "preset_env": os.environ.get("FAIRFL_PRESET", ""),
         }
 
-    def _log_tensorboard(self, round_num, per_site, train_metrics):
-        from torch.utils.tensorboard import SummaryWriter  # imported late: tensorboard is slow to import
-
-        for site in sorted(set(per_site or {}) | set(train_metrics)):
-            if site not in self.writers:
-                self.writers[site] = SummaryWriter(os.path.join(self.tb_dir, site))
+    def _track(self, round_num, per_site, train_metrics):
+        """Every site's accepted metrics of the round (training, then evaluation; each under its own name, the round
+        as step) as NVFlare's federated analytics event from that site, fired here on the server: its receivers
+        (fairfl.tracking) record exactly what results.json does, never a rejected site's own numbers. The event
+        looks as NVFlare delivers a site's event to the server (direction "in"), so it is not sent on."""
+        for site in sorted(set(per_site or {}) | set(train_metrics), key=site_key):
             for name, value in {**train_metrics.get(site, {}), **(per_site or {}).get(site, {})}.items():
-                self.writers[site].add_scalar(name, value, round_num)
-            self.writers[site].flush()
+                data = create_analytic_dxo(name, value, AnalyticsDataType.SCALAR, global_step=round_num).to_shareable()
+                data.set_peer_props({ReservedKey.IDENTITY_NAME: site})
+                data.set_header(FedEventHeader.DIRECTION, "in")
+                with self.engine.new_context() as fl_ctx:
+                    self.fire_fed_event(FED_ANALYTIC_EVENT, data, fl_ctx)

@@ -13,6 +13,7 @@ import os
 
 from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG, component_arguments
 from fairfl.methods import JOBS, Job
+from fairfl.tracking import tensorboard_receiver
 
 EXECUTOR = "fairfl.flare.executor.FairflExecutor"
 MIN_CLIENTS = 2
@@ -56,7 +57,7 @@ def job_configs(job: Job) -> dict:
             "format_version": 2,
             "server": {"task_request_interval": TASK_REQUEST_INTERVAL},
             "workflows": [{"id": "controller", "path": job.controller, "args": server}],
-            "components": [],
+            "components": [tensorboard_receiver()],
         },
         CLIENT_CONFIG: {
             "format_version": 2,
