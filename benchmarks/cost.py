@@ -161,6 +161,7 @@ def summarize(runs: dict, floors: dict) -> tuple[dict, str]:
             "target": TARGETS.get(method),
             **{k: median_of(m[k] for m, _ in pairs) for k in PHASES},
             "fedavg_round": statistics.median(f["round"] for _, f in pairs),
+            "fedavg_all_sites_training": median_of(f["all_sites_training"] for _, f in pairs),
         }
     lines = [
         "# Round cost, side by side",
@@ -173,14 +174,15 @@ def summarize(runs: dict, floors: dict) -> tuple[dict, str]:
         "the median of the per-repeat ratios (each listed).",
         "",
         "| method | round (s) | FedAvg's (s) | ratio [pairs] | target | train task | server step | slowest site "
-        "training | all sites' training | all sites' method work |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "training | all sites' training | all sites' method work | FedAvg's all sites' training |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for method, row in table.items():
         cells = [f"{row[k]:.2f}" if row[k] is not None else "–" for k in PHASES]
         ratio = f"{row['ratio']:.2f} {row['ratios']}"
         lines.append(f"| {method} | {cells[0]} | {row['fedavg_round']:.2f} | {ratio} | {row['target'] or '–'} | ")
-        lines[-1] += " | ".join(cells[1:]) + " |"
+        fedavg_training = row["fedavg_all_sites_training"]
+        lines[-1] += " | ".join([*cells[1:], f"{fedavg_training:.2f}" if fedavg_training is not None else "–"]) + " |"
     lines += [
         "",
         "## FedAvg against the same training without FLARE",
