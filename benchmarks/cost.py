@@ -149,7 +149,8 @@ def floor(dataset: str, num_sites: int, rounds: int, cores: int) -> dict:
 def summarize(runs: dict, floors: dict) -> tuple[dict, str]:
     table = {}
     for method in METHODS:
-        pairs = [(runs[k], runs[k.replace(f"{method}@", "fedavg@", 1)]) for k in runs if k.startswith(f"{method}@")]
+        partners = {k: k.replace(f"{method}@", "fedavg@", 1) for k in runs if k.startswith(f"{method}@")}
+        pairs = [(runs[k], runs[p]) for k, p in partners.items() if p in runs]  # a repeat may be half done
         pairs = [(m, f) for m, f in pairs if m["round"] and f["round"]]
         if not pairs:
             continue
