@@ -273,7 +273,7 @@ class FedNPRObjective:
         self.grad_ratios: list[float] = []
 
     def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        features = self._latest[0]
+        features = self._latest[0].float()  # float32 whatever precision the forward pass ran in (amp)
         bsm, npr = fednpr_terms(logits, features, target, self._bsm, **self._npr)
         if torch.is_grad_enabled() and features.requires_grad and npr.requires_grad:
             ratio = gradient_ratio(npr, bsm, features)
