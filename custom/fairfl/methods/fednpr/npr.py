@@ -273,8 +273,9 @@ class FedNPRObjective:
         self.grad_ratios: list[float] = []
 
     def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        features = self._latest[0].float()  # float32 whatever precision the forward pass ran in (amp)
-        bsm, npr = fednpr_terms(logits, features, target, self._bsm, **self._npr)
+        features = self._latest[0]
+        # NPR in float32 whatever precision the forward pass ran in (amp); the ratio is taken at the head's input
+        bsm, npr = fednpr_terms(logits, features.float(), target, self._bsm, **self._npr)
         if torch.is_grad_enabled() and features.requires_grad and npr.requires_grad:
             ratio = gradient_ratio(npr, bsm, features)
             if ratio is not None:
