@@ -15,6 +15,22 @@ TINY_SERVER = {"num_rounds": 2, "eval_every": 1, "model_channels": [8, 16, 32], 
 TINY_CLIENT = {"image_size": 32, "synthetic_size_scale": 0.5, "cka_max_samples": 16}
 
 
+def segmentation_task_meta(spec: dict) -> dict:
+    """The meta of a server's task to a site of the built-in prostate data (3 sites), training and evaluating the
+    model sent (the executor's tests)."""
+    from fairfl.flare import protocol
+
+    return {
+        protocol.MODEL_SPEC: spec,
+        protocol.DATASET: "prostate",
+        protocol.TASK: "segmentation",
+        protocol.NUM_SITES: 3,
+        protocol.DATA_SEED: 0,
+        protocol.START_FROM: protocol.FROM_GLOBAL,
+        protocol.EVALUATE: protocol.FROM_GLOBAL,
+    }
+
+
 def make_job(
     name: str, dst: str, server: dict = None, client: dict = None, client_extra: dict = None, mlflow=False
 ) -> str:

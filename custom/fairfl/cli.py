@@ -45,6 +45,27 @@ def number_in(low: float, high: float, low_open: bool = False):
     return parse
 
 
+def gpu_list(text: str) -> str:
+    """An argparse type: the simulator's -gpu value (fairfl.simulate.gpu_groups), passed on as it is."""
+    from fairfl.simulate import gpu_groups
+
+    try:
+        gpu_groups(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def gpu_problem(gpu: str | None, n_clients: int) -> str | None:
+    """Why --gpu cannot run `n_clients` sites (the simulator wants at least one site per GPU group), or None."""
+    from fairfl.simulate import gpu_groups
+
+    groups = len(gpu_groups(gpu)) if gpu is not None else 0
+    if groups > n_clients:
+        return f"argument --gpu: {groups} GPU groups need at least as many sites (-n {n_clients})"
+    return None
+
+
 def site_names(text: str) -> list:
     """An argparse type: comma-separated site names (fairfl.names)."""
     from fairfl.names import safe_name
@@ -105,6 +126,10 @@ def _run(args) -> int:
     from fairfl.site_settings import FREE_RIDERS_ENV
     from fairfl.tracking import TB_FOLDER, mlflow_location
 
+    problem = gpu_problem(args.gpu, args.n_clients)
+    if problem:
+        print(f"fairfl run: error: {problem}", file=sys.stderr)
+        return 2
     job = os.path.abspath(args.job)
     workspace = os.path.abspath(args.workspace or os.path.join("workspaces", os.path.basename(job.rstrip("/"))))
     job_copy = workspace.rstrip("/") + "_job"  # a customised copy beside the workspace; the job itself is never edited
@@ -135,10 +160,14 @@ def _run(args) -> int:
             print(f"job with {' and '.join(changes)}: {job}")
         print(
             f"running {job} in NVFlare's simulator (recipe API, SimEnv) with {args.n_clients} sites; workspace "
-            f"{workspace}" + (f"; free riders {', '.join(args.free_riders)}" if args.free_riders else ""),
+            f"{workspace}"
+            + (f"; free riders {', '.join(args.free_riders)}" if args.free_riders else "")
+            + (f"; GPUs {args.gpu}" if args.gpu else ""),
             flush=True,
         )
-    run = run_simulator(job, workspace, args.n_clients, args.threads, env=env, **watch_options(verbosity(args)))
+    run = run_simulator(
+        job, workspace, args.n_clients, args.threads, env=env, gpu=args.gpu, **watch_options(verbosity(args))
+    )
     results = read_results(run.results_path)
     finished = run.ok and isinstance(results.get("final"), dict) and not results.get("stopped")
     print("\n" + outcome_line(results, run.seconds, None if run.ok else "the simulator's errors follow (stderr)"))
@@ -294,6 +323,16 @@ def add_mlflow_argument(parser) -> None:
     )
 
 
+def add_gpu_argument(parser) -> None:
+    parser.add_argument(
+        "--gpu",
+        type=gpu_list,
+        metavar="IDS",
+        help="the simulator's GPUs: 0 (all sites on GPU 0), 0,1 or [0,1],[2,3] (the sites split over the GPU "
+        "groups, one process per group at a time); the sites use their GPU when the job's device is auto or cuda",
+    )
+
+
 def _add_simulator_arguments(parser) -> None:
     parser.add_argument("-n", "--n-clients", type=at_least(1), default=6)
     parser.add_argument("-t", "--threads", type=at_least(1), default=None, help="client processes at once (default n)")
@@ -335,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_mlflow_argument(p)
     _add_simulator_arguments(p)
+    add_gpu_argument(p)
     p.set_defaults(func=_run)
 
     p = sub.add_parser("prepare-data", help="generate a built-in synthetic multi-site dataset")

@@ -175,7 +175,7 @@ def job_name(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fairfl.cli import add_mlflow_argument, at_least
+    from fairfl.cli import add_gpu_argument, add_mlflow_argument, at_least
 
     parser = argparse.ArgumentParser(
         prog="python -m fairfl.recipe",
@@ -208,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--force", action="store_true", help="replace the workspace of an earlier run")
     add_mlflow_argument(parser)
+    add_gpu_argument(parser)
     return parser
 
 
@@ -221,6 +222,7 @@ def _workspace_problem(workspace: str, force: bool) -> str | None:
 
 
 def main(argv=None) -> int:
+    from fairfl.cli import gpu_problem
     from fairfl.jobconfig import parse_assignments
     from fairfl.simulate import SimulatorRun, collect_errors
 
@@ -228,12 +230,18 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.threads is not None and args.threads > args.n_clients:
         parser.error(f"argument -t/--threads: at most -n ({args.n_clients}), got {args.threads}")
+    problem = gpu_problem(args.gpu, args.n_clients)
+    if problem:
+        parser.error(problem)
     try:
         recipe = FairflRecipe(args.job, name=args.name, mlflow=args.mlflow, **parse_assignments(args.set))
     except ValueError as e:  # no such job, key=value malformed, an argument the job lacks or of the wrong kind
         parser.error(str(e))
     env = SimEnv(
-        num_clients=args.n_clients, num_threads=args.threads, workspace_root=os.path.abspath(args.workspace_root)
+        num_clients=args.n_clients,
+        num_threads=args.threads,
+        gpu_config=args.gpu,
+        workspace_root=os.path.abspath(args.workspace_root),
     )
     workspace = os.path.join(env.workspace_root, recipe.name)  # NVFLARE_SIMULATOR_WORKSPACE_ROOT wins, as in SimEnv
     exporting = _peek_recipe_args()[0]  # NVFlare took --export from the command line when the recipe API loaded

@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -71,6 +72,45 @@ def nvflare_command() -> list:
     return [local] if os.path.exists(local) else [shutil.which("nvflare") or "nvflare"]
 
 
+GPU_ID = r"\d{1,4}"
+GPU_IDS = rf"{GPU_ID}(?:,{GPU_ID})*"
+
+
+def gpu_groups(text: str) -> list[list[int]]:
+    """The GPU groups of NVFlare's simulator option -gpu: "0,1" (a group of one GPU each) or "[0,1],[2,3]" (each
+    group of GPUs runs its own share of the sites, one process at a time); each GPU in one group only. Anything
+    else is a ValueError (the simulator would only log it once the run had started)."""
+    if re.fullmatch(GPU_IDS, text):
+        groups = [[int(i)] for i in text.split(",")]
+    elif re.fullmatch(rf"\[{GPU_IDS}\](?:,\[{GPU_IDS}\])*", text):
+        groups = [[int(i) for i in group.split(",")] for group in re.findall(rf"\[({GPU_IDS})\]", text)]
+    else:
+        raise ValueError(
+            f"expected GPU ids as the simulator takes them, e.g. 0 or 0,1 or [0,1],[2,3] (no spaces), got {text!r}"
+        )
+    ids = [i for group in groups for i in group]
+    if len(set(ids)) < len(ids):
+        raise ValueError(f"a GPU is named twice in {text!r}")
+    return groups
+
+
+def simulator_command(
+    job: str, workspace: str, n_clients: int, threads: int | None, via: str = RECIPE, gpu: str | None = None
+) -> list:
+    """The command `run_simulator` starts (see there)."""
+    options = ["-n", str(n_clients), "-t", str(threads or n_clients)]
+    if gpu is not None:
+        gpu_groups(gpu)  # untrusted text: checked before it reaches a command line
+    if via == RECIPE:
+        parent, folder = os.path.split(os.path.abspath(workspace).rstrip(os.sep))
+        options += ["--gpu", gpu] if gpu else []
+        return [sys.executable, "-m", "fairfl.recipe", job, "-w", parent, "--name", folder, *options, "--force"]
+    if via == NVFLARE_SIMULATOR:
+        options += ["-gpu", gpu] if gpu else []
+        return nvflare_command() + ["simulator", job, "-w", workspace, *options]
+    raise ValueError(f"via: {RECIPE!r} or {NVFLARE_SIMULATOR!r}, not {via!r}")
+
+
 def run_simulator(
     job: str,
     workspace: str,
@@ -83,6 +123,7 @@ def run_simulator(
     via: str = RECIPE,
     on_round=None,
     echo=None,
+    gpu: str | None = None,
 ) -> SimulatorRun:
     """Run job folder `job` with N sites, T at a time, in exactly `workspace` and return what it left: through the
     recipe API (`python -m fairfl.recipe JOB -w PARENT --name FOLDER -n N -t T --force`: SimEnv runs a job in
@@ -95,18 +136,12 @@ def run_simulator(
 
     While it runs: on_round(record, results, elapsed seconds) is called once for each round its results file
     records (fairfl.progress.round_printer prints a line), and the simulator's output, which goes to
-    simulator_output.txt in the workspace, is also copied to `echo` (a text stream such as sys.stdout) when given."""
+    simulator_output.txt in the workspace, is also copied to `echo` (a text stream such as sys.stdout) when given.
+    gpu: the simulator's GPU groups (`gpu_groups`: "0,1", "[0,1],[2,3]"), passed to either way in."""
+    command = simulator_command(job, workspace, n_clients, threads, via, gpu)  # its arguments checked first
     if os.path.exists(workspace) and not keep_workspace:
         shutil.rmtree(workspace)
     os.makedirs(workspace, exist_ok=True)
-    sites = ["-n", str(n_clients), "-t", str(threads or n_clients)]
-    if via == RECIPE:
-        parent, folder = os.path.split(os.path.abspath(workspace).rstrip(os.sep))
-        command = [sys.executable, "-m", "fairfl.recipe", job, "-w", parent, "--name", folder, *sites, "--force"]
-    elif via == NVFLARE_SIMULATOR:
-        command = nvflare_command() + ["simulator", job, "-w", workspace, *sites]
-    else:
-        raise ValueError(f"via: {RECIPE!r} or {NVFLARE_SIMULATOR!r}, not {via!r}")
     # the workspace is exactly `workspace`: NVFlare's own override of SimEnv's workspace_root must not move it
     child_env = {k: v for k, v in os.environ.items() if k != "NVFLARE_SIMULATOR_WORKSPACE_ROOT"}
     started = time.time()
@@ -116,9 +151,9 @@ def run_simulator(
             command, stdout=log, stderr=subprocess.STDOUT, env={**child_env, **(env or {})}, start_new_session=True
         )
         try:
-            all_at_once = (
-                [f"site-{i}" for i in range(1, n_clients + 1)] if (threads or n_clients) >= n_clients else None
-            )
+            # several GPU groups run one site process each at a time (the simulator's rule)
+            at_once = len(gpu_groups(gpu)) if gpu and len(gpu_groups(gpu)) > 1 else threads or n_clients
+            all_at_once = [f"site-{i}" for i in range(1, n_clients + 1)] if at_once >= n_clients else None
             watch = Watch(os.path.join(workspace, SIMULATOR_RESULTS), started, on_round, log.name, echo)
             returncode = _wait(proc, workspace, timeout, kill_after_round, all_at_once, watch)
             watch.poll(last=True)  # the rounds and output written between the last poll and the end

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import zlib
@@ -142,27 +143,55 @@ def configure_threads(num_threads: int) -> None:
         torch.set_num_threads(num_threads)
 
 
+def mixed_precision(device, enabled: bool, float16: bool = True):
+    """The context the forward passes of training, probes and evaluation run in: with `enabled` (the executor's `amp`),
+    torch.autocast in float16 on CUDA (`float16`, where a `gradient_scaler` guards the backward pass or there is none)
+    and bfloat16 otherwise (on CPU; on CUDA for passes whose gradients' norms are used unscaled: SAM/SALT, the
+    sharpness probe), float32's range needing no scaler. Disabled: nothing changes (bit-identical float32).
+    Losses are computed outside it on the float32 output, so their reductions stay float32."""
+    if not enabled:
+        return contextlib.nullcontext()
+    kind = torch.device(device).type
+    return torch.autocast(kind, dtype=torch.float16 if kind == "cuda" and float16 else torch.bfloat16)
+
+
+def gradient_scaler(device, enabled: bool):
+    """The loss scaler of float16 training (`mixed_precision` on CUDA); a pass-through elsewhere or when disabled."""
+    return torch.amp.GradScaler("cuda", enabled=enabled and torch.device(device).type == "cuda")
+
+
+def forward_loss(model, image, label, loss_fn, device, amp: bool, float16: bool = True) -> torch.Tensor:
+    """loss_fn(model(image), label), the forward pass under `mixed_precision` and the loss on its float32 output."""
+    with mixed_precision(device, amp, float16):
+        output = model(image)
+    return loss_fn(output.float() if amp else output, label)
+
+
 def segmentation_loss() -> torch.nn.Module:
     return DiceLoss(to_onehot_y=True, softmax=True)
 
 
-def train_local(model, loader, settings: TrainSettings, device, loss_fn=None, optimizer=None) -> dict:
+def train_local(model, loader, settings: TrainSettings, device, loss_fn=None, optimizer=None, amp=False) -> dict:
     """Train in place for one round; returns the mean loss and the number of optimiser steps.
 
     optimizer: one built on `model` (`make_optimizer`), e.g. with the state of the site's previous round;
-    None = a fresh one of `settings` (the optimiser state is reset every round, as the papers' code does)."""
+    None = a fresh one of `settings` (the optimiser state is reset every round, as the papers' code does).
+    amp: forward passes in mixed precision (`mixed_precision`), float16 on CUDA with a `gradient_scaler`; the
+    weights and the optimiser stay float32."""
     loss_fn = loss_fn or segmentation_loss()
     model.to(device).train()
     optimizer = optimizer or make_optimizer(model, settings)
+    scaler = gradient_scaler(device, amp)
     max_steps = settings.local_steps if settings.local_steps > 0 else settings.local_epochs * len(loader)
     steps, total = 0, 0.0
     while steps < max_steps:
         for batch in loader:
             image, label = batch["image"].to(device), batch["label"].to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(image), label)
-            loss.backward()
-            optimizer.step()
+            loss = forward_loss(model, image, label, loss_fn, device, amp)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)  # skipped when float16 gradients overflowed; the scale then shrinks
+            scaler.update()
             total += float(loss.detach())
             steps += 1
             if steps >= max_steps:

@@ -21,16 +21,10 @@ from fairfl.methods import CLIENT_STEPS
 from fairfl.methods.steps import ClientStep, TaskSteps, problems, registered_steps
 from fairfl.models import initial_state
 
+from conftest import segmentation_task_meta
+
 SPEC = {"name": "unet", "in_channels": 1, "num_classes": 3, "channels": [8, 16, 32], "strides": [2, 2]}
-META = {
-    protocol.MODEL_SPEC: SPEC,
-    protocol.DATASET: "prostate",
-    protocol.TASK: "segmentation",
-    protocol.NUM_SITES: 3,
-    protocol.DATA_SEED: 0,
-    protocol.START_FROM: protocol.FROM_GLOBAL,
-    protocol.EVALUATE: protocol.FROM_GLOBAL,
-}
+META = segmentation_task_meta(SPEC)
 CALLS = []
 
 

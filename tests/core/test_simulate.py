@@ -5,6 +5,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from fairfl import simulate
 
 
@@ -123,3 +125,58 @@ def test_a_kill_reaches_a_process_in_a_session_of_its_own(tmp_path):
     proc.wait(timeout=10)
     server.wait(timeout=10)
     assert not server.is_running()
+
+
+# --- the simulator's GPUs (--gpu) -----------------------------------------------------------------------------------
+BAD_GPUS = ["", "0, 1", "gpu0", "0;touch x", "[0,1", "[[0]]", "0,,1", "-1", "0,0", "[0],[0,1]", "[0,1]2", "[0],1"]
+BAD_GPUS += ["12345", "0\n1"]
+
+
+@pytest.mark.parametrize("gpu", ["0", "0,1", "[0,1],[2,3]", "[3]"])
+def test_the_gpu_option_reaches_the_simulator_by_either_way_in(gpu, tmp_path):
+    from fairfl import recipe
+
+    command = simulate.simulator_command("jobs/fedavg", str(tmp_path / "ws"), 4, None, simulate.RECIPE, gpu)
+    assert command[command.index("--gpu") + 1] == gpu
+    assert recipe.build_parser().parse_args(command[3:]).gpu == gpu  # the recipe CLI takes it as it is
+    command = simulate.simulator_command("jobs/fedavg", str(tmp_path / "ws"), 4, None, simulate.NVFLARE_SIMULATOR, gpu)
+    assert command[command.index("-gpu") + 1] == gpu
+    assert "-gpu" not in simulate.simulator_command("jobs/fedavg", str(tmp_path), 4, None, simulate.NVFLARE_SIMULATOR)
+
+
+def test_the_recipe_gives_simenv_the_gpus(tmp_path, monkeypatch):
+    from fairfl import recipe
+
+    envs = []
+    monkeypatch.setattr(recipe.FairflRecipe, "execute", lambda self, env: envs.append(env))
+    recipe.main(["fedavg", "-w", str(tmp_path), "-n", "2", "--gpu", "[0],[1]"])
+    assert envs[0].gpu_config == "[0],[1]"
+
+
+@pytest.mark.parametrize("gpu", BAD_GPUS)
+def test_a_bad_gpu_value_is_refused_before_anything_starts(gpu, tmp_path, capsys):
+    from fairfl import cli, recipe
+
+    workspace = tmp_path / "ws"
+    for main, argv in (
+        (cli.main, ["run", "jobs/fedavg", "-w", str(workspace), "--gpu", gpu]),
+        (recipe.main, ["fedavg", "-w", str(workspace), "--gpu", gpu]),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2 and "--gpu" in capsys.readouterr().err
+    workspace.mkdir()
+    (workspace / "kept").write_text("x")
+    with pytest.raises(ValueError, match="GPU"):
+        simulate.run_simulator("jobs/fedavg", str(workspace), 2, gpu=gpu)
+    assert (workspace / "kept").exists()  # refused before the workspace was emptied
+
+
+def test_more_gpu_groups_than_sites_is_refused(tmp_path, capsys):
+    from fairfl import cli, recipe
+
+    assert cli.main(["run", "jobs/fedavg", "-w", str(tmp_path / "ws"), "-n", "2", "--gpu", "0,1,2"]) == 2
+    assert "3 GPU groups need at least as many sites" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        recipe.main(["fedavg", "-w", str(tmp_path), "-n", "1", "--gpu", "[0],[1]"])
+    assert not (tmp_path / "ws").exists()

@@ -48,6 +48,7 @@ from fairfl.training import (
     evaluate_dice,
     load_optimizer_state,
     make_optimizer,
+    mixed_precision,
     optimizer_state,
     seed_everything,
     segmentation_loss,
@@ -83,6 +84,7 @@ class FairflExecutor(Executor):
         logit_adjustment: float = 1.0,
         preset: str = "",
         augmentation=None,
+        amp: bool = False,
     ):
         """Local training, evaluation and CKA probing for one site.
 
@@ -110,8 +112,15 @@ class FairflExecutor(Executor):
             augmentation: the training augmentation, a list of "flip" (mirroring along both axes), "rotate90"
                 (quarter turns) and "intensity" (scale/shift); [] = none; null = the task's (all three). Leave out
                 flip and rotate90 where orientation carries meaning.
+            amp: mixed precision (fairfl.training.mixed_precision): the forward passes of local training, the
+                methods' probes (CKA features, FedCE's and FedISM's probes, FedNPR's prototypes) and evaluation
+                under torch.autocast, float16 with a gradient scaler on CUDA, bfloat16 on CPU; weights, losses and
+                CKA's Gram matrices stay float32/float64. false: everything in float32, as before.
         """
         super().__init__()
+        if not isinstance(amp, bool):
+            raise ValueError(f"amp must be true or false, got {amp!r}")
+        self.amp = amp
         self.augmentation = None if augmentation is None else check_augmentation(augmentation)  # null: the task's
         self.data_root, self.image_size, self.batch_size = data_root, image_size, batch_size
         self.lr, self.weight_decay = lr, weight_decay
@@ -176,7 +185,7 @@ class FairflExecutor(Executor):
             optimizer = self._optimizer(site, meta, model.to(device), settings, state_dir, ctx.round)
             stats = steps.train(ctx, model, loader, settings, loss_fn, optimizer)
             if stats is None:  # no step has a loop of its own
-                stats = train_local(model, loader, settings, device, loss_fn=loss_fn, optimizer=optimizer)
+                stats = train_local(model, loader, settings, device, loss_fn=loss_fn, optimizer=optimizer, amp=self.amp)
             ctx.metrics["train_seconds"] = time.time() - started  # local training alone (cost benchmarks)
             if self._optimizer_settings(meta).get("keep_state"):
                 self._keep_optimizer_state(site, optimizer, settings, state_dir, ctx.round)
@@ -268,7 +277,9 @@ class FairflExecutor(Executor):
             max_samples=self.cka_max_samples,
             batch_size=self.cka_batch_size,
         )
-        cka = layerwise_cka(local, anchor, (b["image"] for b in loader), device=select_device(self.device))
+        device = select_device(self.device)
+        with mixed_precision(device, self.amp):
+            cka = layerwise_cka(local, anchor, (b["image"] for b in loader), device=device)
         return FLModel(params_type=ParamsType.FULL, params={}, meta={protocol.CKA: cka})
 
     def _validation_score(self, site, model, meta: dict, device):
@@ -304,9 +315,10 @@ class FairflExecutor(Executor):
     def _evaluate(self, model, loader, meta: dict, device=None) -> dict:
         """Dice (segmentation) or accuracy, balanced accuracy and AUC (classification) of `model` on `loader`."""
         num_classes, device = meta[protocol.MODEL_SPEC]["num_classes"], device or select_device(self.device)
-        if self._task(meta) == CLASSIFICATION:
-            return evaluate_classification(model, loader, num_classes, device)
-        return evaluate_dice(model, loader, num_classes, device, regions=self._regions)
+        with mixed_precision(device, self.amp):
+            if self._task(meta) == CLASSIFICATION:
+                return evaluate_classification(model, loader, num_classes, device)
+            return evaluate_dice(model, loader, num_classes, device, regions=self._regions)
 
     def _loss(self, meta: dict):
         """The local training loss: Dice for segmentation; for classification the logit-adjusted cross-entropy
@@ -357,6 +369,7 @@ class FairflExecutor(Executor):
                 lambda: self._own_model(site, meta, state_dir, round_num if trains else round_num + 1)
             ),
             log_error=self.logger.error,
+            amp=self.amp,
         )
 
     @staticmethod

@@ -46,6 +46,7 @@ class StepContext:
     train_settings: Callable  # () -> TrainSettings of this task
     own_model: Callable  # () -> state dict of the site's own (local) model for this task, None before it has one
     log_error: Callable  # (message)
+    amp: bool = False  # the executor's: forward passes in mixed precision (fairfl.training.mixed_precision)
     reply: dict = field(default_factory=dict)  # reply meta to the server
     metrics: dict = field(default_factory=dict)  # training (or validation) metrics
 

@@ -104,6 +104,13 @@ def test_executor_trains_with_npr_and_evaluates_with_its_own_head(tmp_path, cach
     )
     assert result.metrics["prototype_seconds"] > 0 and math.isfinite(result.metrics["train_loss"])
     assert 1.0 < result.metrics["npr_grad_ratio"] < 1e4  # LayerNorm'd NPR at weight 1 pulls harder than BSM
+    # in mixed precision (bfloat16 here): prototypes and features from bfloat16 passes, the loss still float32
+    mixed = FairflExecutor(image_size=32, batch_size=16, lr=3e-4, weight_decay=5e-4, synthetic_size_scale=0.3, amp=True)
+    mixed = mixed._train(
+        "site-2", FLModel(params_type=ParamsType.FULL, params=params, current_round=0, meta=meta), str(tmp_path / "amp")
+    )
+    assert math.isfinite(mixed.metrics["train_loss"]) and 0.0 < mixed.metrics["npr_grad_ratio"] < 1e4
+    assert all(v.dtype == params[k].dtype and np.isfinite(v).all() for k, v in mixed.params.items())
     head = head_state_keys(controller.model_spec())
     assert not set(head) & set(result.params) and set(result.params) == set(params) - set(head)  # the head stays
     own = torch.load(tmp_path / protocol.LOCAL_MODEL_FILE, weights_only=True)["model"]

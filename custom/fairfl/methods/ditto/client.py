@@ -14,7 +14,9 @@ from fairfl.models import build_model
 from fairfl.training import TrainSettings, train_local
 
 
-def train_personal(personal, sent, loader, settings: TrainSettings, device, loss_fn, lam: float) -> dict:
+def train_personal(
+    personal, sent, loader, settings: TrainSettings, device, loss_fn, lam: float, amp: bool = False
+) -> dict:
     """Ditto's personal objective h_k(v; w_t) = loss_k(v) + (lam / 2) ||v - w_t||^2 (Li et al., ICML 2021, Eq. 2),
     minimised in place on `personal` (v) by the repo's ordinary local loop (fairfl.training.train_local); `sent`
     (w_t) is only read. The proximal term is NVFlare's PTFedProxLoss, the one its PTDittoHelper uses. PTDittoHelper
@@ -22,7 +24,8 @@ def train_personal(personal, sent, loader, settings: TrainSettings, device, loss
     own optimiser, and it saves `personalized_model.pt` / best-metric files in the app folder of the job run,
     where a resumed run (run_name) would not find them; the site's state dir and train_local already do the rest.
     Returns train_local's statistics (train_loss is the mean personal objective)."""
-    return train_local(personal, loader, settings, device, loss_fn=with_proximal_term(loss_fn, personal, lam, sent))
+    loss_fn = with_proximal_term(loss_fn, personal, lam, sent)
+    return train_local(personal, loader, settings, device, loss_fn=loss_fn, amp=amp)
 
 
 def personal_versions(ctx: StepContext) -> list:
@@ -71,6 +74,7 @@ class PersonalTraining(ClientStep):
                 ctx.device,
                 ctx.base_loss(),
                 float(ctx.meta[protocol.DITTO_LAMBDA]),
+                amp=ctx.amp,
             )
         saved = {"round": ctx.round, "model": personal.state_dict()}
         keep_version(saved, ctx.state_dir, protocol.PERSONAL_MODEL_FILES, versions)

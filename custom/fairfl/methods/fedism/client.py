@@ -31,13 +31,15 @@ class ProbeModelSent(ClientStep):
         loss_fn = torch.nn.CrossEntropyLoss() if ctx.task == "classification" else segmentation_loss()
         if protocol.SHARPNESS_RHO in ctx.meta:
             ctx.reply[protocol.SHARPNESS] = measure_sharpness(
-                model, loader, loss_fn, float(ctx.meta[protocol.SHARPNESS_RHO]), ctx.device
+                model, loader, loss_fn, float(ctx.meta[protocol.SHARPNESS_RHO]), ctx.device, amp=ctx.amp
             )
         if ctx.meta.get(protocol.MEASURE_LOSS):
             if protocol.SHARPNESS in ctx.reply:
                 ctx.reply[protocol.GLOBAL_LOSS] = ctx.reply[protocol.SHARPNESS]["loss"]
             else:
-                ctx.reply[protocol.GLOBAL_LOSS] = dataset_loss(model.to(ctx.device).eval(), loader, loss_fn, ctx.device)
+                ctx.reply[protocol.GLOBAL_LOSS] = dataset_loss(
+                    model.to(ctx.device).eval(), loader, loss_fn, ctx.device, amp=ctx.amp
+                )
 
 
 class SALTTraining(ClientStep):
@@ -57,4 +59,5 @@ class SALTTraining(ClientStep):
             rho=float(ctx.meta[protocol.SALT_RHO]),
             alpha=float(ctx.meta.get(protocol.SALT_ALPHA, GSAM_ALPHA)),
             optimizer=optimizer,
+            amp=ctx.amp,
         )

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from fairfl.training import TrainSettings, make_optimizer
+from fairfl.training import TrainSettings, forward_loss, make_optimizer
 
 GSAM_ALPHA = 0.1  # FedISM+ and the FFL4MIA code
 RHO_MAX = 0.1  # the paper's rho_max (the authors' code defaults to FedISM's fixed 0.05)
@@ -137,19 +137,22 @@ def train_salt(
     alpha: float = GSAM_ALPHA,
     betas: tuple[float, float] = (0.9, 0.999),
     optimizer=None,
+    amp: bool = False,
 ) -> dict:
     """SALT: one round of local training in place with GSAM over Adam (FedISM+ Algorithm 1, line 8).
 
     The counterpart of `fairfl.training.train_local`: same settings (lr, weight decay, one epoch or a fixed
     number of steps), same returned keys, plus the mean perturbed loss and the rho used. The base optimiser is
-    `optimizer`, or a fresh one of `settings` (Adam with `betas`, or SGD)."""
+    `optimizer`, or a fresh one of `settings` (Adam with `betas`, or SGD). amp: forward passes in bfloat16
+    (`fairfl.training.mixed_precision`; GSAM uses the gradients' norms, which a float16 loss scale would distort)."""
     model.to(device).train()
     optimizer = optimizer or make_optimizer(model, settings, betas)
     max_steps = settings.local_steps if settings.local_steps > 0 else settings.local_epochs * len(loader)
     steps, total, total_perturbed = 0, 0.0, 0.0
     for batch in _steps(loader, max_steps):
         image, label = batch["image"].to(device), batch["label"].to(device)
-        losses = gsam_step(model, lambda: loss_fn(model(image), label), optimizer, rho, alpha)
+        closure = lambda: forward_loss(model, image, label, loss_fn, device, amp, float16=False)  # noqa: E731, B023
+        losses = gsam_step(model, closure, optimizer, rho, alpha)
         total += losses["loss"]
         total_perturbed += losses["perturbed_loss"]
         steps += 1
@@ -161,25 +164,25 @@ def train_salt(
     }
 
 
-def _batch_losses(model, loader, loss_fn, device) -> Iterator[tuple[torch.Tensor, int]]:
-    """(mean loss of the batch, batch size) for every batch of `loader`."""
+def _batch_losses(model, loader, loss_fn, device, amp: bool) -> Iterator[tuple[torch.Tensor, int]]:
+    """(mean loss of the batch, batch size) for every batch of `loader`; amp: forward passes in bfloat16."""
     for batch in loader:
         image, label = batch["image"].to(device), batch["label"].to(device)
-        yield loss_fn(model(image), label), int(image.shape[0])
+        yield forward_loss(model, image, label, loss_fn, device, amp, float16=False), int(image.shape[0])
 
 
 @torch.no_grad()
-def dataset_loss(model, loader, loss_fn, device) -> float:
+def dataset_loss(model, loader, loss_fn, device, amp: bool = False) -> float:
     """The mean loss of `model` over every sample of `loader`, as it is (the caller sets eval or train mode):
     batch losses weighted by batch size, summed in float64. NaN for an empty loader."""
     total, count = 0.0, 0
-    for loss, n in _batch_losses(model, loader, loss_fn, device):
+    for loss, n in _batch_losses(model, loader, loss_fn, device, amp):
         total += float(loss) * n
         count += n
     return total / count if count else float("nan")
 
 
-def measure_sharpness(model, loader, loss_fn, rho: float, device) -> dict:
+def measure_sharpness(model, loader, loss_fn, rho: float, device, amp: bool = False) -> dict:
     """A site's loss, perturbed loss and sharpness (Eq. 9-11) of `model` over the whole of `loader`.
 
     The paper measures them on the global model received at the start of the round, over the site's full
@@ -201,7 +204,7 @@ def measure_sharpness(model, loader, loss_fn, rho: float, device) -> dict:
         for p in params:
             p.grad = None
         total, count = 0.0, 0
-        for loss, n in _batch_losses(model, loader, loss_fn, device):
+        for loss, n in _batch_losses(model, loader, loss_fn, device, amp):
             # the gradient of the summed loss: its direction is the full-set mean's, which is all eps* needs
             (loss * n).backward()
             total += float(loss.detach()) * n
@@ -219,7 +222,7 @@ def measure_sharpness(model, loader, loss_fn, rho: float, device) -> dict:
                     if p.grad is not None:
                         p.add_(p.grad * (rho / (summed_norm + PERTURB_EPS)))  # Eq. 9
                 try:
-                    perturbed = dataset_loss(model, loader, loss_fn, device)
+                    perturbed = dataset_loss(model, loader, loss_fn, device, amp)
                 finally:
                     for p, w in zip(params, origin):
                         p.copy_(w)

@@ -64,6 +64,10 @@ class _GramWorkspace:
         self._buffer = torch.empty(0, dtype=torch.float64)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):  # a forward hook may run under amp: Grams stay float64
+            return self._gram(x)
+
+    def _gram(self, x: torch.Tensor) -> torch.Tensor:
         x = x.detach().reshape(x.shape[0], -1)
         if type(x) is not torch.Tensor:  # MONAI MetaTensor etc.: plain ops, no metadata tracking
             x = x.as_subclass(torch.Tensor)

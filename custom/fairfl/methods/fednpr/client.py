@@ -8,6 +8,7 @@ from fairfl.methods.fednpr.npr import check_npr_settings, class_prototypes, extr
 from fairfl.methods.local_parts import KeepPartLocal
 from fairfl.methods.steps import ClientStep, StepContext
 from fairfl.models import head_state_keys
+from fairfl.training import mixed_precision
 
 
 class NPRObjective(ClientStep):
@@ -30,7 +31,8 @@ class NPRObjective(ClientStep):
     def loss(self, ctx: StepContext, loss_fn, model, stack):
         settings, num_classes = ctx.meta[protocol.NPR], ctx.meta[protocol.MODEL_SPEC]["num_classes"]
         with ctx.timed("prototype_seconds"):
-            features, labels = extract_features(model, ctx.loader("training", train=False), ctx.device)
+            with mixed_precision(ctx.device, ctx.amp):
+                features, labels = extract_features(model, ctx.loader("training", train=False), ctx.device)
             prototypes, mask = class_prototypes(
                 features,
                 labels,

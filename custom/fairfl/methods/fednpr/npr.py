@@ -274,7 +274,8 @@ class FedNPRObjective:
 
     def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         features = self._latest[0]
-        bsm, npr = fednpr_terms(logits, features, target, self._bsm, **self._npr)
+        # NPR in float32 whatever precision the forward pass ran in (amp); the ratio is taken at the head's input
+        bsm, npr = fednpr_terms(logits, features.float(), target, self._bsm, **self._npr)
         if torch.is_grad_enabled() and features.requires_grad and npr.requires_grad:
             ratio = gradient_ratio(npr, bsm, features)
             if ratio is not None:
