@@ -137,7 +137,7 @@ def fake_simulator(results_by_round, final=None, stopped=None, ok=True):
     """run_simulator as `fairfl run` calls it, without a simulator: writes each round's results file and calls
     on_round as the real watch does."""
 
-    def run(job, workspace, n_clients, threads=None, env=None, on_round=None, echo=None):
+    def run(job, workspace, n_clients, threads=None, env=None, gpu=None, on_round=None, echo=None):
         path = os.path.join(workspace, SIMULATOR_RESULTS)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         results = {"metric": "dice", "config": {"num_rounds": len(results_by_round)}, "rounds": [], "final": None}

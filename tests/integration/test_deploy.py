@@ -845,6 +845,9 @@ def test_poc_commands_prepare_start_submit_download_stop_clean(tmp_path, cache_d
         print(f"POC fedavg job: {time.time() - t0:.0f} s")
         job_id, status = re.search(r"^job (\S+): (\S+)$", out, re.M).groups()
         assert status == "FINISHED:COMPLETED", out
+        # while it waited: one progress line per round, as `fairfl run` prints them, before the outcome
+        progress = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("POC round ")]
+        assert progress == ["POC round 1/2", "POC round 2/2"], out
         out = poc("download")  # the last job submitted
         folder = tmp_path / "poc-results" / job_id
         assert str(folder) in out and "| FedAvg |" in out

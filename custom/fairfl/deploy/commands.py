@@ -14,6 +14,7 @@ def _fail(command: str, error: Exception) -> int:
 
 def _poc(args) -> int:
     from fairfl.deploy import poc
+    from fairfl.progress import round_printer
 
     try:
         if args.action == "prepare":
@@ -28,7 +29,9 @@ def _poc(args) -> int:
             poc.start(args.timeout)
             print(f"POC federation running from {poc.workspace()}\nnext: fairfl poc submit jobs/fedlwr")
         elif args.action == "submit":
-            job_id, status = poc.submit(args.job, wait=not args.no_wait, timeout=args.timeout)
+            job_id, status = poc.submit(
+                args.job, wait=not args.no_wait, timeout=args.timeout, on_round=round_printer("POC ")
+            )
             print(f"job {job_id}" + (f": {status}" if status else " submitted"))
             if status and status != "FINISHED:COMPLETED":
                 print(f"logs: fairfl poc download {job_id} (the server's and sites' logs are in it)", file=sys.stderr)

@@ -11,9 +11,11 @@ inherit this environment: `FAIRFL_DATA_ROOT` (default: built-in synthetic data),
 
 from __future__ import annotations
 
+import glob
 import os
 import subprocess
 import tempfile
+import threading
 import time
 
 import yaml
@@ -137,13 +139,43 @@ def clean() -> None:
     _nvflare("clean")
 
 
-def submit(job: str, wait: bool = True, timeout: float = 0.0) -> tuple:
-    """Submit a job as the project admin; (job id, final status or None when not waiting)."""
+def submit(job: str, wait: bool = True, timeout: float = 0.0, on_round=None) -> tuple:
+    """Submit a job as the project admin; (job id, final status or None when not waiting). While it waits, each round
+    the job's results file records is passed to on_round(record, results, elapsed seconds), as `fairfl run` shows
+    them: in POC the server's run folder is on this machine."""
+    from fairfl.results import RESULTS_FILE
+    from fairfl.simulate import Watch
+
     kit = admin_kit()
     job_id = admin.submit(kit, job)
     with open(os.path.join(workspace(), LAST_JOB), "w") as f:
         f.write(job_id)
-    return job_id, (admin.wait(kit, job_id, timeout) if wait else None)
+    if not wait:
+        return job_id, None
+    run_dir = os.path.join(prod_dir(), SERVER, job_id)
+
+    def results_path() -> str:  # the server's run folder of the job, once it has one
+        found = sorted(glob.glob(os.path.join(run_dir, "**", RESULTS_FILE), recursive=True))
+        return found[0] if found else os.path.join(run_dir, RESULTS_FILE)
+
+    watch = Watch(results_path(), time.time(), on_round)
+    done = threading.Event()
+
+    def follow():
+        while not done.wait(1.0):
+            watch.results_path = results_path()
+            watch.poll()
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    try:
+        status = admin.wait(kit, job_id, timeout)
+    finally:
+        done.set()
+        follower.join()
+    watch.results_path = results_path()
+    watch.poll(last=True)  # the rounds written since the last look
+    return job_id, status
 
 
 def last_job_id() -> str:
