@@ -152,7 +152,8 @@ def run_simulator(
         )
         try:
             # several GPU groups run one site process each at a time (the simulator's rule)
-            at_once = len(gpu_groups(gpu)) if gpu and len(gpu_groups(gpu)) > 1 else threads or n_clients
+            groups = len(gpu_groups(gpu)) if gpu else 1
+            at_once = groups if groups > 1 else threads or n_clients
             all_at_once = [f"site-{i}" for i in range(1, n_clients + 1)] if at_once >= n_clients else None
             watch = Watch(os.path.join(workspace, SIMULATOR_RESULTS), started, on_round, log.name, echo)
             returncode = _wait(proc, workspace, timeout, kill_after_round, all_at_once, watch)

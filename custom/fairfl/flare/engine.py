@@ -242,21 +242,25 @@ class FairRoundController(Checkpointing, TaskFanOut):
     def _stop(self, reason: str, round_num=None, seconds: float = 0.0, **extras) -> None:
         """Record in results.json that the run ends early and why (created now if the run had not begun)."""
         if getattr(self, "results", None) is None:
-            self.results = ResultsLog(
-                os.path.join(self.get_run_dir(), RESULTS_FILE),
-                method=self.method,
-                task=self.task,
-                metric=self.metric,
-                seed=self.seed,
-                sites=getattr(self, "sites", []),
-                config=self.config(),
-                held_out=self.exclude_sites,
-            )
+            self.results = self._results_log(getattr(self, "sites", []))
         if round_num is None:
             self.results.data["stopped"] = reason
             self.results.write()
         else:
             self.results.stop(round_num, seconds, reason, **extras)
+
+    def _results_log(self, sites: list) -> ResultsLog:
+        """A new results.json of this run in the run folder."""
+        return ResultsLog(
+            os.path.join(self.get_run_dir(), RESULTS_FILE),
+            method=self.method,
+            task=self.task,
+            metric=self.metric,
+            seed=self.seed,
+            sites=sites,
+            config=self.config(),
+            held_out=self.exclude_sites,
+        )
 
     def _run_rounds(self):
         self.results = None
@@ -275,16 +279,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
         self.absent = []
         self.task_meta = self.common_task_meta(sites)
         run_dir = self.get_run_dir()
-        self.results = ResultsLog(
-            os.path.join(run_dir, RESULTS_FILE),
-            method=self.method,
-            task=self.task,
-            metric=self.metric,
-            seed=self.seed,
-            sites=sites,
-            config=self.config(),
-            held_out=self.exclude_sites,
-        )
+        self.results = self._results_log(sites)
         global_state = initial_state(self.model_spec(), self.seed)
         first_round = 0
         if self.run_name:
@@ -390,13 +385,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
         results = self._ask_models(
             round_num,
             protocol.TASK_TRAIN,
-            FLModel(
-                params_type=ParamsType.FULL,
-                params=global_state if send_global else {},
-                current_round=round_num,
-                total_rounds=self.num_rounds,
-                meta=meta,
-            ),
+            self.task_model(round_num, global_state if send_global else {}, meta),
             self.trainers,
             global_state,
         )
@@ -478,13 +467,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
         results = self._ask_models(
             round_num,
             protocol.TASK_VALIDATE,
-            FLModel(
-                params_type=ParamsType.FULL,
-                params=global_state if self.evaluate != protocol.FROM_LOCAL else {},
-                current_round=round_num,
-                total_rounds=self.num_rounds,
-                meta=meta,
-            ),
+            self.task_model(round_num, self._scored_params(global_state), meta),
             self.sites,
             global_state,
         )
@@ -498,6 +481,10 @@ class FairRoundController(Checkpointing, TaskFanOut):
             else:
                 per_site[site] = metrics
         return per_site
+
+    def _scored_params(self, global_state) -> dict:
+        """What a validate task sends: the global model, or nothing where every site scores its own (Solo)."""
+        return global_state if self.evaluate != protocol.FROM_LOCAL else {}
 
     def _screen_scores(self, result, with_global: bool) -> tuple:
         """(the answer's metrics as floats, None) or (None, why they cannot be recorded): every evaluation metric is a
@@ -519,13 +506,8 @@ class FairRoundController(Checkpointing, TaskFanOut):
         global model). Returns {"matrix": {model's site: {test site: main metric}}, "rejected", "absent",
         "failed"} (ResultsLog.cross_site)."""
         self.absent, self.failed, rejected = [], {}, {}
-        model = FLModel(
-            params_type=ParamsType.FULL,
-            params=global_state if self.evaluate != protocol.FROM_LOCAL else {},
-            current_round=round_num,
-            total_rounds=self.num_rounds,
-            meta={**self.task_meta, protocol.EVALUATE: self.evaluate, protocol.SUBMIT_MODEL: True},
-        )
+        meta = {**self.task_meta, protocol.EVALUATE: self.evaluate, protocol.SUBMIT_MODEL: True}
+        model = self.task_model(round_num, self._scored_params(global_state), meta)
         reference = state_to_torch(global_state)  # the whole network, the parts the sites keep included
         models = {}
         for result in self._ask_models(round_num, protocol.TASK_VALIDATE, model, self.trainers, global_state):
@@ -538,13 +520,8 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 models[site] = state_to_numpy(state)
         matrix = {}
         for owner in sorted(models, key=site_key):
-            sent = FLModel(
-                params_type=ParamsType.FULL,
-                params=models[owner],
-                current_round=round_num,
-                total_rounds=self.num_rounds,
-                meta={**self.task_meta, protocol.EVALUATE: protocol.FROM_GLOBAL, protocol.HELD_OUT: list(self.sites)},
-            )
+            meta = {**self.task_meta, protocol.EVALUATE: protocol.FROM_GLOBAL, protocol.HELD_OUT: list(self.sites)}
+            sent = self.task_model(round_num, models[owner], meta)
             for result in self.ask(round_num, protocol.TASK_VALIDATE, sent, self.sites):
                 site = result.meta.get("client_name", "?")
                 metrics, problem = self._screen_scores(result, with_global=False)
@@ -555,6 +532,16 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 else:
                     matrix.setdefault(owner, {})[site] = metrics[self.metric]
         return {"matrix": matrix, "rejected": rejected, "absent": list(self.absent), "failed": dict(self.failed)}
+
+    def task_model(self, round_num, params: dict, meta: dict) -> FLModel:
+        """What a task of round `round_num` sends: the full `params` ({} for none) and `meta`."""
+        return FLModel(
+            params_type=ParamsType.FULL,
+            params=params,
+            current_round=round_num,
+            total_rounds=self.num_rounds,
+            meta=meta,
+        )
 
     def _ask_models(self, round_num, task_name, model: FLModel, targets, global_state) -> list:
         """`ask` with `model` for every target, or, when the method keeps a model per site (`models_for`), `ask_each`

@@ -225,7 +225,7 @@ class FairflExecutor(Executor):
         meta, ctx, steps = task.meta, self._context(site, task, state_dir, trains=False), TaskSteps(task.meta)
         held_out = site in meta.get(protocol.HELD_OUT, [])
         if held_out:
-            model = load_numpy_state(build_model(meta[protocol.MODEL_SPEC]), task.params)
+            model = self._sent_model(meta, task.params)
         else:
             model = steps.evaluated_model(ctx)  # a model of the site's own (Ditto's personal one), or None
             model = self._model_for(ctx, steps, protocol.EVALUATE) if model is None else model
@@ -234,7 +234,7 @@ class FairflExecutor(Executor):
         loader = self._loader(site, meta, "testing", train=False, seed=self.seed)
         metrics = self._test_scores(site, model, loader, meta)
         if meta.get(protocol.SCORE_GLOBAL) and not held_out:
-            sent = load_numpy_state(build_model(meta[protocol.MODEL_SPEC]), task.params)
+            sent = self._sent_model(meta, task.params)
             metrics.update({GLOBAL_PREFIX + k: v for k, v in self._test_scores(site, sent, loader, meta).items()})
         return FLModel(
             params_type=ParamsType.FULL,
@@ -267,7 +267,7 @@ class FairflExecutor(Executor):
         HSIC only within-patient variation, and CKA comes out too high at exactly the small sites."""
         meta, round_num = task.meta, int(task.current_round or 0)
         local = self._model_of(meta, self._own_model(site, meta, state_dir, round_num + 1), state_dir)
-        anchor = load_numpy_state(build_model(meta[protocol.MODEL_SPEC]), task.params)
+        anchor = self._sent_model(meta, task.params)
         loader = self._loader(
             site,
             meta,
@@ -339,7 +339,7 @@ class FairflExecutor(Executor):
         own = ctx.own_model() if ctx.meta.get(choice) == protocol.FROM_LOCAL else None
         if own is not None or (ctx.meta.get(choice) == protocol.FROM_LOCAL and not ctx.params):
             return self._model_of(ctx.meta, own, ctx.state_dir)
-        model = load_numpy_state(build_model(ctx.meta[protocol.MODEL_SPEC]), ctx.params)
+        model = self._sent_model(ctx.meta, ctx.params)
         steps.received(ctx, model)
         return model
 
@@ -371,6 +371,11 @@ class FairflExecutor(Executor):
             log_error=self.logger.error,
             amp=self.amp,
         )
+
+    @staticmethod
+    def _sent_model(meta: dict, params: dict):
+        """The job's network with the weights a task sent (numpy arrays), as they are."""
+        return load_numpy_state(build_model(meta[protocol.MODEL_SPEC]), params)
 
     @staticmethod
     def _model_of(meta: dict, state: dict | None, state_dir: str):

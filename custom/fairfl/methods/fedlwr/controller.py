@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
-
 from fairfl.aggregation import layerwise_average, lwr_layer_weights
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
@@ -46,13 +44,7 @@ class FedLWRController(FairRoundController):
         results = self.ask(
             round_num,
             protocol.TASK_CKA,
-            FLModel(
-                params_type=ParamsType.FULL,
-                params=anchor_np,
-                current_round=round_num,
-                total_rounds=self.num_rounds,
-                meta=self.task_meta,
-            ),
+            self.task_model(round_num, anchor_np, self.task_meta),
             sorted(updates),
         )
         cka = {}
