@@ -6,6 +6,9 @@ in every process that builds its loader (with the simulator's -t below -n, every
 
     PYTHONPATH=custom OMP_NUM_THREADS=1 python benchmarks/data_loading.py --preset cpu
     PYTHONPATH=custom OMP_NUM_THREADS=1 python benchmarks/data_loading.py --preset paper --steps 8 --rounds 2
+    PYTHONPATH=custom OMP_NUM_THREADS=1 python benchmarks/data_loading.py --preset paper --device cuda [--amp] --out F
+
+On a GPU the compute shrinks and the loading (on one CPU thread, as in a site process) does not: the share to watch.
 
 Writes benchmarks/results/data_loading_<preset>.json (--out to change) and prints it."""
 
@@ -54,9 +57,13 @@ def main():
     parser.add_argument("--site", default="site-1")
     parser.add_argument("--rounds", type=int, default=3, help="train tasks timed (after one untimed warm-up)")
     parser.add_argument("--steps", type=int, default=0, help="optimiser steps per task (0: one epoch)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (the executor's device)")
+    parser.add_argument("--amp", action="store_true", help="mixed precision, as the executor's amp")
+    parser.add_argument("--workers", type=int, default=0, help="loader workers (executor loader_workers)")
     parser.add_argument("--out", help="default benchmarks/results/data_loading_<preset>.json")
     args = parser.parse_args()
     torch.set_num_threads(1)  # as the executor's num_threads: 1
+    device = torch.device(args.device)
     preset, defaults = PRESETS[args.preset], TASK_DEFAULTS["segmentation"]
     image_size = preset.get("image_size", 64)
     spec = {
@@ -69,7 +76,7 @@ def main():
     started = time.perf_counter()
     loader = make_loader(
         entries, image_size, 2, defaults["batch_size"], train=True, seed=0, site=args.site,
-        augmentation=defaults["augmentation"],
+        augmentation=defaults["augmentation"], num_workers=args.workers,
     )  # fmt: skip
     cache_fill = time.perf_counter() - started
     settings = TrainSettings(lr=defaults["lr"], weight_decay=defaults["weight_decay"], local_steps=args.steps)
@@ -79,10 +86,10 @@ def main():
     for round_num in range(args.rounds + 1):
         seed = site_seed(0, args.site) + round_num  # re-seeded per round, as the executor does
         loader.generator.manual_seed(seed)
-        loader.dataset.transform.set_random_state(seed=seed)
+        loader.dataset.transform.set_random_state(seed=seed)  # workers: seeded from the generator
         timed = TimedLoader(loader)
         started = time.perf_counter()
-        stats = train_local(model, timed, settings, "cpu")
+        stats = train_local(model, timed, settings, device, amp=args.amp)
         total = time.perf_counter() - started
         if round_num:  # round 0 warms up (allocator, first-call overheads)
             rounds.append({"seconds": total, "loading_seconds": timed.waited, "steps": stats["steps"]})
@@ -115,7 +122,9 @@ def main():
         "augmentation_ms_per_image": round(augment_ms[False], 3),
         "augmentation_ms_per_image_plain_tensors": round(augment_ms[True], 3),
         "cache_fill_share_of_one_task": round(cache_fill / (cache_fill + total / len(rounds)), 4),
-        "device": "cpu (no GPU on this machine)",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "amp": args.amp,
+        "loader_workers": args.workers,
         "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "per_round": rounds,

@@ -220,6 +220,12 @@ def classification_transforms(
     )
 
 
+def check_worker_count(value, name: str = "num_workers") -> int:
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return value
+
+
 def make_loader(
     entries: Sequence[dict],
     image_size: int,
@@ -232,6 +238,7 @@ def make_loader(
     task: str = "segmentation",
     site: str = "?",
     augmentation=AUGMENTATIONS,
+    num_workers: int = 0,
 ) -> torch.utils.data.DataLoader:
     """A loader over datalist entries, cached in memory after the first read.
 
@@ -246,6 +253,9 @@ def make_loader(
     `task` "classification" gives batches with "image" float [B, C, S, S] and "label" int64 [B]
     (`classification_transforms`); "segmentation" (the default) image/mask pairs.
     Every file is decoded and checked here, once; a bad one is a DataError naming `site` and the file.
+    `num_workers`: worker processes that augment and collate the batches beside the training, so a GPU does not
+    wait for one CPU thread (0: in this process). The batches' order is drawn here either way; each worker seeds
+    its augmentation from the generator, so a seed still gives the same batches for the same `num_workers`.
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
@@ -268,13 +278,14 @@ def make_loader(
             dataset = CacheDataset(entries, transform=transform, cache_rate=1.0, num_workers=0, progress=False)
         except Exception as err:  # MONAI wraps the DataError of a bad file in "applying transform" errors
             raise data_error_in(err) or err
-    # MONAI's DataLoader (a torch DataLoader) seeds the dataset's random transforms from this
-    # generator when num_workers is 0.
+    check_worker_count(num_workers)
+    # MONAI's DataLoader (a torch DataLoader) seeds the dataset's random transforms from this generator: in this
+    # process when num_workers is 0, else each worker's copy from a seed drawn from it.
     return DataLoader(
         dataset,
         batch_size=batch_size,
         shuffle=train and sampler is None,
         sampler=sampler,
-        num_workers=0,
+        num_workers=num_workers,
         generator=generator,
     )

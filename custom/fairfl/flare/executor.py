@@ -30,7 +30,7 @@ from fairfl.data.builtin import builtin_dataset, check_test_scale, ensure_builti
 from fairfl.data.classification_sites import CORRUPTED_SPLIT
 from fairfl.data.datalist import load_datalist, load_dataset_info
 from fairfl.data.free_rider import free_rider_datalist
-from fairfl.data.loaders import check_augmentation, make_loader
+from fairfl.data.loaders import check_augmentation, check_worker_count, make_loader
 from fairfl.errors import DataError
 from fairfl.flare import protocol
 from fairfl.flare.site_state import keep_version, kept_model_versions, kept_versions, newest_before
@@ -85,6 +85,7 @@ class FairflExecutor(Executor):
         preset: str = "",
         augmentation=None,
         amp: bool = False,
+        loader_workers: int = 0,
     ):
         """Local training, evaluation and CKA probing for one site.
 
@@ -116,11 +117,14 @@ class FairflExecutor(Executor):
                 methods' probes (CKA features, FedCE's and FedISM's probes, FedNPR's prototypes) and evaluation
                 under torch.autocast, float16 with a gradient scaler on CUDA, bfloat16 on CPU; weights, losses and
                 CKA's Gram matrices stay float32/float64. false: everything in float32, as before.
+            loader_workers: worker processes that augment the training batches beside the training (make_loader's
+                num_workers), for a GPU site whose one loading thread cannot keep up; 0 = in the site process.
         """
         super().__init__()
         if not isinstance(amp, bool):
             raise ValueError(f"amp must be true or false, got {amp!r}")
         self.amp = amp
+        self.loader_workers = check_worker_count(loader_workers, "loader_workers")
         self.augmentation = None if augmentation is None else check_augmentation(augmentation)  # null: the task's
         self.data_root, self.image_size, self.batch_size = data_root, image_size, batch_size
         self.lr, self.weight_decay = lr, weight_decay
@@ -472,6 +476,7 @@ class FairflExecutor(Executor):
                 task=self._task(meta),
                 site=site,
                 augmentation=self.augmentation,
+                num_workers=self.loader_workers if train else 0,
             )
         loader = self._loaders[key]
         # Re-seed shuffling and augmentation per round, so a round's batches do not depend on whether this
