@@ -119,7 +119,8 @@ def test_every_number_of_the_method_chooser_is_in_a_committed_output_its_row_lin
         assert unbacked_numbers(row) == [], row[:60]
     ditto = next(row for row in rows if "+2.40" in row)
     assert unbacked_numbers(ditto.replace("+2.40", "+12.34")) == ["12.34"]  # a typo is caught
-    assert "3.81" in unbacked_numbers(ditto.replace("compare/prostate", "compare/fundus"))  # the wrong output
+    wrong = ditto.replace("compare/prostate", "compare/fundus").replace("fedfloor/prostate", "fedfloor/fundus")
+    assert "3.81" in unbacked_numbers(wrong)  # the wrong outputs
     with pytest.raises(AssertionError, match="links no committed output"):
         unbacked_numbers("| x | y | 1.5 ([doc](docs/data.md)) |")
 

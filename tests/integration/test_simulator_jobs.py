@@ -16,7 +16,7 @@ from fairfl.report import free_riders
 from fairfl.simulate import NVFLARE_SIMULATOR, SIMULATOR_OUTPUT, run_simulator
 from fairfl.tracking import MLFLOW_EXPERIMENT, mlflow_location
 
-from conftest import check_tracking, make_job, recorded, tensorboard_scalars
+from conftest import check_tracking, make_job, recorded, segmentation_task_meta, tensorboard_scalars
 
 pytestmark = pytest.mark.slow
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: faults.py
@@ -621,3 +621,50 @@ def test_ditto_scores_sites_with_personal_and_global_models_and_a_held_out_site_
         assert global_dice == pytest.approx(scores[protocol.FROM_GLOBAL], abs=1e-6)
         differs.append(abs(reported - scores[protocol.FROM_GLOBAL]) > 1e-4)
     assert any(differs), "every site scored exactly as the global model: not evaluated with personal models"
+
+
+def test_fedfloor_scores_each_site_with_the_mix_it_validated_and_a_held_out_site_with_the_global_model(
+    tmp_path, cache_dir
+):
+    """FedFloor, a named run holding out site-3: each training site reports the alpha it chose on its validation
+    split, and its final score is the score of that mix, re-computed in-process from the run's personal models and
+    global model; site-3 is scored with the global model alone."""
+    import torch
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+    from fairfl.flare import protocol
+    from fairfl.flare.executor import FairflExecutor
+    from fairfl.methods.fedfloor.controller import FedFloorController
+    from fairfl.methods.fedfloor.mixing import DEFAULT_GRID
+    from fairfl.models import state_to_numpy
+
+    state_root = tmp_path / "state"
+    job = make_job("fedfloor", str(tmp_path / "job"), {"run_name": "trial", "exclude_sites": ["site-3"]})
+    sim = run(job, str(tmp_path / "ws"), env={"FAIRFL_STATE_ROOT": str(state_root)})
+    results = load_results(sim)
+    check_common(results, "fedfloor", held_out=["site-3"])
+    sites = ["site-1", "site-2"]
+    assert results["config"]["mix_grid"] == list(DEFAULT_GRID)
+    for record in results["rounds"]:
+        assert all(record["per_site"][s]["mix_alpha"] in DEFAULT_GRID for s in sites)
+        assert all(record["per_site"][s]["personal_model"] == 1.0 for s in sites)
+        assert set(record["per_site"]["site-3"]) <= {"dice", "dice_se"}
+    global_state = state_to_numpy(torch.load(os.path.join(os.path.dirname(sim.results_path), "global_model.pt")))
+    spec = FedFloorController(**{k: results["config"][k] for k in ("model_channels", "model_strides")}).model_spec()
+    meta = {
+        **segmentation_task_meta(spec),
+        protocol.EVALUATE: protocol.FROM_PERSONAL,
+        protocol.MIX_GRID: list(DEFAULT_GRID),
+    }
+    for site in sites:
+        scores = (
+            FairflExecutor(image_size=32, batch_size=8, synthetic_size_scale=0.5)
+            ._validate(
+                site,
+                FLModel(params_type=ParamsType.FULL, params=global_state, meta=meta),
+                str(state_root / site / "trial"),
+            )
+            .metrics
+        )
+        final = results["final"]["per_site"][site]
+        assert final["dice"] == pytest.approx(scores["dice"], abs=1e-6) and final["mix_alpha"] == scores["mix_alpha"]

@@ -372,6 +372,7 @@ class FairflExecutor(Executor):
             own_model=functools.cache(
                 lambda: self._own_model(site, meta, state_dir, round_num if trains else round_num + 1)
             ),
+            sent_model=lambda: self._sent_model(meta, task.params),
             log_error=self.logger.error,
             amp=self.amp,
         )

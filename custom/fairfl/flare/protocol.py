@@ -37,6 +37,8 @@ NPR = "npr"  # FedNPR: {"k", "weight", "epsilon", "iterations", "temperature"}: 
 PROX_MU = "prox_mu"  # FedProx: add (mu / 2) ||w - w_sent||^2 to the local loss
 DITTO_LAMBDA = "ditto_lambda"  # Ditto: after training the model sent, also train the site's personal model v on
 # loss(v) + (lambda / 2) ||v - w_sent||^2 (kept in PERSONAL_MODEL_FILE)
+MIX_GRID = "mix_grid"  # FedFloor: validate scores the mix (1 - a) w_sent + a v (the personal model) for every a of
+# this list on the validation split, and is scored with the best (fairfl.methods.fedfloor)
 PERSONAL_HEAD = "personal_head"  # FedNPR-Per: the site trains and is evaluated with its own classifier head
 LOCAL_NORM = "local_norm"  # FedBN: the site trains and is evaluated with its own normalisation layers
 RUN_NAME = "run_name"  # a named (resumable) run: sites keep their state in run_state_dir(...) of it

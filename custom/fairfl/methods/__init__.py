@@ -13,6 +13,7 @@ from fairfl.methods import (
     fedavg,
     fedbn,
     fedce,
+    fedfloor,
     fedism,
     fedlwr,
     fednpr,
@@ -24,7 +25,8 @@ from fairfl.methods import (
 from fairfl.methods.spec import Claim, Job, MethodSpec, Variant
 
 UNITS: tuple[MethodSpec, ...] = tuple(
-    unit.SPEC for unit in (solo, fedavg, fedprox, fedbn, qfedavg, ditto, rewards, fedce, fedlwr, fedism, fednpr)
+    unit.SPEC
+    for unit in (solo, fedavg, fedprox, fedbn, qfedavg, ditto, rewards, fedce, fedlwr, fedism, fednpr, fedfloor)
 )
 FAMILIES = ("segmentation", "quality_shift", "imbalanced")  # the benchmark's comparisons (fairfl.benchmark)
 # What methods change at the sites (fairfl.methods.steps): each phase of a task runs the steps its meta switches on in
@@ -36,6 +38,7 @@ CLIENT_STEPS = (
     "fairfl.methods.fedbn.client.LocalNorm",
     "fairfl.methods.rewards.client.ValidateTrained",
     "fairfl.methods.ditto.client.PersonalTraining",
+    "fairfl.methods.fedfloor.client.ValidatedMix",
     "fairfl.methods.ditto.client.PersonalEvaluation",
     "fairfl.methods.fedism.client.ProbeModelSent",
     "fairfl.methods.fednpr.client.NPRObjective",

@@ -45,6 +45,7 @@ class StepContext:
     class_counts: Callable  # () -> the training split's count per class
     train_settings: Callable  # () -> TrainSettings of this task
     own_model: Callable  # () -> state dict of the site's own (local) model for this task, None before it has one
+    sent_model: Callable  # () -> the model sent, built afresh
     log_error: Callable  # (message)
     amp: bool = False  # the executor's: forward passes in mixed precision (fairfl.training.mixed_precision)
     reply: dict = field(default_factory=dict)  # reply meta to the server

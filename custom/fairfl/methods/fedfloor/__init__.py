@@ -1,0 +1,26 @@
+"""FedFloor (this project's own method): Ditto's personal models, and each site scored with the mix of the global
+and its personal model that its own validation split favours."""
+
+from fairfl.methods.spec import Claim, Job, MethodSpec, Variant
+
+HEADLINE = {"segmentation": "dice", "quality_shift": "auc", "imbalanced": "balanced_accuracy"}
+
+SPEC = MethodSpec(
+    name="fedfloor",
+    doc="methods/fedfloor.md",
+    jobs=(Job("fedfloor", "fairfl.methods.fedfloor.controller.FedFloorController"),),
+    variants=(
+        Variant("fedfloor", "FedFloor", "fedfloor", families=tuple(HEADLINE)),
+        # ablation: choose the global or the personal model, never a mix
+        Variant("fedfloor_pick", "FedFloor (pick)", "fedfloor", arguments={"mix_grid": [0, 1]}),
+    ),
+    # the goal in docs/methods/fedfloor.md: fairer than FedAvg without losing more than half a point on average
+    claims=tuple(
+        claim
+        for family, metric in HEADLINE.items()
+        for claim in (
+            Claim("FedFloor", "fedfloor", "fedavg", metric, "std", family=family),
+            Claim("FedFloor", "fedfloor", "fedavg", metric, "avg", margin=-0.5, family=family),
+        )
+    ),
+)

@@ -1,0 +1,32 @@
+"""FedFloor's server side: Ditto's (FedAvg's global model, personal models with lambda) and the mixing grid."""
+
+from __future__ import annotations
+
+from fairfl.flare import protocol
+from fairfl.methods.ditto.controller import DittoController
+from fairfl.methods.fedfloor.mixing import DEFAULT_GRID, check_grid
+
+
+class FedFloorController(DittoController):
+    """FedFloor (this project's method; docs/methods/fedfloor.md): Ditto's training, FedAvg's global model and each
+    site's personal model v_k trained on loss_k(v) + (lambda / 2) ||v - w_t||^2; at evaluation each site scores
+    (1 - alpha) w + alpha v_k for every alpha of `mix_grid` on its validation split and is scored with the best.
+    A site never deploys what its own data says is worse than the global model or its personal model. A site held
+    out of training (a new site) is scored with the global model, which is FedAvg's."""
+
+    method = "fedfloor"
+
+    def __init__(self, mix_grid=DEFAULT_GRID, **kwargs):
+        """
+        Args:
+            mix_grid: the alphas scored (0 = the global model, 1 = the personal model); [0, 1] chooses between the
+                two without mixing (recorded as fedfloor_pick).
+            **kwargs: see DittoController (ditto_lambda) and FairRoundController.
+        """
+        super().__init__(**kwargs)
+        self.mix_grid = list(check_grid(mix_grid))
+        if self.mix_grid == [0.0, 1.0]:  # the ablation without interpolation: its own row in reports
+            self.method = "fedfloor_pick"
+
+    def site_meta(self) -> dict:
+        return {**super().site_meta(), protocol.MIX_GRID: self.mix_grid}
