@@ -4,12 +4,12 @@ that the site's own validation split favours (fairfl.methods.fedfloor.mixing).""
 from __future__ import annotations
 
 from fairfl.flare import protocol
-from fairfl.methods.ditto.client import personal_versions
+from fairfl.methods.ditto.client import PersonalEvaluation
 from fairfl.methods.fedfloor.mixing import check_grid, choose_alpha, mix_states
-from fairfl.methods.steps import ClientStep, StepContext
+from fairfl.methods.steps import StepContext
 
 
-class ValidatedMix(ClientStep):
+class ValidatedMix(PersonalEvaluation):
     """`validate` with meta[MIX_GRID] and EVALUATE FROM_PERSONAL: every alpha of the grid is scored on the site's
     validation split, and the test split scores the best (metric mix_alpha). Before the site has a personal model it
     is scored with the model sent (mix_alpha 0). Runs before Ditto's PersonalEvaluation, which it replaces."""
@@ -27,15 +27,14 @@ class ValidatedMix(ClientStep):
         return None
 
     def evaluated_model(self, ctx: StepContext):
-        versions = personal_versions(ctx)
-        ctx.metrics["personal_model"] = float(bool(versions))
+        personal = super().evaluated_model(ctx)  # Ditto's newest personal model (and its metric), or None
         sent = ctx.sent_model()
-        if not versions:
+        if personal is None:
             ctx.metrics["mix_alpha"] = 0.0
             return sent
         # copies: state_dict() aliases the model's tensors, which every load_state_dict below overwrites
         global_state = {k: v.clone() for k, v in sent.state_dict().items()}
-        personal_state = versions[0][1].state_dict()
+        personal_state = personal.state_dict()
         scores = {}
         for alpha in check_grid(ctx.meta[protocol.MIX_GRID]):
             sent.load_state_dict(mix_states(global_state, personal_state, alpha))
