@@ -71,10 +71,32 @@ def check_tracking(run_dir, results, sites):
         assert shown == {name: pytest.approx(steps, rel=1e-6) for name, steps in expected.items()}, site
 
 
+# Fixtures that start one federation or run for several tests: pytest-xdist keeps each one's tests on one worker
+# (--dist loadgroup), so it is set up once, not once per worker.
+SHARED_RUNS = ("tiny_fedavg_run", "federation")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The process-starting tests first, in file order, then the rest. With several workers each takes the next
+    test when it is free, so the short unit tests fill in at the end instead of one long run finishing last."""
+    for item in items:
+        shared = [name for name in SHARED_RUNS if name in getattr(item, "fixturenames", ())]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order within each part
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
-    """One built-in data cache for the whole session, unless CI set one."""
-    path = os.environ.get("FAIRFL_CACHE_DIR") or str(tmp_path_factory.mktemp("fairfl_cache"))
+    """One built-in data cache for the whole session (shared by all pytest-xdist workers: the generation is safe
+    with concurrent processes), unless CI set one."""
+    path = os.environ.get("FAIRFL_CACHE_DIR")
+    if not path:
+        base = tmp_path_factory.getbasetemp()
+        # under xdist each worker's base is <session base>/popen-gwN; the session base is common to all of them
+        root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+        path = str(root / "fairfl_cache")
+        os.makedirs(path, exist_ok=True)
     os.environ["FAIRFL_CACHE_DIR"] = path
     return path
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from fairfl.data.builtin import BUILTIN_DATASETS, builtin_dataset
 from fairfl.jobconfig import JOBS, parse_assignments
-from fairfl.methods import VARIANTS, family_claims, family_methods, variant_job
+from fairfl.methods import FAMILY_METRICS, VARIANTS, family_claims, family_methods, variant_job
 from fairfl.paired import FAILS, HOLDS, INCONCLUSIVE, Interval, mean_interval, paired_differences
 from fairfl.report import _avg_std, _label, _mean_sd, _name, _scores, _site_key, make_report
 from fairfl.results import SIMULATOR_RESULTS
@@ -34,16 +34,12 @@ from fairfl.simulate import run_unless_finished
 
 REPO = JOBS.parent
 
-# the papers' comparisons: which metrics (the first is the run's own), which papers, how many sites; the methods
-# and claims of each come from the method registry (fairfl.methods)
+# the papers' comparisons: which papers, how many sites; the metrics (the first is the run's own), methods and
+# claims of each come from the method registry (fairfl.methods)
 FAMILIES = {
-    "segmentation": {"metrics": ["dice"], "papers": "Fed-LWR Tables 1-2, FedCE Tables 1-3"},
-    "quality_shift": {
-        "metrics": ["auc"],
-        "papers": "FedISM+ Tables II-IV",
-        "sites": 20,
-    },  # the paper's 20 clients, the last 20% corrupted
-    "imbalanced": {"metrics": ["balanced_accuracy", "auc"], "papers": "FedNPR Table III"},
+    "segmentation": {"papers": "Fed-LWR Tables 1-2, FedCE Tables 1-3"},
+    "quality_shift": {"papers": "FedISM+ Tables II-IV", "sites": 20},  # the paper's 20 clients, the last 20% corrupted
+    "imbalanced": {"papers": "FedNPR Table III"},
 }
 
 
@@ -491,7 +487,7 @@ def run_benchmark(
         loo_file = run_leave_one_out(
             JOBS / "fedavg", out / "loo", sites, job_arguments(dataset, "fedavg", seeds[0], rounds, eval_every, extra)
         )
-    metrics = FAMILIES[kind]["metrics"]
+    metrics = list(FAMILY_METRICS[kind])
     all_paths = [paths[s, m] for m in methods for s in seeds]
     reports = {metric: make_report(all_paths, out / metric, metric=metric, loo=loo_file) for metric in metrics}
     runs_by_method = {m: [json.loads(paths[s, m].read_text()) for s in seeds] for m in methods}

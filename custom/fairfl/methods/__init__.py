@@ -22,13 +22,13 @@ from fairfl.methods import (
     rewards,
     solo,
 )
-from fairfl.methods.spec import Claim, Job, MethodSpec, Variant
+from fairfl.methods.spec import FAMILY_METRICS, Claim, Job, MethodSpec, Variant
 
 UNITS: tuple[MethodSpec, ...] = tuple(
     unit.SPEC
     for unit in (solo, fedavg, fedprox, fedbn, qfedavg, ditto, rewards, fedce, fedlwr, fedism, fednpr, fedfloor)
 )
-FAMILIES = ("segmentation", "quality_shift", "imbalanced")  # the benchmark's comparisons (fairfl.benchmark)
+FAMILIES = tuple(FAMILY_METRICS)  # the benchmark's comparisons (fairfl.benchmark)
 # What methods change at the sites (fairfl.methods.steps): each phase of a task runs the steps its meta switches on in
 # this order (Ditto keeps the model sent before a probe runs on it; CFFL scores the trained model before Ditto's
 # personal step; a step replacing the loss runs before those adding a term whatever the order).
@@ -90,6 +90,7 @@ def variant_job(method: str, dataset: str = "") -> tuple[str, dict]:
 __all__ = [
     "UNITS",
     "FAMILIES",
+    "FAMILY_METRICS",
     "CLIENT_STEPS",
     "VARIANTS",
     "JOBS",

@@ -10,6 +10,12 @@ from typing import Mapping
 
 from fairfl.paired import Interval, verdict
 
+# The benchmark's comparisons (fairfl.benchmark adds their papers and sites) and the metrics each reports, its
+# headline first: the one a family's claims are judged on unless a claim names another.
+FAMILY_METRICS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"segmentation": ("dice",), "quality_shift": ("auc",), "imbalanced": ("balanced_accuracy", "auc")}
+)
+
 
 def _frozen(mapping: Mapping | None) -> Mapping:
     return MappingProxyType(dict(mapping or {}))

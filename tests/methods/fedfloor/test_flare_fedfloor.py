@@ -1,5 +1,10 @@
 """FedFloor's FLARE parts: the controller's settings, and the site's validated mix on tiny data, re-scored."""
 
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
@@ -122,3 +127,25 @@ def test_a_site_whose_personal_model_is_broken_is_scored_with_the_global_side_of
     assert scores["dice"] == pytest.approx(executor._evaluate(chosen, test_loader, meta)["dice"], abs=1e-9)
     wrecked = executor._evaluate(_model(spec, saved["model"]), test_loader, meta)["dice"]
     assert scores["dice"] != pytest.approx(wrecked, abs=1e-6)
+
+
+def test_the_choice_does_not_depend_on_the_order_of_the_sites_validation_split(trained, tmp_path):
+    """The same validation images in another order must give the same mix and the same score: the choice is a
+    property of the site's data, not of how its datalist happens to list it."""
+    executor, meta, sent, state_dir = trained
+    root = Path(executor._data_root("site-2", meta))
+    shuffled_root = tmp_path / "shuffled"
+    shutil.copytree(root, shuffled_root)
+    datalist = json.loads((root / "site-2.json").read_text())
+    order = np.random.default_rng(0).permutation(len(datalist["validation"]))
+    assert len(order) > 2 and list(order) != sorted(order)
+    datalist["validation"] = [datalist["validation"][i] for i in order]
+    (shuffled_root / "site-2.json").write_text(json.dumps(datalist))
+    scores = validate(executor, meta, sent, state_dir, list(DEFAULT_GRID)).metrics
+    reordered = FairflExecutor(
+        image_size=32, batch_size=8, lr=1e-3, weight_decay=1e-4, synthetic_size_scale=0.5, data_root=str(shuffled_root)
+    )
+    assert reordered._data_root("site-2", meta) == str(shuffled_root)  # it reads the shuffled datalist
+    again = validate(reordered, meta, sent, state_dir, list(DEFAULT_GRID)).metrics
+    assert again["mix_alpha"] == scores["mix_alpha"]
+    assert again["dice"] == pytest.approx(scores["dice"], abs=1e-9)

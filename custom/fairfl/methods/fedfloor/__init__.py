@@ -1,9 +1,9 @@
 """FedFloor (this project's own method): Ditto's personal models, and each site scored with the mix of the global
 and its personal model that its own validation split favours."""
 
-from fairfl.methods.spec import Claim, Job, MethodSpec, Variant
+from fairfl.methods.spec import FAMILY_METRICS, Claim, Job, MethodSpec, Variant
 
-HEADLINE = {"segmentation": "dice", "quality_shift": "auc", "imbalanced": "balanced_accuracy"}
+HEADLINE = {family: metrics[0] for family, metrics in FAMILY_METRICS.items()}  # every family, on its own metric
 
 SPEC = MethodSpec(
     name="fedfloor",
