@@ -25,6 +25,12 @@ def test_a_site_without_a_log_is_one_that_never_started(tmp_path):
     workspace = fake_workspace(tmp_path, ["site-1", "site-10"], sites)
     assert simulate.never_started(workspace, sites) == ["site-2"]
     assert simulate.never_started(workspace, ["site-1"]) == []
+    # a site whose process started, logged and died because another process took its port (what hung a benchmark
+    # for an hour): it never came up either; another error in its log does not count
+    (tmp_path / "site-10" / "error_log.txt").write_text("ValueError: a bad datalist entry\n")
+    assert simulate.never_started(workspace, sites) == ["site-2"]
+    (tmp_path / "site-10" / "error_log.txt").write_text(f"OSError: [Errno 98] {simulate.PORT_CLASH}\n")
+    assert simulate.never_started(workspace, sites) == ["site-2", "site-10"]
 
 
 def test_a_run_with_a_site_that_never_started_is_killed_and_run_again(tmp_path, monkeypatch):
