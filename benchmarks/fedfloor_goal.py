@@ -15,10 +15,10 @@ import argparse
 import csv
 import json
 import os
-import statistics
 
 from fairfl.methods import display_name
-from fairfl.paired import paired_interval
+from fairfl.paired import mean_interval, paired_interval
+from fairfl.report import _mean_sd
 
 SPREAD_GOAL = 0.6  # at most 0.6 times FedAvg's spread, with the interval below 1
 MEAN_MARGIN = -0.5  # the mean at most half a point below FedAvg's
@@ -48,7 +48,7 @@ def goal(folder: str) -> dict:
     floor, fedavg = values["fedfloor"], values["fedavg"]
     seeds = sorted(set(floor) & set(fedavg))
     ratios = [floor[s]["std"] / fedavg[s]["std"] for s in seeds]
-    ratio = paired_interval(dict(enumerate(ratios)), dict.fromkeys(range(len(ratios)), 0.0))
+    ratio = mean_interval(ratios)
     avg = interval(values, "fedfloor", "mean")
     seconds = summary["round_seconds"]
     methods = [m for m in ORDER if m in values] + sorted(set(values) - set(ORDER))
@@ -59,8 +59,7 @@ def goal(folder: str) -> dict:
         "methods": {
             m: {
                 **{
-                    statistic: [round(statistics.mean(v[statistic] for v in values[m].values()), 2)]
-                    + [round(statistics.stdev(v[statistic] for v in values[m].values()), 2)]
+                    statistic: _rounded(_mean_sd(v[statistic] for v in values[m].values()))
                     for statistic in ("mean", "std", "worst")
                 },
                 **(
@@ -83,6 +82,11 @@ def goal(folder: str) -> dict:
         # the benchmark's own median round times: its runs did not alternate with FedAvg's (benchmarks/cost.py does)
         "round_seconds_over_fedavg": round(seconds["fedfloor"] / seconds["fedavg"], 2),
     }
+
+
+def _rounded(mean_sd: tuple) -> list:
+    """[mean, sd] over seeds to two decimals; sd None with one seed."""
+    return [round(v, 2) if v is not None else None for v in mean_sd]
 
 
 def global_model_vs_fedavg(files: dict, seeds: list, metric: str) -> float | None:
@@ -151,7 +155,10 @@ def tables(goals: list[dict]) -> str:
             "|---|---|---|---|---|---|",
         ]
         for m, row in g["methods"].items():
-            cells = [f"{row[s][0]:.2f} ± {row[s][1]:.2f}" for s in ("mean", "std", "worst")]
+            cells = [
+                f"{row[s][0]:.2f} ± {row[s][1]:.2f}" if row[s][1] is not None else f"{row[s][0]:.2f}"
+                for s in ("mean", "std", "worst")
+            ]
             differences = [_interval(row[k]) if k in row else "–" for k in ("mean_vs_fedavg", "std_vs_fedavg")]
             lines.append(f"| {display_name(m)} | " + " | ".join(cells + differences) + " |")
     return "\n".join(lines) + "\n"

@@ -264,14 +264,12 @@ def never_started(workspace: str, sites: list) -> list:
     """The sites of a simulator workspace whose process never came up: no log yet, or a log that ends in a port
     taken by another process (the site's process exits at once; the server would wait for it until task_timeout)."""
 
-    def came_up(site: str) -> bool:
-        folder = os.path.join(workspace, site)
-        if not os.path.exists(os.path.join(folder, "log.txt")):
-            return False
-        error_log = os.path.join(folder, "error_log.txt")
-        return not (os.path.exists(error_log) and PORT_CLASH in open(error_log, errors="replace").read())
-
-    return [site for site in sites if not came_up(site)]
+    errors = collect_errors(workspace)
+    return [
+        site
+        for site in sites
+        if not os.path.exists(os.path.join(workspace, site, "log.txt")) or PORT_CLASH in errors.get(site, "")
+    ]
 
 
 def is_simulator_workspace(folder) -> bool:
