@@ -271,18 +271,6 @@ def test_fedce_on_fundus_with_restarted_sites_builds_every_leave_one_out_model(t
         assert scores["dice"] == pytest.approx((scores["dice_disc"] + scores["dice_cup"]) / 2)
 
 
-def test_fedavg_leaves_excluded_site_out_of_training_but_evaluates_it(tmp_path, cache_dir):
-    job = make_job("fedavg", str(tmp_path / "job"), server={"num_rounds": 1, "exclude_sites": ["site-3"]})
-    results = load_results(run(job, str(tmp_path / "ws")))
-    record = results["rounds"][0]
-    assert set(record["train"]) == set(record["weights"]) == {"site-1", "site-2"}
-    assert set(results["final"]["per_site"]) == {"site-1", "site-2", "site-3"}
-    assert results["config"]["exclude_sites"] == results["held_out_sites"] == ["site-3"]
-    final = results["final"]  # the held-out site summarised apart; every site's summary as before
-    assert final["federation"]["sites"] == ["site-1", "site-2"] and final["held_out"]["sites"] == ["site-3"]
-    assert final["held_out"]["mean"] == final["per_site"]["site-3"]["dice"] and "global_model" not in final
-
-
 def test_exported_job_runs_only_where_sites_allow_list_fairfl(tmp_path, cache_dir):
     exported = str(tmp_path / "exported")
     subprocess.run(
@@ -431,30 +419,45 @@ def crashing_site(site="site-3", round_num=1):
     }
 
 
-def test_a_site_that_dies_mid_round_is_recorded_absent_and_the_run_goes_on(tmp_path, cache_dir):
+def test_a_site_that_dies_mid_round_is_recorded_absent_and_a_held_out_site_is_only_evaluated(tmp_path, cache_dir):
+    # one run for two behaviours (a run's process starts cost more than its rounds): site-3 ends its process in
+    # round 1, before it answers, and the run goes on; site-4 is held out (exclude_sites): it never trains and is
+    # evaluated with the global model
     job = make_job(
         "fedavg",
         str(tmp_path / "job"),
-        {"num_rounds": 3, "eval_every": 3, "min_clients": 2, "straggler_timeout": 10, "average_last": 2},
+        {
+            "num_rounds": 3,
+            "eval_every": 3,
+            "min_clients": 2,
+            "straggler_timeout": 10,
+            "average_last": 2,
+            "exclude_sites": ["site-4"],
+        },
         client_extra=crashing_site(),
     )
-    sim = run(job, str(tmp_path / "ws"))
+    sim = run(job, str(tmp_path / "ws"), n=4, t=4)
     assert "no train answer from site-3" in sim.errors.pop("server", "")
     results = load_results(sim)
     first, *later = results["rounds"]
-    assert "absent" not in first and set(first["weights"]) == {"site-1", "site-2", "site-3"}
+    assert "absent" not in first and set(first["train"]) == set(first["weights"]) == {"site-1", "site-2", "site-3"}
     for record in later:
         assert record["absent"] == ["site-3"]
         assert set(record["weights"]) == {"site-1", "site-2"} and sum(record["weights"].values()) == pytest.approx(1)
-    assert set(results["final"]["per_site"]) == {"site-1", "site-2"} and "stopped" not in results
+    assert set(results["final"]["per_site"]) == {"site-1", "site-2", "site-4"} and "stopped" not in results
     # average_last 2: round 1 is evaluated too, and the final record holds each site's mean over rounds 1 and 2
     assert [bool(r.get("per_site")) for r in results["rounds"]] == [False, True, True]
     mean_of_last = results["final"]["mean_of_last"]
-    assert mean_of_last["rounds"] == [1, 2] and set(mean_of_last["per_site"]) == {"site-1", "site-2"}
-    for site in ("site-1", "site-2"):
+    assert mean_of_last["rounds"] == [1, 2] and set(mean_of_last["per_site"]) == {"site-1", "site-2", "site-4"}
+    for site in ("site-1", "site-2", "site-4"):
         assert mean_of_last["per_site"][site]["dice"] == pytest.approx(
             (results["rounds"][1]["per_site"][site]["dice"] + results["rounds"][2]["per_site"][site]["dice"]) / 2
         )
+    # the held-out site: recorded as such, summarised apart from the federation, every site's summary as before
+    assert results["config"]["exclude_sites"] == results["held_out_sites"] == ["site-4"]
+    final = results["final"]
+    assert final["federation"]["sites"] == ["site-1", "site-2"] and final["held_out"]["sites"] == ["site-4"]
+    assert final["held_out"]["mean"] == final["per_site"]["site-4"]["dice"] and "global_model" not in final
 
 
 def test_too_few_sites_left_ends_the_job_with_a_clear_message(tmp_path, cache_dir):
@@ -474,14 +477,17 @@ def test_too_few_sites_left_ends_the_job_with_a_clear_message(tmp_path, cache_di
 
 def test_a_named_run_killed_mid_run_resumes_and_matches_one_that_never_stopped(tmp_path, cache_dir):
     job = make_job("fedce", str(tmp_path / "job"), {"num_rounds": 4, "eval_every": 2, "run_name": "trial"})
-    reference = load_results(run(job, str(tmp_path / "reference"), env={"FAIRFL_STATE_ROOT": str(tmp_path / "s0")}))
+    sites = {"n": 2, "t": 2}  # FedCE's leave-one-out models need two; each more is a process start in all 3 runs
+    reference = load_results(
+        run(job, str(tmp_path / "reference"), env={"FAIRFL_STATE_ROOT": str(tmp_path / "s0")}, **sites)
+    )
     env = {"FAIRFL_STATE_ROOT": str(tmp_path / "state")}
-    killed = run(job, str(tmp_path / "ws"), env=env, kill_after_round=1)  # the server dies after round 2 of 4
+    killed = run(job, str(tmp_path / "ws"), env=env, kill_after_round=1, **sites)  # the server dies after round 2 of 4
     assert killed.returncode != 0 and json.load(open(killed.results_path))["final"] is None
     assert os.path.exists(tmp_path / "state" / "server" / "trial" / "checkpoint.pt")
     site_state = tmp_path / "state" / "site-1" / "trial"  # FedCE's previous model: the current or the previous file
     assert any(os.path.exists(site_state / name) for name in ("local_model.pt", "local_model_previous.pt"))
-    resumed = load_results(run(job, str(tmp_path / "ws"), env=env))
+    resumed = load_results(run(job, str(tmp_path / "ws"), env=env, **sites))
     # the checkpoint of round 1, of round 0 if killed before writing it, or of round 2 if round 2 (about a second
     # of a tiny job on a busy machine) ended before the kill landed: any of them must resume to the same result
     assert resumed["resumed"] in (1, 2, 3)

@@ -113,7 +113,8 @@ def start(timeout: int = 120) -> None:
 def stop(timeout: float = 120) -> None:
     """Stop the server and the sites; returns once the server process is gone (`nvflare poc stop` returns
     before it is, and `poc clean` refuses a workspace whose server still runs)."""
-    _nvflare("stop")
+    # --no-wait: nvflare's own wait gives up after 30 s, which a busy machine can exceed; this one waits `timeout`
+    _nvflare("stop", "--no-wait")
     deadline = time.time() + timeout
     while _live_server_pids():
         if time.time() > deadline:
