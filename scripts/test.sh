@@ -5,8 +5,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$ROOT/scripts/setup.sh"
 cd "$ROOT"
-# the simulator tests run several processes on few cores: OpenMP threads that busy-wait slow them all down
-export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
+# the simulator tests run several processes on few cores: OpenMP threads that busy-wait slow them all down, and
+# more than one thread per process only contends with the other workers' processes
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # lint and format first (ruff.toml): seconds, and a failure names the file and line
 ruff check custom tests benchmarks
 ruff format --check custom tests benchmarks
