@@ -11,7 +11,7 @@ export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}" OMP_NUM_THREADS="${OMP_NUM_
 # lint and format first (ruff.toml): seconds, and a failure names the file and line
 ruff check custom tests benchmarks
 ruff format --check custom tests benchmarks
-# two pytest-xdist workers (FAIRFL_TEST_WORKERS; `-n 0` runs in one process): the process-starting tests spend much
-# of their time waiting on NVFlare's task round trips and process starts, so two of them share 2 cores well; more
-# workers on a small machine only add memory (a simulator site process holds about 0.6 GB)
-exec python -m pytest -q -n "${FAIRFL_TEST_WORKERS:-2}" --dist loadgroup "$@"
+# three pytest-xdist workers (FAIRFL_TEST_WORKERS; `-n 0` runs in one process): a process-starting test waits part of
+# its time (NVFlare's task round trips, timeouts, shutdowns), so three keep 2 cores busier than two; a fourth only
+# adds contention (docs/testing.md has the measurements)
+exec python -m pytest -q -n "${FAIRFL_TEST_WORKERS:-3}" --dist loadgroup "$@"
