@@ -442,7 +442,7 @@ def test_a_site_that_dies_mid_round_is_recorded_absent_and_a_held_out_site_is_on
     first, *later = results["rounds"]
     assert "absent" not in first and set(first["train"]) == set(first["weights"]) == {"site-1", "site-2", "site-3"}
     for record in later:
-        assert record["absent"] == ["site-3"]
+        assert record["absent"] == ["site-3"] and set(record["train"]) == {"site-1", "site-2"}
         assert set(record["weights"]) == {"site-1", "site-2"} and sum(record["weights"].values()) == pytest.approx(1)
     assert set(results["final"]["per_site"]) == {"site-1", "site-2", "site-4"} and "stopped" not in results
     # average_last 2: round 1 is evaluated too, and the final record holds each site's mean over rounds 1 and 2
