@@ -5,8 +5,10 @@ NVFlare site process of fairfl imports, step by step, and builds its first optim
 
 Every simulator run starts one process per site (and one more for every task a site runs when `-t` is below `-n`),
 so this is the fixed price of every process-starting test and of every run; the test suite's floor on two cores is
-its total CPU over two (docs/testing.md). Each step runs in its own fresh interpreter, `--repeats` times; reported
-are the medians of the child's CPU (user + system) and wall-clock seconds, each step including the ones before it.
+its total CPU over two (docs/testing.md). The steps run in order in one fresh interpreter, which reports its own
+CPU (user + system, from its start) and wall-clock seconds (from its script's start) after each, so the figures rise
+step by step; a last row is the whole process as its parent sees it, exit included. `--repeats` interpreters, and
+the medians of each row over them.
 """
 
 from __future__ import annotations
@@ -34,13 +36,20 @@ STEPS = {
 }
 
 
-def child_seconds(code: str) -> tuple[float, float]:
-    """(CPU, wall) seconds of a fresh interpreter running `code`, one intra-op thread as at a site."""
+def step_seconds() -> list[tuple[float, float]]:
+    """[(CPU seconds since the interpreter started, wall-clock seconds since its script started) after each step] of
+    one fresh interpreter with one intra-op thread, as at a site."""
+    lines = ["import json, os, time", "out = []"]
+    for code in STEPS.values():
+        lines += [code, "t = os.times()", "out.append((t.user + t.system, time.perf_counter() - START))"]
+    script = "import time\nSTART = time.perf_counter()\n" + "\n".join(lines) + "\nprint(json.dumps(out))"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    proc = subprocess.run([sys.executable, "-c", script], check=True, env=env, capture_output=True, text=True)
     wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
+    whole = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    # the last row: the whole process, its start and its exit (unloading torch and MONAI) included
+    return [tuple(step) for step in json.loads(proc.stdout)] + [(whole, wall)]
 
 
 def main(argv=None) -> int:
@@ -50,13 +59,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    rows, code = [], []
-    for name, line in STEPS.items():
-        code.append(line)
-        runs = [child_seconds("\n".join(code)) for _ in range(args.repeats)]
-        cpu, wall = statistics.median(c for c, _ in runs), statistics.median(w for _, w in runs)
+    runs = [step_seconds() for _ in range(args.repeats)]
+    rows = []
+    for k, name in enumerate([*STEPS, "whole process, to its exit"]):
+        cpu, wall = statistics.median(r[k][0] for r in runs), statistics.median(r[k][1] for r in runs)
         rows.append({"step": name, "cpu_seconds": round(cpu, 2), "wall_seconds": round(wall, 2)})
-        print(f"{name:>16}: {cpu:5.2f} s CPU, {wall:5.2f} s wall (cumulative)", flush=True)
+        print(f"{name:>26}: {cpu:5.2f} s CPU, {wall:5.2f} s wall (cumulative)", flush=True)
     command = " ".join(["python", "benchmarks/startup_cost.py", *(sys.argv[1:] if argv is None else argv)])
     result = {"command": command, "versions": versions(), "steps": rows}
     if args.out:

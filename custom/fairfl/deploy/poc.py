@@ -111,28 +111,29 @@ def start(timeout: int = 120) -> None:
 
 
 def stop(timeout: float = 120) -> None:
-    """Stop the server and the sites; returns once the server process is gone (`nvflare poc stop` returns
-    before it is, and `poc clean` refuses a workspace whose server still runs)."""
+    """Stop the server and the sites; returns once their processes are gone (`nvflare poc stop` returns before they
+    are, and `poc clean` must not delete the folders of processes that still run)."""
     # --no-wait: nvflare's own wait gives up after 30 s, which a busy machine can exceed; this one waits `timeout`
     _nvflare("stop", "--no-wait")
     deadline = time.time() + timeout
-    while _live_server_pids():
+    while _live_pids():
         if time.time() > deadline:
-            raise RuntimeError(f"the POC server (pid {_live_server_pids()}) still runs {timeout:.0f} s after stop")
+            raise RuntimeError(f"POC processes {_live_pids()} still run {timeout:.0f} s after stop")
         time.sleep(1)
 
 
-def _live_server_pids() -> list:
-    """Pids in the POC server's pid files whose process still exists."""
-    live = []
-    for name in ("pid.fl", "daemon_pid.fl"):
-        path = os.path.join(prod_dir(), SERVER, name)
-        try:
-            pid = int(open(path).read().strip())
-            os.kill(pid, 0)
-            live.append(pid)
-        except (OSError, ValueError):
-            continue
+def _live_pids() -> dict:
+    """{participant: pids} of the server's and the sites' pid files whose process still exists."""
+    live = {}
+    root = prod_dir()
+    for participant in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        for name in ("pid.fl", "daemon_pid.fl"):
+            try:
+                pid = int(open(os.path.join(root, participant, name)).read().strip())
+                os.kill(pid, 0)
+                live.setdefault(participant, []).append(pid)
+            except (OSError, ValueError):
+                continue
     return live
 
 
