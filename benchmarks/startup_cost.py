@@ -39,10 +39,10 @@ STEPS = {
 def step_seconds() -> list[tuple[float, float]]:
     """[(CPU seconds since the interpreter started, wall-clock seconds since its script started) after each step] of
     one fresh interpreter with one intra-op thread, as at a site."""
-    lines = ["import json, os, time", "out = []"]
+    lines = ["import json, os, time", "START = time.perf_counter()", "out = []"]
     for code in STEPS.values():
         lines += [code, "t = os.times()", "out.append((t.user + t.system, time.perf_counter() - START))"]
-    script = "import time\nSTART = time.perf_counter()\n" + "\n".join(lines) + "\nprint(json.dumps(out))"
+    script = "\n".join([*lines, "print(json.dumps(out))"])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", script], check=True, env=env, capture_output=True, text=True)

@@ -116,9 +116,9 @@ def stop(timeout: float = 120) -> None:
     # --no-wait: nvflare's own wait gives up after 30 s, which a busy machine can exceed; this one waits `timeout`
     _nvflare("stop", "--no-wait")
     deadline = time.time() + timeout
-    while _live_pids():
+    while live := _live_pids():
         if time.time() > deadline:
-            raise RuntimeError(f"POC processes {_live_pids()} still run {timeout:.0f} s after stop")
+            raise RuntimeError(f"POC processes {live} still run {timeout:.0f} s after stop")
         time.sleep(1)
 
 
