@@ -807,6 +807,28 @@ def test_poc_prepare_never_deletes_a_folder_that_is_not_a_poc_workspace(tmp_path
     assert thesis.read_text() == "keep"
 
 
+def test_poc_stop_waits_for_every_live_pid_file_and_ignores_broken_or_stale_ones(tmp_path, monkeypatch):
+    from fairfl.deploy import poc
+
+    monkeypatch.setenv("NVFLARE_POC_WORKSPACE", str(tmp_path))
+    assert poc._live_pids() == {}  # not prepared: nothing runs
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    files = {
+        "localhost": {"pid.fl": "not a pid", "daemon_pid.fl": str(dead.pid)},
+        "site-2": {"pid.fl": str(os.getpid())},
+    }
+    for participant, pid_files in files.items():
+        folder = tmp_path / poc.PROJECT / "prod_00" / participant
+        folder.mkdir(parents=True)
+        for name, text in pid_files.items():
+            (folder / name).write_text(text)
+    assert poc._live_pids() == {"site-2": [os.getpid()]}  # a live site counts, not only the server
+    monkeypatch.setattr(poc, "_nvflare", lambda *args, **kwargs: None)
+    with pytest.raises(RuntimeError, match=r"POC processes \{'site-2': \[\d+\]\} still run 0 s after stop"):
+        poc.stop(timeout=0)
+
+
 @pytest.mark.slow
 def test_poc_commands_prepare_start_submit_download_stop_clean(tmp_path, cache_dir, cleanup, monkeypatch, capsys):
     from fairfl.cli import main
