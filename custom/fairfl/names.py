@@ -6,6 +6,9 @@ site read or write outside its own data and workspace. Server and sites check na
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+
+from fairfl.errors import DataError
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 SAFE_NAME_RULE = "1-128 characters of letters, digits, '.', '_' and '-', starting with a letter or digit"
@@ -17,3 +20,15 @@ def safe_name(value, what: str) -> str:
     if not isinstance(value, str) or not SAFE_NAME.fullmatch(value) or ".." in value:
         raise ValueError(f"{what} {value!r} is not a safe name ({SAFE_NAME_RULE}, no '..')")
     return value
+
+
+def safe_site_names(names: Mapping[str, str], where) -> dict[str, str]:
+    """A converter's {source: output site name} if every output name is safe (`safe_name`): each becomes
+    `<dst>/<name>/` and `<dst>/<name>.json`, so `..`, `.`, `a/b` or `/abs` would write outside the output folder.
+    Else a DataError naming the source, the name and `where` (the file or folder the source came from)."""
+    for source, name in names.items():
+        try:
+            safe_name(name, "output site name")
+        except ValueError as err:
+            raise DataError(str(source), where, f"{err}, from source site {source!r}: rename it") from None
+    return dict(names)

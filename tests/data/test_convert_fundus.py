@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from scipy import ndimage
+from test_convert_isic import UNSAFE_SITE_NAMES, assert_unsafe_name_refused, unsafe_name
 
 from fairfl.data.convert_fundus import convert_fundus, mask_classes
 from fairfl.data.datalist import SPLITS, load_datalist
@@ -265,3 +266,10 @@ def test_refuses_a_non_empty_output_and_a_source_without_sites(source, tmp_path)
         convert_fundus(tmp_path / "nothing", tmp_path / "out")
     (tmp_path / "empty_dst").mkdir()  # an existing empty folder is fine
     assert convert_fundus(source, tmp_path / "empty_dst")["sites"]
+
+
+@pytest.mark.parametrize("name", UNSAFE_SITE_NAMES)
+def test_an_output_site_name_outside_the_output_folder_is_refused_and_nothing_written(source, tmp_path, name):
+    name = unsafe_name(name, tmp_path)
+    convert = lambda src, dst: convert_fundus(src, dst, site_names={"Domain2": name})  # noqa: E731
+    assert_unsafe_name_refused(convert, source, tmp_path, name, "Domain2", source)

@@ -336,6 +336,48 @@ def assert_refused(convert, source, tmp_path, site, file, problem):
     assert list(tmp_path.iterdir()) == [source]
 
 
+# output site names that would leave the output folder; "/absolute" stands for a folder of tmp_path (`unsafe_name`)
+UNSAFE_SITE_NAMES = ["..", ".", "a/b", "/absolute", ""]
+
+
+def unsafe_name(name, tmp_path) -> str:
+    """`name`, "/absolute" as an absolute path into tmp_path, where `assert_refused` sees anything written."""
+    return str(tmp_path / "elsewhere") if name == "/absolute" else name
+
+
+def assert_unsafe_name_refused(convert, source, tmp_path, name, site, file):
+    """`convert(source, dst)` with an unsafe output site name `name` (from source site `site`) is refused naming
+    both and `file`, and writes nothing anywhere (`assert_refused`)."""
+    assert_refused(convert, source, tmp_path, site, str(file), f"output site name {name!r} is not a safe name")
+
+
+@pytest.mark.parametrize("name", UNSAFE_SITE_NAMES)
+def test_an_output_site_name_outside_the_output_folder_is_refused_and_nothing_written(source, tmp_path, name):
+    name = unsafe_name(name, tmp_path)
+    convert = lambda src, dst: convert_isic(src, dst, num_sites=4, site_names={"site-2": name})  # noqa: E731
+    assert_unsafe_name_refused(convert, source, tmp_path, name, "Dirichlet(1) share 2", source)
+    convert = lambda src, dst: convert_isic(src, dst, sites="source", site_names={"HAM_rosendahl": name})  # noqa: E731
+    assert_unsafe_name_refused(convert, source, tmp_path, name, "HAM_rosendahl", source)
+
+
+@pytest.mark.parametrize("name", ["..", "."])
+def test_a_source_site_named_dot_dot_in_the_metadata_is_refused_by_the_command_and_nothing_written(
+    source, tmp_path, capsys, name
+):
+    """`fairfl convert-isic --sites source` wrote images into the output folder's parent for a source `..` (into the
+    output folder's own parent for `.`); the metadata's `dataset` column names the sources."""
+    from fairfl import cli
+
+    metadata = source / "ISIC_2019_Training_Metadata_FL.csv"
+    metadata.write_text(metadata.read_text().replace(",BCN_nan", f",{name}"))
+    before = sorted(p for p in tmp_path.rglob("*"))
+    assert cli.main(["convert-isic", str(source), str(tmp_path / "out" / "dst"), "--sites", "source"]) == 1
+    err = capsys.readouterr().err
+    assert f"[{name}] {source}: output site name {name!r} is not a safe name" in err and "Traceback" not in err
+    assert sorted(p for p in tmp_path.rglob("*")) == before  # not even the output folder's parent
+    assert cli.main(["convert-isic", str(source), str(tmp_path / "ok"), "--sites", "source", "--rename-sites"]) == 0
+
+
 def test_refusals(source, tmp_path):
     (tmp_path / "dst").mkdir()
     (tmp_path / "dst" / "keep.txt").write_text("user data")

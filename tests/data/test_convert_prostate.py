@@ -5,6 +5,7 @@ import json
 import nibabel as nib
 import numpy as np
 import pytest
+from test_convert_isic import UNSAFE_SITE_NAMES, assert_unsafe_name_refused, unsafe_name
 
 from fairfl.data.convert_prostate import convert_prostate
 from fairfl.data.datalist import SPLITS, load_datalist
@@ -317,3 +318,17 @@ def test_each_nvflare_problem_names_site_and_file_and_writes_nothing(tmp_path, d
     for part in (f"[{site}]", file, problem):
         assert part in str(info.value), (part, str(info.value))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nvflare"]  # no output, no temporary folder
+
+
+@pytest.mark.parametrize("name", UNSAFE_SITE_NAMES)
+@pytest.mark.parametrize("layout", ["folders", "nvflare datalists"])
+def test_an_output_site_name_outside_the_output_folder_is_refused_and_nothing_written(tmp_path, name, layout):
+    name = unsafe_name(name, tmp_path)
+    if layout == "folders":
+        source = write_source(tmp_path / "src", sites={"HK": SITES["HK"]})
+        convert = lambda src, dst: convert_prostate(src, dst, site_names={"HK": name})  # noqa: E731
+        assert_unsafe_name_refused(convert, source, tmp_path, name, "HK", source)
+    else:  # NVFlare's datalists: their client names, renamed
+        src, lists = write_nvflare_3d(tmp_path / "nvflare", sites=("MSD",))
+        convert = lambda _, dst: convert_prostate(src, dst, nvflare_datalists=lists, site_names={"MSD": name})  # noqa: E731
+        assert_unsafe_name_refused(convert, tmp_path / "nvflare", tmp_path, name, "MSD", lists)

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from test_convert_isic import assert_refused, rewrite  # shared helpers of the converter tests
+from test_convert_isic import (  # shared helpers of the converter tests
+    UNSAFE_SITE_NAMES,
+    assert_refused,
+    assert_unsafe_name_refused,
+    rewrite,
+    unsafe_name,
+)
 
 from fairfl.data.classification_sites import CORRUPTED_SPLIT
 from fairfl.data.convert_rsna_ich import SUBTYPES, convert_rsna_ich
@@ -219,3 +225,10 @@ def test_command_line_converts(source, tmp_path):
     assert cli.main(["convert-rsna-ich", str(source), str(dst), "--num-sites", "3", "--include-none"]) == 0
     assert sorted(p.name for p in dst.glob("site-*.json")) == ["site-1.json", "site-2.json", "site-3.json"]
     assert len(json.loads((dst / "dataset.json").read_text())["classes"]) == 6
+
+
+@pytest.mark.parametrize("name", UNSAFE_SITE_NAMES)
+def test_an_output_site_name_outside_the_output_folder_is_refused_and_nothing_written(source, tmp_path, name):
+    name = unsafe_name(name, tmp_path)
+    convert = lambda src, dst: convert_rsna_ich(src, dst, num_sites=3, site_names={"site-3": name})  # noqa: E731
+    assert_unsafe_name_refused(convert, source, tmp_path, name, "Dirichlet(1) share 3", source)

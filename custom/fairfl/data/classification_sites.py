@@ -45,6 +45,7 @@ from fairfl.data.builtin import extra_test_count
 from fairfl.data.corruption import Corruption
 from fairfl.data.datalist import SPLITS, check_output_folder, output_site_names, staged_output, write_datalist
 from fairfl.errors import DataError
+from fairfl.names import safe_site_names
 
 CORRUPTED_SPLIT = "testing_corrupted"
 TEST_SETS = ("shared", "site")
@@ -396,6 +397,7 @@ def convert_pool(
         if isinstance(site_names, Mapping):
             site_list = list(output_site_names(site_list, site_names).values())
         origin = [f"Dirichlet({alpha:g}) share {k + 1}" for k in range(num_sites)]
+    safe_site_names(dict(zip(origin, site_list)), src)
     num_corrupted = round(corrupted_fraction * len(site_list))
     quality = Corruption(corruption, severity) if num_corrupted else None
     try:

@@ -43,6 +43,7 @@ from fairfl.data.datalist import (
 )
 from fairfl.data.synthetic_fundus import LABELS, REGIONS
 from fairfl.errors import DataError
+from fairfl.names import safe_site_names
 
 TRAIN_NAMES, TEST_NAMES = ("train", "training"), ("test", "testing")
 IMAGE_NAMES, MASK_NAMES, ROI_NAMES = ("image", "images"), ("mask", "masks"), ("rois",)
@@ -85,7 +86,7 @@ def convert_fundus(
     layouts = {p.name: layout for p in sorted(src.iterdir()) if p.is_dir() and (layout := _site_layout(p))}
     if not layouts:
         raise DataError("-", src, "no site folders with image/ and mask/ folders found (see convert_fundus's layouts)")
-    names = output_site_names(list(layouts), site_names)
+    names = safe_site_names(output_site_names(list(layouts), site_names), src)
 
     with staged_output(dst) as staging:
         summary = {

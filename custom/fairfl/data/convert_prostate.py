@@ -42,7 +42,7 @@ from fairfl.data.datalist import (
     write_datalist,
 )
 from fairfl.errors import DataError
-from fairfl.names import safe_name
+from fairfl.names import safe_name, safe_site_names
 
 MASK_SUFFIXES = ("", "_segmentation")  # matched case-insensitively
 NVFLARE_PREFIX, NVFLARE_MERGED = "client_", "client_All.json"  # NVFlare's datalist names; All = every client merged
@@ -96,7 +96,7 @@ def convert_prostate(
     site_dirs = sorted(p for p in src.iterdir() if p.is_dir() and _subfolder(p, "Image") and _subfolder(p, "Mask"))
     if not site_dirs:
         raise DataError("-", src, "no site folders with Image/ and Mask/ subfolders found")
-    names = output_site_names([p.name for p in site_dirs], site_names)
+    names = safe_site_names(output_site_names([p.name for p in site_dirs], site_names), src)
 
     summary = {}
     with staged_output(dst) as staging:
@@ -157,7 +157,7 @@ def _convert_nvflare(root: Path, folder: Path, dst: Path, axis: int, keep_empty_
             safe_name(source, "site name")
         except ValueError as err:
             raise DataError(source, path, str(err)) from err
-    names = output_site_names(list(files), site_names)
+    names = safe_site_names(output_site_names(list(files), site_names), folder)
     first_use: dict[Path, str] = {}  # image file -> where it was first listed (a file in two splits leaks)
     written: set[str] = set()  # output images
     summary = {}
