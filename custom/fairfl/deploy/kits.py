@@ -14,6 +14,12 @@ Secrets become owner-only first, even when the rest is refused, and never throug
 folders (they hold the private keys) 0700, `*.key` 0600, and the provisioning `state/` folder beside the kits
 (root CA private key and every participant's key) 0700/0600.
 
+Nothing is changed through a symbolic link: a linked `state/`, or a linked `local/` or file in it that would be read
+or written, is refused naming the link (a link could lead the permissions and policies anywhere, e.g. to another
+kit's or the user's own files). With `force` a link is followed only where it leads inside the folder that holds
+it (the kit for `local/`, the provisioning folder for `state/`); a link leading outside is refused even then. Links
+inside `state/` and `startup/` are left alone, never followed.
+
 Plain NVFlare 2.9 kits carry no `signature.json` (mutual TLS is the trust anchor); HE and confidential
 computing kits sign `local/` too, and editing it would break their start, so those are refused."""
 
@@ -22,12 +28,14 @@ from __future__ import annotations
 import json
 import os
 import stat
+from pathlib import Path
 
 from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
 
 from fairfl.files import write_json_atomic
 
 OWN_PACKAGE = "fairfl."
+RESOURCES, AUTHORIZATION_FILE = "resources.json", "authorization.json"  # in a kit's local/
 
 # Per-role rights, NVFlare's authorization.json format. "any" for the project admin would include BYOC,
 # so its rights are spelled out. Shell commands (cat, grep, ls, ... in the site's kit folder: its logs, with data
@@ -124,9 +132,36 @@ def _read_json(path: str):
         return None  # not JSON: differs from anything we write
 
 
-def _kit_files(kit: str, kind: str, storage: str | None) -> dict:
-    """{path: content} this kit's local/ should hold."""
-    local = os.path.join(kit, "local")
+def _unlinked(path: str, top: str, force: bool) -> str:
+    """`path` (below the folder `top`) to read, write or lock: itself when no part of it below `top` is a symbolic
+    link; with `force`, where the links lead if that stays inside `top`; else a ValueError naming the link."""
+    current = top
+    for part in Path(os.path.relpath(path, top)).parts:
+        current = os.path.join(current, part)
+        if not os.path.islink(current):
+            continue
+        resolved, target = Path(path).resolve(), Path(current).resolve()
+        if not force:
+            raise ValueError(
+                f"{current} is a symbolic link (to {target}): nothing is changed through a link; replace it with the "
+                f"folder or file itself (--force follows a link only where it stays inside {top})"
+            )
+        if not resolved.is_relative_to(Path(top).resolve()):
+            raise ValueError(
+                f"{current} is a symbolic link to {target}, outside {top}: nothing is changed through it, "
+                f"even with --force"
+            )
+        return str(resolved)
+    return path
+
+
+def _kit_files(kit: str, kind: str, storage: str | None, force: bool = False) -> dict:
+    """{path: content} this kit's local/ should hold; the paths have no symbolic link in them (`_unlinked`)."""
+    local = _unlinked(os.path.join(kit, "local"), kit, force)
+    current, authorization, default = (
+        _unlinked(os.path.join(kit, "local", name), kit, force)
+        for name in (RESOURCES, AUTHORIZATION_FILE, RESOURCES + ".default")
+    )
     for folder in (local, os.path.join(kit, "startup")):
         if os.path.exists(os.path.join(folder, "signature.json")):
             raise ValueError(
@@ -134,8 +169,7 @@ def _kit_files(kit: str, kind: str, storage: str | None) -> dict:
                 f"provisioning); its local/ folder cannot be edited. Provision without those, or "
                 f"add fairfl.flare.components.ALLOW_LIST to class_allow_list when provisioning"
             )
-    current = os.path.join(local, "resources.json")
-    source = current if os.path.exists(current) else current + ".default"
+    source = current if os.path.exists(current) else default
     if not os.path.exists(source):
         raise FileNotFoundError(f"{kit} has neither local/resources.json nor local/resources.json.default")
     resources = _read_json(source)
@@ -151,7 +185,7 @@ def _kit_files(kit: str, kind: str, storage: str | None) -> dict:
         for component in resources.get("components", []):
             if component.get("id") == "job_manager":
                 component["args"]["uri_root"] = os.path.join(storage, "jobs")
-    return {current: resources, os.path.join(local, "authorization.json"): AUTHORIZATION}
+    return {current: resources, authorization: AUTHORIZATION}
 
 
 def _restrict(path: str, folder_mode: int = 0o700, file_mode: int = 0o600) -> None:
@@ -205,7 +239,8 @@ def complete_kits(root: str, storage: str | None = None, force: bool = False) ->
     kits = find_kits(root)
     for kit in kits:  # first, whatever follows: the keys are never left readable
         restrict_secrets(kit)
-    state = os.path.join(os.path.dirname(os.path.abspath(root)), "state")
+    provisioning = os.path.dirname(os.path.abspath(root))
+    state = _unlinked(os.path.join(provisioning, "state"), provisioning, force)
     if os.path.isdir(state):
         restrict_folder(state)
     if not any(kind in ("server", "client") for kind in kits.values()):
@@ -214,7 +249,7 @@ def complete_kits(root: str, storage: str | None = None, force: bool = False) ->
     for kit, kind in kits.items():
         if kind in ("server", "client"):
             planned.update(
-                _kit_files(kit, kind, storage or (os.path.join(kit, "storage") if kind == "server" else None))
+                _kit_files(kit, kind, storage or (os.path.join(kit, "storage") if kind == "server" else None), force)
             )
             done[kit] = kind
     # resources.json is written merged into the site's own (its settings kept): refused only where that would
