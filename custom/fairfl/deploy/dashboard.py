@@ -21,6 +21,11 @@ INIT_DONE = ".db_init_done"  # NVFlare writes it once the database is created an
 SECRET_KEY_FILE = "secret_key"
 DASHBOARD_FILES = {INIT_DONE, SECRET_KEY_FILE, "db.sqlite"}
 MIN_PASSWORD_LENGTH = 12
+PASSPHRASE_LENGTH = 20  # from this length on a password needs no mix of character kinds (four random words)
+# zxcvbn's estimate of the guesses an attacker who knows common passwords, words, names, keyboard walks, dates and
+# look-alikes needs: 10^10 is its top score (4), "very unguessable"
+MIN_GUESSES_LOG10 = 10
+ESTIMATED_LENGTH = 72  # zxcvbn refuses longer input (its cost grows fast); a prefix is never stronger than the whole
 MAX_RUN = 4  # this many equal characters in a row (aaaa), or counting up or down (1234, dcba), is a pattern
 # the most common password stems, as letters after look-alikes are read (P@ssw0rd: password)
 COMMON_STEMS = (
@@ -77,11 +82,27 @@ def _common_stem(password: str) -> bool:
     return bool(letters) and re.fullmatch(f"(?:{'|'.join(COMMON_STEMS)})+", letters) is not None
 
 
+def _guessable(password: str, hints: list[str]) -> str | None:
+    """Why zxcvbn estimates `password` (its first ESTIMATED_LENGTH characters) guessable in fewer than
+    10^MIN_GUESSES_LOG10 guesses, `hints` (email, organisation, the project's words) counted as known; None if not."""
+    from zxcvbn import zxcvbn
+
+    estimate = zxcvbn(password[:ESTIMATED_LENGTH], user_inputs=hints)
+    if estimate["guesses_log10"] >= MIN_GUESSES_LOG10:
+        return None
+    warning = estimate["feedback"].get("warning", "").rstrip(".") or "words, names, dates or patterns"
+    return (
+        f"it is easy to guess: about 10^{estimate['guesses_log10']:.0f} guesses, at least 10^{MIN_GUESSES_LOG10} "
+        f"needed ({warning}); four or more random words make a strong password"
+    )
+
+
 def password_problem(password: str, email: str = "", org: str = "") -> str | None:
     """Why `password` is too weak for the project admin (who can approve sites and download every kit); None if
-    it is acceptable: at least 12 printable characters of at least 3 kinds (lower, upper, digit, other), no
-    run of 4 repeated or counting characters, not only common words, not containing the email's user name or
-    the organisation."""
+    it is acceptable: at least 12 printable characters, of at least 3 kinds (lower, upper, digit, other) below
+    PASSPHRASE_LENGTH, no run of 4 repeated or counting characters, not only common words, not containing the
+    email's user name or the organisation, and at least 10^MIN_GUESSES_LOG10 guesses by zxcvbn's estimate (common
+    passwords, keyboard walks such as Qwertyuiop1!, words with a year)."""
     if not password.isprintable():
         return "it holds control characters"
     if len(password) < MIN_PASSWORD_LENGTH:
@@ -89,8 +110,11 @@ def password_problem(password: str, email: str = "", org: str = "") -> str | Non
     kinds = sum(
         any(test(c) for c in password) for test in (str.islower, str.isupper, str.isdigit, lambda c: not c.isalnum())
     )
-    if kinds < 3:
-        return "use at least three of: lower-case letters, upper-case letters, digits, other characters"
+    if kinds < 3 and len(password) < PASSPHRASE_LENGTH:
+        return (
+            "use at least three of: lower-case letters, upper-case letters, digits, other characters (or a "
+            f"passphrase of {PASSPHRASE_LENGTH} or more characters)"
+        )
     lowered = password.lower()
     for part in (email.split("@")[0], org):
         if len(part) >= 3 and part.lower() in lowered:
@@ -101,7 +125,7 @@ def password_problem(password: str, email: str = "", org: str = "") -> str | Non
         return f"it has {MAX_RUN} or more characters in a row that repeat or count (aaaa, 1234)"
     if ":" in password or password != password.strip():
         return "it must not contain ':' nor start or end with a space"
-    return None
+    return _guessable(password, [email, email.split("@")[0], org, *COMMON_STEMS])
 
 
 def make_app(web_root: str, admin_email: str | None = None, password: str | None = None, org: str | None = None):
