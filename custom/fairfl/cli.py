@@ -319,7 +319,9 @@ def add_mlflow_argument(parser) -> None:
         default=False,
         metavar="TRACKING_URI",
         help="also send every site's accepted metrics to MLflow (NVFlare's MLflowReceiver on the server): to a "
-        "SQLite store mlflow.db beside results.json, or to TRACKING_URI (needs pip install 'fairfl[tracking]')",
+        "SQLite store mlflow.db beside results.json, or to TRACKING_URI: http(s) to a host in FAIRFL_MLFLOW_HOSTS "
+        "(default this machine only), file: or sqlite: in a folder of FAIRFL_MLFLOW_PATHS (needs pip install "
+        "'fairfl[tracking]')",
     )
 
 

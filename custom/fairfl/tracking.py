@@ -4,13 +4,19 @@ TensorBoard in every job (`tb_events/<site>/` in the server's run folder, one cu
 asked for. Only numbers the server accepted are recorded: a site's own metric stream is never trusted.
 
 This module holds the job configuration entries of the receivers; nothing here imports NVFlare or MLflow (the MLflow
-receiver's module imports mlflow, so only a job that names it needs it installed)."""
+receiver's module imports mlflow, so only a job that names it needs it installed).
+
+Where MLflow records is the server's decision, not the job's: a tracking URI is checked against the environment of the
+process that builds the receiver's configuration (`check_tracking_uri`), so a job cannot make the server send every
+site's metrics, or the server's own MLflow credentials, to a host or file of its choosing."""
 
 from __future__ import annotations
 
 import copy
 import importlib.util
 import os
+from pathlib import Path
+from urllib.parse import urlsplit
 
 TB_RECEIVER = "nvflare.app_opt.tracking.tb.tb_receiver.TBAnalyticsReceiver"
 MLFLOW_RECEIVER = "nvflare.app_opt.tracking.mlflow.mlflow_receiver.MLflowReceiver"
@@ -19,6 +25,13 @@ TB_FOLDER = "tb_events"  # in the server's run folder, one subfolder per site
 # refuses its old file store, ./mlruns, unless told to)
 MLFLOW_DB = "mlflow.db"
 MLFLOW_EXPERIMENT = "fairfl"  # every fairfl run in one experiment, one MLflow run per site and job run
+# the server's own allow-list for tracking URIs: host names (comma-separated) an http(s) URI may name, loopback
+# only by default; folders (os.pathsep-separated) a file: or sqlite: store may lie in, none by default (the default
+# store, mlflow.db in the run folder, needs no URI)
+MLFLOW_HOSTS_ENV = "FAIRFL_MLFLOW_HOSTS"
+MLFLOW_PATHS_ENV = "FAIRFL_MLFLOW_PATHS"
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+SQLITE_PREFIX = "sqlite:///"  # then the path: sqlite:////abs/mlflow.db (SQLAlchemy's form: three slashes, then it)
 
 
 def tensorboard_receiver() -> dict:
@@ -26,9 +39,71 @@ def tensorboard_receiver() -> dict:
     return {"id": "tb_receiver", "path": TB_RECEIVER, "args": {"tb_folder": TB_FOLDER}}
 
 
+def _listed(value: str | None, separator: str) -> list[str]:
+    return [entry.strip() for entry in (value or "").split(separator) if entry.strip()]
+
+
+def check_tracking_uri(uri: str, environ=None) -> str:
+    """`uri` if this server's environment (`environ`, default os.environ) lets MLflow record there; else a ValueError
+    saying why and what is allowed:
+    - http(s) to a host named in FAIRFL_MLFLOW_HOSTS (default loopback only), with no user name or password in the
+      URI (MLflow takes them from the server's MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN);
+    - file:, sqlite: or a plain path: absolute, and inside a folder named in FAIRFL_MLFLOW_PATHS (none by default),
+      links resolved;
+    - any other scheme (databricks, postgresql, javascript, ...) is refused."""
+    env = os.environ if environ is None else environ
+    where = f"MLflow tracking URI {uri!r}"
+    if not isinstance(uri, str) or not uri.isprintable() or any(c.isspace() for c in uri):
+        raise ValueError(f"{where}: not a URI (spaces or control characters)")
+    try:
+        parts = urlsplit(uri)
+        scheme, host = parts.scheme.lower(), parts.hostname
+    except ValueError as e:  # a malformed host ("http://[::1")
+        raise ValueError(f"{where}: {e}") from None
+    if scheme in ("http", "https"):
+        if "@" in parts.netloc:
+            raise ValueError(
+                f"{where}: no user name or password in the URI; the server's MLFLOW_TRACKING_USERNAME and "
+                "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) hold them"
+            )
+        hosts = [h.lower().strip("[]") for h in _listed(env.get(MLFLOW_HOSTS_ENV), ",")] or list(LOOPBACK_HOSTS)
+        if host not in hosts:
+            raise ValueError(
+                f"{where}: host {host!r} is not one this server sends metrics to ({', '.join(hosts)}; "
+                f"the server's {MLFLOW_HOSTS_ENV}, comma-separated, names others)"
+            )
+        return uri
+    if scheme == "sqlite":
+        path = uri[len(SQLITE_PREFIX) :] if uri.startswith(SQLITE_PREFIX) and "?" not in uri else ""
+    elif scheme == "file":
+        path = parts.path if parts.netloc in ("", "localhost") and not parts.query else ""
+    elif not scheme:
+        path = uri
+    else:
+        raise ValueError(
+            f"{where}: scheme {scheme!r} is not allowed; use http(s) to a host in the server's {MLFLOW_HOSTS_ENV}, "
+            f"file: or sqlite: in a folder of its {MLFLOW_PATHS_ENV}, or none (mlflow.db in the run folder)"
+        )
+    if not os.path.isabs(path):  # "databricks" too: MLflow reads that name as its scheme
+        raise ValueError(
+            f"{where}: neither an absolute path nor an allowed URI (http(s)://host:port, file:///folder, "
+            "sqlite:////folder/mlflow.db)"
+        )
+    folders = _listed(env.get(MLFLOW_PATHS_ENV), os.pathsep)
+    if not any(Path(path).resolve().is_relative_to(Path(folder).resolve()) for folder in folders):
+        raise ValueError(
+            f"{where}: {Path(path).resolve()} is not inside a folder this server lets MLflow write to "
+            f"({', '.join(folders) or 'none'}; the server's {MLFLOW_PATHS_ENV}, {os.pathsep}-separated, names them)"
+        )
+    return uri
+
+
 def mlflow_receiver(tracking_uri: str | None = None) -> dict:
     """The server component that sends every site's metrics to MLflow: to `tracking_uri` (e.g. an MLflow server's
-    http://host:5000), or None: a SQLite store `mlflow.db` in the server's run folder (no server needed)."""
+    http://host:5000; `check_tracking_uri`), or None: a SQLite store `mlflow.db` in the server's run folder (no server
+    needed)."""
+    if tracking_uri is not None:
+        check_tracking_uri(tracking_uri)
     args = {"kw_args": {"experiment_name": MLFLOW_EXPERIMENT, "experiment_tags": {}, "run_tags": {}}}
     return {"id": "mlflow_receiver", "path": MLFLOW_RECEIVER, "args": {"tracking_uri": tracking_uri, **args}}
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -75,3 +76,70 @@ def test_without_mlflow_installed_every_job_loads_and_exports_and_only_mlflow_tr
     exported.export(str(tmp_path / "with"))
     with open(tmp_path / "with" / "fedavg" / SERVER_CONFIG) as f:
         assert [c["path"] for c in json.load(f)["components"]] == [TB_RECEIVER, MLFLOW_RECEIVER]
+
+
+# ---------------------------------------------------------------- where MLflow may record: the server's decision
+
+REFUSED = {
+    "databricks": "neither an absolute path nor an allowed URI",  # MLflow reads the bare name as its scheme
+    "databricks://profile": "scheme 'databricks' is not allowed",
+    "javascript:alert(1)": "scheme 'javascript' is not allowed",
+    "postgresql://127.0.0.1/mlflow": "scheme 'postgresql' is not allowed",
+    "http://evil.example.org:5000": "host 'evil.example.org' is not one this server sends metrics to",
+    "https://localhost.evil.example.org": "host 'localhost.evil.example.org'",
+    "http://evil.example.org#@127.0.0.1": "host 'evil.example.org'",
+    "http://user:secret@127.0.0.1:5000": "no user name or password in the URI",
+    "http://127.0.0.1@evil.example.org": "no user name or password in the URI",
+    "http://[::1": "Invalid IPv6 URL",
+    "http://127.0.0.1:5000/\nx": "spaces or control characters",
+    "sqlite:///mlflow.db": "neither an absolute path",  # SQLAlchemy: relative to wherever the server runs
+    "sqlite:////etc/mlflow.db": "/etc/mlflow.db is not inside a folder this server lets MLflow write to (none;",
+    "file:///etc/mlruns": "/etc/mlruns is not inside a folder",
+    "/etc/mlruns": "/etc/mlruns is not inside a folder",
+    "file://evil.example.org/mlruns": "neither an absolute path",
+}
+
+
+@pytest.mark.parametrize("uri", REFUSED)
+def test_a_tracking_uri_outside_the_servers_allow_list_is_refused_naming_it(monkeypatch, uri):
+    monkeypatch.delenv(tracking.MLFLOW_HOSTS_ENV, raising=False)
+    monkeypatch.delenv(tracking.MLFLOW_PATHS_ENV, raising=False)
+    for build in (lambda: with_mlflow({}, uri), lambda: tracking.mlflow_receiver(uri)):
+        with pytest.raises(ValueError) as err:
+            build()
+        assert str(err.value).startswith(f"MLflow tracking URI {uri!r}: ") and REFUSED[uri] in str(err.value)
+
+
+def test_the_servers_environment_names_the_hosts_and_folders_mlflow_may_record_to(monkeypatch, tmp_path):
+    monkeypatch.delenv(tracking.MLFLOW_HOSTS_ENV, raising=False)
+    monkeypatch.delenv(tracking.MLFLOW_PATHS_ENV, raising=False)
+    for uri in ("http://127.0.0.1:5000", "http://localhost:5000/", "https://[::1]:8443"):  # loopback by default
+        assert tracking.mlflow_receiver(uri)["args"]["tracking_uri"] == uri
+    monkeypatch.setenv(tracking.MLFLOW_HOSTS_ENV, "mlflow.hospital.org, [::1]")
+    assert tracking.check_tracking_uri("https://MLflow.Hospital.org/") == "https://MLflow.Hospital.org/"
+    assert tracking.check_tracking_uri("http://[::1]:5000")
+    with pytest.raises(ValueError, match="host '127.0.0.1' is not one .*mlflow.hospital.org, ::1"):
+        tracking.check_tracking_uri("http://127.0.0.1:5000")  # the list replaces the default
+    store = tmp_path / "mlflow"
+    store.mkdir()
+    (store / "away").symlink_to(tmp_path)
+    monkeypatch.setenv(tracking.MLFLOW_PATHS_ENV, f"{tmp_path / 'nowhere'}:{store}")
+    for uri in (f"sqlite:///{store}/mlflow.db", f"file://{store}/mlruns", str(store / "mlruns")):
+        assert tracking.check_tracking_uri(uri) == uri
+    for uri in (f"sqlite:///{store}/../other.db", f"file://{store}/away/mlruns", f"sqlite:///{store}/m.db?x=1"):
+        with pytest.raises(ValueError, match=f"MLflow tracking URI {re.escape(repr(uri))}"):
+            tracking.check_tracking_uri(uri)
+
+
+def test_fairfl_run_and_the_recipe_refuse_a_tracking_uri_before_anything_runs(monkeypatch, tmp_path, capsys):
+    from fairfl import cli
+
+    monkeypatch.delenv(tracking.MLFLOW_HOSTS_ENV, raising=False)
+    workspace = tmp_path / "ws"
+    args = ["run", os.path.join(REPO, "jobs", "fedavg"), "-w", str(workspace), "--mlflow", "http://evil.example.org"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "MLflow tracking URI 'http://evil.example.org': host 'evil.example.org'" in err and "Traceback" not in err
+    assert sorted(os.listdir(tmp_path)) == []  # no job copy, no workspace: the simulator never started
+    with pytest.raises(ValueError, match="scheme 'databricks' is not allowed"):
+        FairflRecipe("fedavg", mlflow="databricks://profile")
