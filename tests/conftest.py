@@ -40,6 +40,22 @@ def make_job(
     return customize_job(os.path.join(JOBS, name), dst, args, client_config=client_extra, mlflow=mlflow)
 
 
+def screened(controller, round_num, updates, rejected) -> dict:
+    """`updates` ({site: SiteUpdate}) without the sites whose answer the round loop would reject for a field the
+    method reads (`answer_problem`), which go to `rejected`: for tests that call a controller's `aggregate`
+    directly, as the round loop does only after screening."""
+    from fairfl.flare import protocol
+
+    kept = {}
+    for site, update in updates.items():
+        problem = controller.answer_problem(protocol.TASK_TRAIN, round_num, update.meta)
+        if problem:
+            rejected[site] = problem
+        else:
+            kept[site] = update
+    return kept
+
+
 def recorded(results, site):
     """{metric: {round: value}} of `site` in results.json: its accepted training and evaluation metrics."""
     found = {}

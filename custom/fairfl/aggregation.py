@@ -3,8 +3,9 @@
 Plain functions on `{key: torch.Tensor}` state dicts; the FLARE components call them.
 
 Integer and bool tensors (BatchNorm's `num_batches_tracked`, masks, indices) are never averaged:
-a mean of counters or indices is not a valid counter or index. `weighted_average` takes them
-from the first state; `layerwise_average` from the anchor.
+a mean of counters or indices is not a valid counter or index. `weighted_average` and `robust_average` take
+their coordinate-wise lower median over the sites (`integer_median`: no single site, the first one included,
+sets them); `layerwise_average` takes them from the anchor.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ __all__ = [
     "layerwise_average",
     "robust_average",
     "cap_shares",
+    "integer_median",
+    "trim_count",
     "ROBUST_MODES",
 ]
 
@@ -55,11 +58,20 @@ def _mix(tensors: Sequence[torch.Tensor], weights: Sequence[float], key: str) ->
     return acc.to(first.dtype)
 
 
+def integer_median(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The coordinate-wise lower median of integer or bool tensors of one shape: a value one of the sites sent, which
+    no single site can set against the others (with two sites, the smaller)."""
+    stacked = torch.stack([t.to(tensors[0].dtype) for t in tensors])
+    if stacked.dtype == torch.bool:
+        return stacked.to(torch.uint8).sort(dim=0).values[(len(tensors) - 1) // 2].bool()
+    return stacked.sort(dim=0).values[(len(tensors) - 1) // 2].clone()
+
+
 def weighted_average(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> dict:
     """FedAvg (Fed-LWR Eq. 1): w = sum_k (n_k / sum_i n_i) w_k, over state dicts with equal keys.
 
     Weights are normalised to sum to 1. Floating tensors are averaged in float64 and cast back;
-    integer/bool tensors are copied from the first state (see the module docstring).
+    integer/bool tensors are the sites' lower median (`integer_median`, see the module docstring).
     """
     if not states:
         raise ValueError("weighted_average: no states")
@@ -73,8 +85,8 @@ def weighted_average(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequ
             raise ValueError(f"weighted_average: state {i} keys differ from state 0's: {odd[:5]}")
     out = {}
     for key in keys:
-        first = states[0][key]
-        out[key] = _mix([s[key] for s in states], w, key) if _is_averaged(first) else first.clone()
+        tensors = [s[key] for s in states]
+        out[key] = _mix(tensors, w, key) if _is_averaged(tensors[0]) else integer_median(tensors)
     return out
 
 
@@ -186,9 +198,9 @@ ROBUST_MODES = ("none", "median", "trimmed_mean")
 def robust_average(states: Sequence[Mapping[str, torch.Tensor]], mode: str, trim_fraction: float = 0.2) -> dict:
     """A coordinate-wise robust statistic of state dicts with equal keys, instead of a weighted average:
     "median" (the mean of the two middle values for an even count) or "trimmed_mean" (the mean after dropping
-    the floor(trim_fraction * K) largest and smallest values of every coordinate, K states). Unweighted: one site
-    moving one coordinate to any value moves the result at most to the next site's value. Integer and bool tensors
-    are copied from the first state, as in `weighted_average`."""
+    the `trim_count(K, trim_fraction)` largest and smallest values of every coordinate, K states: at least one of
+    each with 3 or more states). Unweighted: one site moving one coordinate to any value moves the result at most to
+    the next site's value. Integer and bool tensors are the sites' lower median, as in `weighted_average`."""
     if mode not in ROBUST_MODES[1:]:
         raise ValueError(f"robust_average: mode must be one of {ROBUST_MODES[1:]}, got {mode!r}")
     if not 0.0 <= trim_fraction < 0.5:
@@ -196,11 +208,11 @@ def robust_average(states: Sequence[Mapping[str, torch.Tensor]], mode: str, trim
     if not states:
         raise ValueError("robust_average: no states")
     count = len(states)
-    trim = int(math.floor(trim_fraction * count))
+    trim = trim_count(count, trim_fraction)
     out = {}
     for key, first in states[0].items():
         if not first.is_floating_point():
-            out[key] = first.clone()
+            out[key] = integer_median([s[key] for s in states])
             continue
         ordered = torch.stack([s[key].to(first.dtype) for s in states]).sort(dim=0).values
         if mode == "median":
@@ -209,6 +221,15 @@ def robust_average(states: Sequence[Mapping[str, torch.Tensor]], mode: str, trim
             middle = ordered[trim : count - trim]
         out[key] = middle.double().mean(dim=0).to(first.dtype)
     return out
+
+
+def trim_count(count: int, trim_fraction: float) -> int:
+    """How many values a trimmed mean of `count` drops at each end: floor(trim_fraction * count), but at least one
+    from 3 values on (floor(0.2 K) is 0 up to K = 4, which would trim nothing while claiming to); 0 below 3, where
+    there is nothing to trim to (the round's results say so: `robust`)."""
+    if count < 3:
+        return 0
+    return max(1, min(int(math.floor(trim_fraction * count)), (count - 1) // 2))
 
 
 def cap_shares(weights: Mapping[str, float], max_share: float, min_sites: int = 3) -> dict:

@@ -7,18 +7,20 @@ a reason for that round, logs it and records it under `rejected` in results.json
 What is checked: the returned model (tensors: keys, shapes, dtype kinds, finiteness; `check_site_state`), the
 training-set size (`samples_problem`: a positive int, at most a cap and at most what the site declared in its first
 round), the size of the update against the round's other sites (`norm_outliers`), training and evaluation metrics
-(`metrics_problem`: names, finite numbers, evaluation scores in [0, 1]), and the methods' reports: numbers
-(`number_problem`; losses, sharpness and errors at most MAX_REPORTED), CKA (`check_cka`) and SAGA's sharpness
-reports (`fairfl.methods.fedism.saga.check_report`). How much any one site can weigh is bounded separately
-(`fairfl.aggregation.cap_shares`)."""
+(`metrics_problem`: names, finite numbers, evaluation scores in [0, 1]), and the methods' reports: every field a
+method's server reads from an answer is declared by the method (`FairRoundController.answer_fields`) as a `Number`
+(losses, sharpness and errors at most MAX_REPORTED) or a `Record` of them (SAGA's sharpness report, Fed-LWR's CKA
+per layer), and `answer_problem` checks them all before the method sees the answer. How much any one site can
+weigh is bounded separately (`fairfl.aggregation.cap_shares`)."""
 
 from __future__ import annotations
 
 import math
+import posixpath
 import re
 import statistics
-from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -33,14 +35,80 @@ METRIC_NAME = re.compile(r"[\w\-. :/]+")  # what MLflow accepts as a metric name
 
 def number_problem(value, what: str, low: float = 0.0, high: float = float("inf")) -> str | None:
     """Why a site's reported number cannot be used (not a real finite number in [low, high]), or None."""
-    if (
-        isinstance(value, (int, float, np.integer, np.floating))
-        and not isinstance(value, (bool, np.bool_))
-        and math.isfinite(float(value))
-        and low <= float(value) <= high
-    ):
+    if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, (bool, np.bool_)):
+        return f"no valid {what} ({_short(value)}): not a number"
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float's range (10**400)
+        return f"no valid {what} (an integer of {len(str(abs(int(value))))} digits): outside [{low:g}, {high:g}]"
+    if not math.isfinite(number):
+        return f"no valid {what} ({_short(value)}): not finite"
+    if not low <= number <= high:
+        return f"no valid {what} ({_short(value)}): outside [{low:g}, {high:g}]"
+    return None
+
+
+@dataclass(frozen=True)
+class Number:
+    """A number a site reports: a real, finite number in [low, high] (a bool is not a number)."""
+
+    low: float = 0.0
+    high: float = MAX_REPORTED
+
+    def problem(self, value, what: str) -> str | None:
+        return number_problem(value, what, self.low, self.high)
+
+    def example(self) -> float:
+        """An honest value (the tests build answers from the declarations)."""
+        return min(max(0.5, self.low), self.high)
+
+    def leaves(self, path: tuple = ()):
+        """(path inside the answer's field, Number) of every number in it: here, the number itself."""
+        yield path, self
+
+
+@dataclass(frozen=True)
+class Record:
+    """A mapping a site reports: every field of `fields` present and valid, the `optional` ones valid where present,
+    no other field."""
+
+    fields: Mapping[str, Number]
+    optional: Mapping[str, Number] = field(default_factory=dict)
+
+    def problem(self, value, what: str) -> str | None:
+        if not isinstance(value, Mapping):
+            return f"{what} is a {type(value).__name__}, not a mapping"
+        missing = [k for k in self.fields if value.get(k) is None]
+        if missing:
+            return f"{_list(missing)} missing from the {what}"
+        unknown = [k for k in value if k not in self.fields and k not in self.optional]
+        if unknown:
+            return f"the {what} has unknown fields: {_list(unknown)}"
+        for key, value_of in value.items():
+            problem = {**self.optional, **self.fields}[key].problem(value_of, f"{what} {key}")
+            if problem:
+                return problem
         return None
-    return f"no valid {what} ({_short(value)})"
+
+    def example(self) -> dict:
+        return {k: f.example() for k, f in {**self.fields, **self.optional}.items()}
+
+    def leaves(self, path: tuple = ()):
+        for key, schema in {**self.fields, **self.optional}.items():
+            yield from schema.leaves((*path, key))
+
+
+def answer_problem(fields: Mapping[str, Number | Record], meta) -> str | None:
+    """Why an answer's `meta` lacks or holds an unusable value of a field a method's server reads ({meta key: Number
+    or Record}, the method's `answer_fields`), or None: every field is checked before the method sees the answer."""
+    meta = meta if isinstance(meta, Mapping) else {}
+    for key, schema in fields.items():
+        if meta.get(key) is None:
+            return f"no {key} in the answer"
+        problem = schema.problem(meta[key], key)
+        if problem:
+            return problem
+    return None
 
 
 def _short(value) -> str:
@@ -106,32 +174,15 @@ def check_site_state(state: Mapping, reference: Mapping[str, torch.Tensor]) -> s
     return None
 
 
-def check_cka(cka: Mapping, layers: Iterable[str]) -> str | None:
-    """Why a site's CKA report {layer: value} is unusable, or None if it is fine.
+def cka_report(layers: Iterable[str]) -> Record:
+    """Fed-LWR's CKA report {layer: CKA(local, anchor)}: every layer of `layers` (and no other), each a finite number
+    in [0, 1], allowing CKA_TOLERANCE of rounding (`lwr_layer_weights` clamps it away)."""
+    return Record({name: Number(-CKA_TOLERANCE, 1.0 + CKA_TOLERANCE) for name in layers})
 
-    Every layer of `layers` must be present (and no other), each value a finite number in
-    [0, 1], allowing 1e-6 of rounding (`lwr_layer_weights` clamps it away).
-    """
-    if not isinstance(cka, Mapping):
-        return f"CKA report is a {type(cka).__name__}, not a mapping"
-    expected = list(layers)
-    missing = [n for n in expected if n not in cka]
-    if missing:
-        return f"CKA missing for layers: {_list(missing)}"
-    known = set(expected)
-    unexpected = [n for n in cka if n not in known]
-    if unexpected:
-        return f"CKA for unknown layers: {_list(unexpected)}"
-    for name in expected:
-        value = cka[name]
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-            return f"CKA of {name} is not a number: {_short(value)}"
-        value = float(value)
-        if not math.isfinite(value):
-            return f"CKA of {name} is {value}"
-        if not -CKA_TOLERANCE <= value <= 1.0 + CKA_TOLERANCE:
-            return f"CKA of {name} is {value}, outside [0, 1]"
-    return None
+
+def check_cka(cka: Mapping, layers: Iterable[str]) -> str | None:
+    """Why a site's CKA report {layer: value} is unusable (`cka_report`), or None if it is fine."""
+    return cka_report(layers).problem(cka, "CKA")
 
 
 def samples_problem(num_samples, declared: int | None, cap: int) -> str | None:
@@ -161,10 +212,20 @@ def metrics_problem(metrics, low: float = -MAX_REPORTED, high: float = MAX_REPOR
             return f"metric name {_short(name)} is not a string of 1 to {MAX_NAME} characters"
         if not METRIC_NAME.fullmatch(name):
             return f"metric name {_short(name)} has characters other than letters, digits and _-. :/"
+        if not is_plain_path(name):
+            return f"metric name {_short(name)} is absolute, holds '..' or '//', or is not in its plain form"
         problem = number_problem(value, f"metric {name}", low, high)
         if problem:
             return problem
     return None
+
+
+def is_plain_path(name: str) -> bool:
+    """Whether `name` read as a relative path is already in its one plain form: not absolute, no `.` or `..`
+    segment, no empty segment. MLflow (which stores metrics as files) refuses every other name, and NVFlare's MLflow
+    receiver then drops the records of every site after the one that sent it."""
+    plain = posixpath.normpath(name)
+    return plain == name and plain != "." and not plain.startswith("..") and not plain.startswith("/")
 
 
 def norm_outliers(norms: Mapping[str, float], max_ratio: float) -> dict:
@@ -182,11 +243,6 @@ def norm_outliers(norms: Mapping[str, float], max_ratio: float) -> dict:
         for s, n in norms.items()
         if n > max_ratio * median
     }
-
-
-def majority(values: Mapping[str, object]):
-    """The value most sites report (ties: the one of the first site in `values`' order)."""
-    return Counter(values.values()).most_common(1)[0][0]
 
 
 def distance(state: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor]) -> float:

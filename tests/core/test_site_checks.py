@@ -124,6 +124,13 @@ TRAIN_CASES = [
     ("10000 metrics", {"metrics": {f"m{i}": 0.0 for i in range(10000)}}, "metrics"),
     ("metric name not a string", {"metrics": {7: 0.1}}, "metric name"),
     ("metric name MLflow refuses", {"metrics": {"dice": 0.5, "loss; DROP": 0.1}}, "metric name 'loss; DROP' has"),
+    ("metric name climbing out", {"metrics": {"train_loss": 0.1, "../x": 0.1}}, "metric name '../x' is absolute"),
+    ("metric name climbing inside", {"metrics": {"a/../../b": 0.1}}, "metric name 'a/../../b'"),
+    ("metric name absolute", {"metrics": {"/abs": 0.1}}, "metric name '/abs'"),
+    ("metric name with an empty segment", {"metrics": {"a//b": 0.1}}, "metric name 'a//b'"),
+    ("metric name with a dot segment", {"metrics": {"./loss": 0.1}}, "metric name './loss'"),
+    ("metric name a dot", {"metrics": {".": 0.1}}, "metric name '.'"),
+    ("metric name ending in a slash", {"metrics": {"loss/": 0.1}}, "metric name 'loss/'"),
     ("NaN tensor", {"params": with_tensor(0, lambda v: np.full_like(v, np.nan))}, "NaN"),
     ("Inf tensor", {"params": with_tensor(1, lambda v: np.full_like(v, np.inf))}, "Inf"),
     ("missing tensor", {"params": without_first_key}, "missing keys"),
@@ -205,13 +212,13 @@ def test_a_hostile_evaluation_is_left_out_and_recorded(case, metrics):
 
 
 GLOBAL_CASES = [
-    ("NaN global metric", {"dice": 0.5, "global_dice": float("nan")}, "no valid metric global_dice (nan)"),
-    ("global metric above 1", {"dice": 0.5, "global_dice": 1.5}, "no valid metric global_dice (1.5)"),
-    ("string global metric", {"dice": 0.5, "global_dice": "0.9"}, "no valid metric global_dice ('0.9')"),
+    ("NaN global metric", {"dice": 0.5, "global_dice": float("nan")}, "no valid metric global_dice (nan): not finite"),
+    ("global metric above 1", {"dice": 0.5, "global_dice": 1.5}, "no valid metric global_dice (1.5): outside [0, 1]"),
+    ("string global metric", {"dice": 0.5, "global_dice": "0.9"}, "no valid metric global_dice ('0.9'): not a number"),
     (
         "other global metric out of range",
         {"dice": 0.5, "global_dice": 0.4, "global_dice_se": -1},
-        "no valid metric global_dice_se (-1)",
+        "no valid metric global_dice_se (-1): outside [0, 1]",
     ),
     ("no global metric", {"dice": 0.5, "global_dice_se": 0.1}, "no global_dice"),
 ]
@@ -248,6 +255,37 @@ def test_global_scores_are_asked_of_personalised_methods_only_and_held_out_sites
         SoloController(**SEG, exclude_sites=["site-2"])
 
 
+def test_a_huge_but_finite_cross_site_model_is_never_sent_to_the_other_sites():
+    # keys, shapes and finiteness pass at 1e30: the model is bounded like an update (max_update_ratio) before it
+    # reaches the other sites
+    controller = make(DittoController, cross_site_eval=True)
+    state0 = initial_state(controller.model_spec(), 0)
+    models = [answer(s, honest_params(state0, i)) for i, s in enumerate(SITES)]
+    models[3].params = {k: (v + 1e30 if v.dtype.kind == "f" else v) for k, v in models[3].params.items()}
+    controller._ask_models = lambda *args: models
+    sent = []
+    controller.ask = lambda round_num, task, model, targets: sent.append(model.params) or [
+        answer(s, {}, metrics={"dice": 0.5}) for s in targets
+    ]
+    record = controller._cross_site(2, state0)
+    assert set(record["matrix"]) == {"site-1", "site-2", "site-3"} and len(sent) == 3
+    assert "cross-site model: update norm" in record["rejected"]["site-4"]
+    assert all(np.abs(v).max() < 1e3 for params in sent for v in params.values() if v.dtype.kind == "f")
+
+
+def test_a_trimmed_mean_says_what_it_trimmed_and_is_refused_where_it_cannot_trim():
+    controller = make(robust_aggregation="trimmed_mean")
+    assert controller._robust_record(4) == {"robust": {"mode": "trimmed_mean", "sites": 4, "trimmed_per_side": 1}}
+    assert controller._robust_record(10)["robust"]["trimmed_per_side"] == 2
+    assert controller._robust_record(2)["robust"]["trimmed_per_side"] == 0  # a round left with 2: the plain mean
+    assert make(robust_aggregation="median")._robust_record(4) == {"robust": {"mode": "median", "sites": 4}}
+    assert make()._robust_record(4) == {}
+    two = make(robust_aggregation="trimmed_mean")
+    two.sample_clients = lambda: ["site-1", "site-2"]
+    with pytest.raises(ValueError, match="trimmed_mean needs at least 3 training sites"):
+        two._run_rounds()
+
+
 def test_cross_site_evaluation_screens_the_sites_models_and_their_scores(tmp_path):
     """Ditto's cross-site evaluation: each federation site's model is screened like a trained one (a NaN or a missing
     tensor rejects it), each accepted one is sent to every site as it is (held-out site included), and a bad score
@@ -274,7 +312,7 @@ def test_cross_site_evaluation_screens_the_sites_models_and_their_scores(tmp_pat
     assert record["matrix"] == {"site-1": {"site-1": 0.1, "site-3": 0.30000000000000004, "site-4": 0.4}}
     assert "NaN" in record["rejected"]["site-2"] and "cross-site model" in record["rejected"]["site-2"]
     assert "missing keys" in record["rejected"]["site-3"]
-    assert record["rejected"]["site-2"].endswith("scoring site-1's model: no valid metric dice (2.0)")
+    assert record["rejected"]["site-2"].endswith("scoring site-1's model: no valid metric dice (2.0): outside [0, 1]")
     refused = make(cross_site_eval=True)
     refused.sample_clients = lambda: list(SITES)
     with pytest.raises(ValueError, match="cross_site_eval: fedavg scores every site with the one global model"):
@@ -348,16 +386,17 @@ def test_fedce_rejects_a_bad_leave_one_out_error(bad):
     state1, _ = controller.aggregate(0, state0, train_round(controller, state0, honest_answers(state0))[0], {})
     updates, rejected = reports_round(controller, state1, protocol.LOO_ERROR, [0.3, 0.2, bad, 0.25], 1)
     _, extras = controller.aggregate(1, state1, updates, rejected)
-    check_only_rejected(rejected, "site-3", "leave-one-out", extras)
+    check_only_rejected(rejected, "site-3", "loo_error", extras)
 
 
 @pytest.mark.parametrize(
-    "bad, word", [(1e300, "above"), (-1e300, "above"), ("0.1", "not a number"), ({"v": 1}, "not a number")]
+    "bad, word",
+    [(1e300, "(1e+300)"), (-1e300, "(-1e+300)"), ("0.1", "('0.1')"), ({"v": 1}, "({'v': 1})"), (None, "missing")],
 )
 def test_fedism_rejects_absurd_sharpness_and_keeps_rounding(bad, word):
     controller = make(FedISMController)
     state0 = initial_state(controller.model_spec(), 0)
-    report = {"loss": 1.0, "perturbed_loss": 1.1, "sharpness": 0.1}
+    report = {"loss": 1.0, "perturbed_loss": 1.1, "sharpness": 0.1, "grad_norm": 0.5}
     reports = [report, {**report, "sharpness": -1e-8}, {**report, "sharpness": bad}, {**report, "sharpness": 0.2}]
     updates, rejected = reports_round(controller, state0, protocol.SHARPNESS, reports)
     _, extras = controller.aggregate(0, state0, updates, rejected)
@@ -368,7 +407,7 @@ def test_fedism_rejects_absurd_sharpness_and_keeps_rounding(bad, word):
 def test_fedism_keeps_a_site_with_a_negative_sharpness_at_zero_raw_weight():
     controller = make(FedISMController)
     state0 = initial_state(controller.model_spec(), 0)
-    report = {"loss": 1.0, "perturbed_loss": 1.1, "sharpness": 0.1}
+    report = {"loss": 1.0, "perturbed_loss": 1.1, "sharpness": 0.1, "grad_norm": 0.5}
     updates, rejected = reports_round(
         controller, state0, protocol.SHARPNESS, [report, report, {**report, "sharpness": -0.5}, report]
     )
@@ -379,7 +418,7 @@ def test_fedism_keeps_a_site_with_a_negative_sharpness_at_zero_raw_weight():
 def test_fedism_a_huge_sharpness_under_the_bound_cannot_take_more_than_max_share():
     controller = make(FedISMController)
     state0 = initial_state(controller.model_spec(), 0)
-    report = {"loss": 1.0, "perturbed_loss": 1.1, "sharpness": 0.1}
+    report = {"loss": 1.0, "perturbed_loss": 1.1, "sharpness": 0.1, "grad_norm": 0.5}
     updates, rejected = reports_round(
         controller, state0, protocol.SHARPNESS, [report, report, {**report, "sharpness": 1e5}, report]
     )
@@ -388,9 +427,7 @@ def test_fedism_a_huge_sharpness_under_the_bound_cannot_take_more_than_max_share
     assert controller.saga_state.weights == extras["weights"]  # Eq. 18 goes on from the weights used
 
 
-@pytest.mark.parametrize(
-    "bad, word", [(7.0, "validation metric"), ("0.9", "validation metric"), (float("inf"), "validation metric")]
-)
+@pytest.mark.parametrize("bad, word", [(7.0, "val_metric"), ("0.9", "val_metric"), (float("inf"), "val_metric")])
 def test_cffl_rejects_a_bad_validation_metric(tmp_path, bad, word):
     controller = make(CFFLController, tmp_path)
     state0 = initial_state(controller.model_spec(), 0)
@@ -532,9 +569,10 @@ def test_robust_average_resists_one_site():
     assert float(out["w"]) == 2.5
     out = robust_average([{"w": torch.tensor([float(v)])} for v in (1, 2, 3, 10)], "trimmed_mean", 0.25)
     assert float(out["w"]) == 2.5
-    assert float(
-        robust_average([{"w": torch.tensor([float(v)])} for v in (1, 2, 3, 10)], "trimmed_mean", 0.0)["w"]
-    ) == float(weighted_average([{"w": torch.tensor([float(v)])} for v in (1, 2, 3, 10)], [1] * 4)["w"])
+    assert (
+        float(robust_average([{"w": torch.tensor([float(v)])} for v in (1, 2, 3, 10)], "trimmed_mean", 0.0)["w"]) == 2.5
+    )  # floor(0.2 * 4) = 0, but a trimmed mean of 3 or more values drops at least one at each end
+    assert float(robust_average([{"w": torch.tensor([float(v)])} for v in (1, 10)], "trimmed_mean")["w"]) == 5.5
     with pytest.raises(ValueError):
         robust_average(states, "mean")
 
@@ -671,3 +709,26 @@ def test_the_round_loop_goes_on_past_a_hostile_site_and_stops_with_a_reason_when
         tmp_path / "b", train, lambda r: [answer(s, {}, metrics={"dice": float("nan")}) for s in SITES], num_rounds=1
     )
     assert results["final"] is None and "no site's evaluation could be used" in results["stopped"]
+
+
+def test_every_metric_name_the_server_accepts_is_one_mlflow_accepts_and_the_real_receiver_keeps_every_site():
+    # the rule must agree with MLflow's own validator (a name it refuses makes NVFlare's MLflow receiver drop the
+    # records of every site after the one that sent it): tried on names built from MLflow's alphabet and the
+    # path pieces that normalise differently
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import _validate_metric_name
+
+    pieces = ["a", "loss", ".", "..", "/", "//", " ", "-", "_", ":", "x.y", "a/b"]
+    rng = np.random.default_rng(0)
+    names = {"".join(rng.choice(pieces, size=rng.integers(1, 5))) for _ in range(3000)}
+    accepted = 0
+    for name in sorted(names):
+        ours = metrics_problem({name: 0.5}) is None
+        try:
+            _validate_metric_name(name)
+            theirs = True
+        except MlflowException:
+            theirs = False
+        assert ours <= theirs, f"the server accepts {name!r}, MLflow refuses it"
+        accepted += ours
+    assert accepted > 100  # the rule is not simply refusing everything

@@ -27,6 +27,7 @@ from fairfl.aggregation import (
     ROBUST_MODES,
     cap_shares,
     robust_average,
+    trim_count,
     weighted_average,
 )
 from fairfl.data.builtin import builtin_dataset, check_test_scale
@@ -38,9 +39,11 @@ from fairfl.jobconfig import component_arguments
 from fairfl.models import initial_state, state_to_numpy, state_to_torch
 from fairfl.names import safe_name
 from fairfl.presets import apply_preset, fill_task_defaults
+from fairfl.quorum import check_min_clients, quorum
 from fairfl.results import GLOBAL_PREFIX, RESULTS_FILE, ResultsLog, site_key
 from fairfl.site_checks import (
     MAX_SAMPLES,
+    answer_problem,
     check_site_state,
     distance,
     metrics_problem,
@@ -76,7 +79,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
         self,
         num_rounds: int = 20,
         eval_every: int = 5,
-        min_clients: int = 0,
+        min_clients=None,
         task_timeout: int = 3600,
         seed: int = 0,
         data_seed: int = 0,
@@ -109,7 +112,9 @@ class FairRoundController(Checkpointing, TaskFanOut):
         Args:
             num_rounds: communication rounds (the paper: 200; CPU default 20).
             eval_every: evaluate the global model on every site's test split every N rounds and at the end.
-            min_clients: sites that must answer a task for the round to go on; 0 = all sites.
+            min_clients: how many of the sites that train must answer a task for the round to go on (fairfl.quorum):
+                null or "majority" = more than half of them (2 of 3, 4 of 6), "all", or a number. The others are
+                recorded `absent` or `failed` for the round; fewer answers end the job with a clear message.
             task_timeout: seconds to wait for a task's answers before going on with those received.
             seed: seed of the initial global model.
             data_seed: seed of the built-in synthetic data (ignored with a data root).
@@ -134,7 +139,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
             task_check_period: how often the controller checks for answers, in seconds.
             straggler_timeout: once `min_clients` sites have answered a task, wait at most this many more seconds
                 for the others; those still missing are recorded as `absent` for the round (a crashed or
-                disconnected site). With min_clients 0 every site must answer within task_timeout.
+                disconnected site). A stalled site costs a round at most this, never task_timeout.
             run_name: "" = an ordinary run. A name makes the run resumable: after every round the server keeps a
                 checkpoint (round, global model, the method's state, the results so far) and the sites keep their
                 state (local models) under that name outside the job's folder; the same job submitted again after a
@@ -193,7 +198,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
         self.cross_site_eval = cross_site_eval
         if weighting not in ("samples", "uniform"):
             raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
-        self.num_rounds, self.eval_every, self.min_clients = num_rounds, eval_every, min_clients
+        self.num_rounds, self.eval_every, self.min_clients = num_rounds, eval_every, check_min_clients(min_clients)
         self.task_timeout, self.seed, self.data_seed = task_timeout, seed, data_seed
         self.straggler_timeout, self.run_name = int(straggler_timeout), run_name and safe_name(run_name, "run_name")
         data = builtin_dataset(dataset)
@@ -275,7 +280,12 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 f"models to cross-evaluate"
             )
         self.sites, self.trainers = sites, [s for s in sites if s not in self.exclude_sites]
-        self.min_responses = self.min_clients or len(sites)
+        if self.robust_aggregation == "trimmed_mean" and len(self.trainers) < 3:
+            raise ValueError(
+                f"robust_aggregation trimmed_mean needs at least 3 training sites to trim anything, this run has "
+                f"{len(self.trainers)}: use 'median' or 'none'"
+            )
+        self.min_responses = quorum(self.min_clients, len(self.trainers))
         self.absent = []
         self.task_meta = self.common_task_meta(sites)
         run_dir = self.get_run_dir()
@@ -298,7 +308,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
             if self.abort_signal.triggered:
                 self._stop(f"aborted in round {round_num}")
                 return
-            required = min(self.min_responses, len(self.trainers))
+            required = self.min_responses
             if len(train_metrics) < required:  # too few sites answered: end, never wait forever
                 failed = ", ".join(f"{s} ({rc})" for s, rc in sorted(self.failed.items()))
                 reason = (
@@ -320,6 +330,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
             extras, step_started = {}, time.time()
             if updates or self.start_from == protocol.FROM_LOCAL:
                 global_state, extras = self.aggregate_round(round_num, global_state, updates, rejected)
+                extras.update(self._robust_record(len(updates)))
             else:
                 self.error(f"round {round_num}: no acceptable site result; the global model is kept unchanged")
             phases["server_step"] = time.time() - step_started  # aggregation, with any task of the method's own
@@ -393,7 +404,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
         reference = self.update_reference(global_state)
         for result in sorted(results, key=lambda r: r.meta.get("client_name", "?")):
             site = result.meta.get("client_name", "?")
-            update, train_metrics[site], problem = self._screen_train_answer(site, result, reference)
+            update, train_metrics[site], problem = self._screen_train_answer(site, result, reference, round_num)
             if problem:
                 self.reject(round_num, site, problem, rejected)
             elif update is not None:
@@ -405,9 +416,10 @@ class FairRoundController(Checkpointing, TaskFanOut):
             self.reject(round_num, site, problem, rejected)
         return updates, rejected, train_metrics
 
-    def _screen_train_answer(self, site, result, reference) -> tuple:
+    def _screen_train_answer(self, site, result, reference, round_num) -> tuple:
         """(SiteUpdate or None, the metrics to record, why the answer is rejected or None): the metrics, then the
-        weights (`check_site_state`) and the training-set size (`samples_problem`). Solo sends no weights."""
+        weights (`check_site_state`), the training-set size (`samples_problem`) and every field the method reads
+        (`answer_fields`). Solo sends no weights."""
         metrics = {} if result.metrics is None else result.metrics
         problem = metrics_problem(metrics)
         if problem:
@@ -421,6 +433,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
             problem
             or check_site_state(state, reference)
             or samples_problem(num_samples, self.declared_samples.get(site), self.max_samples)
+            or self.answer_problem(protocol.TASK_TRAIN, round_num, result.meta)
         )
         if problem:
             return None, metrics, problem
@@ -457,6 +470,16 @@ class FairRoundController(Checkpointing, TaskFanOut):
         return self.start_from == protocol.FROM_GLOBAL and (
             self.evaluate == protocol.FROM_PERSONAL or bool(self.local_keys())
         )
+
+    def _robust_record(self, num_updates: int) -> dict:
+        """The round's `robust` field with `robust_aggregation`: the statistic and over how many sites; a trimmed mean
+        also says how many values it dropped at each end (0 with fewer than 3 sites: then it is the plain mean)."""
+        if self.robust_aggregation == "none" or not num_updates:
+            return {}
+        record = {"mode": self.robust_aggregation, "sites": num_updates}
+        if self.robust_aggregation == "trimmed_mean":
+            record["trimmed_per_side"] = trim_count(num_updates, self.trim_fraction)
+        return {"robust": record}
 
     def _evaluate(self, round_num, global_state, rejected) -> dict:
         meta = {**self.task_meta, protocol.EVALUATE: self.evaluate}
@@ -502,14 +525,14 @@ class FairRoundController(Checkpointing, TaskFanOut):
     def _cross_site(self, round_num, global_state) -> dict:
         """Cross-site evaluation (`cross_site_eval`) after the last round: every federation site returns the model it
         is scored with (`validate` with SUBMIT_MODEL), screened like a trained model (every tensor of the network,
-        finite); each accepted one is sent to every site, which scores it as it is (as a held-out site scores the
+        finite, its distance from the global model within `max_update_ratio` of the others'); each accepted one is sent to every site, which scores it as it is (as a held-out site scores the
         global model). Returns {"matrix": {model's site: {test site: main metric}}, "rejected", "absent",
         "failed"} (ResultsLog.cross_site)."""
         self.absent, self.failed, rejected = [], {}, {}
         meta = {**self.task_meta, protocol.EVALUATE: self.evaluate, protocol.SUBMIT_MODEL: True}
         model = self.task_model(round_num, self._scored_params(global_state), meta)
         reference = state_to_torch(global_state)  # the whole network, the parts the sites keep included
-        models = {}
+        states = {}
         for result in self._ask_models(round_num, protocol.TASK_VALIDATE, model, self.trainers, global_state):
             site = result.meta.get("client_name", "?")
             state, problem = tensor_state({} if result.params is None else result.params)
@@ -517,7 +540,14 @@ class FairRoundController(Checkpointing, TaskFanOut):
             if problem:
                 self.reject(round_num, site, f"cross-site model: {problem}", rejected, "cross-site model")
             else:
-                models[site] = state_to_numpy(state)
+                states[site] = state
+        # bounded like an update before it reaches the other sites: a model far further from the global model than
+        # the others' (1e30 weights are finite) is not sent on
+        norms = {s: distance(state, reference) for s, state in states.items()}
+        for site, problem in norm_outliers(norms, self.max_update_ratio).items():
+            del states[site]
+            self.reject(round_num, site, f"cross-site model: {problem}", rejected, "cross-site model")
+        models = {s: state_to_numpy(state) for s, state in states.items()}
         matrix = {}
         for owner in sorted(models, key=site_key):
             meta = {**self.task_meta, protocol.EVALUATE: protocol.FROM_GLOBAL, protocol.HELD_OUT: list(self.sites)}
@@ -582,20 +612,16 @@ class FairRoundController(Checkpointing, TaskFanOut):
         """`weights` with no site above `max_share` of their total (fairfl.aggregation.cap_shares)."""
         return cap_shares(weights, self.max_share)
 
-    def accepted_reports(self, round_num, updates, rejected, key, problem_of, what) -> dict:
-        """{site: meta[key]} of the sites whose update reports a usable value (`problem_of(value)` is None); the
-        others are rejected for this round (logged, under `rejected`). Logs when no site is left."""
-        accepted = {}
-        for site in sorted(updates):
-            value = updates[site].meta.get(key)
-            problem = problem_of(value)
-            if problem:
-                self.reject(round_num, site, problem, rejected)
-            else:
-                accepted[site] = value
-        if not accepted:
-            self.error(f"round {round_num}: no site has a valid {what}; the global model is kept")
-        return accepted
+    def answer_fields(self, task_name: str, round_num: int) -> dict:
+        """{meta key: fairfl.site_checks.Number or Record} of every field the method's server reads from a site's
+        answer to `task_name` in round `round_num` (FedISM+: the sharpness report; FedCE: the leave-one-out error).
+        The round loop checks them all before the method sees an answer (`answer_problem`): a site whose field is
+        missing or unusable is rejected for the round, naming the field. None by default."""
+        return {}
+
+    def answer_problem(self, task_name: str, round_num: int, meta) -> str | None:
+        """Why an answer's `meta` cannot be used by the method (a field of `answer_fields` missing or unusable)."""
+        return answer_problem(self.answer_fields(task_name, round_num), meta)
 
     def site_weights(self, num_samples: dict) -> dict:
         if self.weighting == "uniform":

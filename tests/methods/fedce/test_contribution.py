@@ -18,6 +18,8 @@ from fairfl.methods.fedce.contribution import (
 )
 from fairfl.models import build_model, initial_state, state_to_torch
 
+from conftest import screened
+
 TINY = {"name": "unet", "in_channels": 1, "num_classes": 2, "channels": [4, 8], "strides": [2]}
 
 
@@ -197,7 +199,8 @@ def test_fedce_controller_rejects_a_site_without_a_leave_one_out_error():
     state0 = initial_state(c.model_spec(), seed=0)
     state1, _ = c.aggregate(0, state0, fake_round(state0, 0, {"site-1": None, "site-2": None, "site-3": None}), {})
     rejected = {}
-    _, extras = c.aggregate(1, state1, fake_round(state1, 1, {"site-1": 0.4, "site-2": None, "site-3": 0.1}), rejected)
-    assert set(rejected) == {"site-2"}
+    updates = screened(c, 1, fake_round(state1, 1, {"site-1": 0.4, "site-2": None, "site-3": 0.1}), rejected)
+    _, extras = c.aggregate(1, state1, updates, rejected)
+    assert set(rejected) == {"site-2"} and "no loo_error" in rejected["site-2"]
     assert set(extras["weights"]) == {"site-1", "site-3"} and c.contribution.weights["site-2"] == 0.0
     assert sum(extras["contributions"].values()) == pytest.approx(1.0)

@@ -8,7 +8,7 @@ from fairfl.methods.fedism.saga import SagaState, check_report, moving_average, 
 
 
 def report(sharpness, loss=1.0):
-    return {"loss": loss, "perturbed_loss": loss + sharpness, "sharpness": sharpness}
+    return {"loss": loss, "perturbed_loss": loss + sharpness, "sharpness": sharpness, "grad_norm": 0.5}
 
 
 def test_weights_are_proportional_to_the_value_to_the_q():
@@ -61,18 +61,29 @@ def test_check_report_rejects_missing_nan_and_absurd_values_but_accepts_negative
     assert check_report(report(-1e-8), "S") is None  # rounding
     assert check_report(report(-0.01), "S") is None  # clipped to 0 by saga_weights, as the authors floor it
     assert check_report(report(-0.01), "L") is None
-    assert "above" in check_report(report(-1e300), "S")
-    assert "above" in check_report(report(1e300), "S")
-    assert check_report(report(float("nan")), "S") == "sharpness is nan"
+    assert check_report({**report(0.1), "rho": 0.05, "samples": 12}, "S") is None  # what measure_sharpness sends
+    assert "(-1e+300): outside" in check_report(report(-1e300), "S")
+    assert "(1e+300)" in check_report(report(1e300), "S")
+    assert check_report(report(float("nan")), "S") == "no valid sharpness report perturbed_loss (nan): not finite"
     assert "inf" in check_report(report(float("inf")), "S")
     assert "missing" in check_report({"loss": 1.0}, "S")
-    assert "missing" in check_report({"sharpness": None}, "S")
-    assert "missing" in check_report({"sharpness": 0.1}, "L")
-    assert "not a number" in check_report({"sharpness": "0.1"}, "S")
-    assert "not a number" in check_report({"sharpness": True}, "S")
+    assert "missing" in check_report({**report(0.1), "sharpness": None}, "S")
+    assert "perturbed_loss, grad_norm missing" in check_report({"sharpness": 0.1}, "L")
+    assert "('0.1')" in check_report({**report(0.1), "sharpness": "0.1"}, "S")
+    assert "(True)" in check_report({**report(0.1), "sharpness": True}, "S")
+    assert "unknown fields: backdoor" in check_report({**report(0.1), "backdoor": 1.0}, "S")
     assert "not a mapping" in check_report(None, "S")
     with pytest.raises(ValueError, match="variant"):
         check_report(report(0.1), "X")
+
+
+@pytest.mark.parametrize("field", ["loss", "perturbed_loss", "sharpness", "grad_norm"])
+@pytest.mark.parametrize("bad", ["0.1", [0.1], {"v": 0.1}, None, float("nan"), float("inf"), 10**400, True])
+def test_every_field_the_server_reads_is_checked_for_both_variants(field, bad):
+    # before, only the variant's own value was checked and float() of any other field ended the job
+    for variant in ("S", "L"):
+        problem = check_report({**report(0.1), field: bad}, variant)
+        assert problem is not None and field in problem
 
 
 def test_state_over_rounds_for_both_variants():
@@ -89,7 +100,7 @@ def test_state_over_rounds_for_both_variants():
     assert {k: v["weight"] for k, v in perturbed.items()} == pytest.approx({"a": 1.1 / 1.9, "b": 0.8 / 1.9})
     with pytest.raises(ValueError, match="variant"):
         SagaState(variant="sharpness")
-    with pytest.raises(ValueError, match="b: sharpness is"):
+    with pytest.raises(ValueError, match="b: no valid sharpness report"):
         SagaState().update({"a": report(0.1), "b": report(float("nan"))})
 
 

@@ -147,11 +147,11 @@ def test_server_expects_no_head_from_fednpr_per_sites_and_every_key_from_fednpr_
     )
     body = {k: v for k, v in state_to_torch(state0).items() if k not in head}
     answer = SimpleAnswer({k: v.numpy() for k, v in body.items()})
-    update, _, problem = per._screen_train_answer("site-1", answer, per.update_reference(state0))
+    update, _, problem = per._screen_train_answer("site-1", answer, per.update_reference(state0), 0)
     assert problem is None and set(update.state) == set(body)
-    _, _, problem = plain._screen_train_answer("site-1", answer, plain.update_reference(state0))
+    _, _, problem = plain._screen_train_answer("site-1", answer, plain.update_reference(state0), 0)
     assert "missing keys" in problem  # only FedNPR-Per may leave the head out
-    _, _, problem = per._screen_train_answer("site-1", SimpleAnswer(state0), per.update_reference(state0))
+    _, _, problem = per._screen_train_answer("site-1", SimpleAnswer(state0), per.update_reference(state0), 0)
     assert "unexpected keys" in problem  # a FedNPR-Per site that sends its head is refused: it must stay there
     new, _ = per.aggregate_round(0, state0, {"site-1": update}, {})
     assert all(np.array_equal(new[k], state0[k]) for k in head) and set(new) == set(state0)

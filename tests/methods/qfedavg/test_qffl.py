@@ -34,7 +34,7 @@ def test_update_is_the_papers_formula():
         expected = paper_update(w["w"], {s: v["w"] for s, v in locals_.items()}, losses, q, lipschitz)
         assert torch.allclose(new["w"], expected, atol=1e-12)
         assert sum(shares.values()) == pytest.approx(1.0) and shares["global"] > 0
-        assert int(new["n"]) == 0  # integer tensors: the global model's
+        assert int(new["n"]) == 7  # integer tensors: the lower median of the global's and the sites' (0, 7, 9)
 
 
 def test_q_zero_is_fedavg_and_l_zero_is_loss_weighted_fedavg():

@@ -27,6 +27,8 @@ from fairfl.methods.rewards.reward import (
 from fairfl.models import initial_state, state_to_torch
 from fairfl.results import ResultsLog
 
+from conftest import screened
+
 SITES = ("site-1", "site-2", "site-3")
 TINY = {"model_channels": [4, 8], "model_strides": [2], "num_rounds": 3}
 
@@ -183,9 +185,9 @@ def test_cffl_controller_weights_by_smoothed_sinh_reputations(tmp_path):
     state0 = initial_state(c.model_spec(), seed=0)
     metrics = {"site-1": 0.9, "site-2": 0.5, "site-3": None}  # site-3 cannot be scored: rejected
     rejected = {}
-    updates = trained_updates(c.models_for(0, state0, SITES), seed=0, report=metrics)
+    updates = screened(c, 0, trained_updates(c.models_for(0, state0, SITES), seed=0, report=metrics), rejected)
     new_global, extras = c.aggregate(0, state0, updates, rejected)
-    assert set(rejected) == {"site-3"} and "validation metric" in rejected["site-3"]
+    assert set(rejected) == {"site-3"} and "val_metric" in rejected["site-3"]
     expected = cffl_reputations({"site-1": 0.9, "site-2": 0.5}, 5.0)
     assert extras["reputations"] == pytest.approx(expected) and extras["weights"] == pytest.approx(expected)
     assert extras["reward_fractions"] == pytest.approx(

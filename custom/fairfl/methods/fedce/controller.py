@@ -11,7 +11,7 @@ from fairfl.methods.fedce.contribution import (
     gradient_terms,
 )
 from fairfl.models import state_to_torch, trainable_names
-from fairfl.site_checks import number_problem
+from fairfl.site_checks import Number
 
 
 class FedCEController(FairRoundController):
@@ -50,6 +50,12 @@ class FedCEController(FairRoundController):
             return {}  # round 0: nothing to leave out of
         return {protocol.LOO_WEIGHTS: dict(self.contribution.weights)}
 
+    def answer_fields(self, task_name, round_num) -> dict:
+        """From round 1 on, every train answer carries the leave-one-out error, a number in [0, 1]."""
+        if task_name == protocol.TASK_TRAIN and self.contribution.weights:
+            return {protocol.LOO_ERROR: Number(0.0, 1.0)}
+        return {}
+
     def aggregate(self, round_num, global_state, updates, rejected):
         if self._trainable is None:  # Eq. 2 is about parameters, not normalisation statistics
             self._trainable = trainable_names(self.model_spec())
@@ -57,15 +63,7 @@ class FedCEController(FairRoundController):
             weights = self.site_weights({s: updates[s].num_samples for s in sorted(updates)})
             self.contribution.weights = dict(weights)
             return self.average_updates(updates, weights), {"weights": weights}
-        errors = self.accepted_reports(
-            round_num,
-            updates,
-            rejected,
-            protocol.LOO_ERROR,
-            lambda e: number_problem(e, "leave-one-out error", 0.0, 1.0),
-            "leave-one-out error",
-        )
-        errors = {s: float(e) for s, e in errors.items()}
+        errors = {s: float(updates[s].meta[protocol.LOO_ERROR]) for s in sorted(updates)}  # checked: answer_fields
         if not errors:
             self.contribution.weights = {}
             return global_state, {}

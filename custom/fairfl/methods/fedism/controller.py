@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
-from fairfl.methods.fedism.saga import BETA, Q, SagaState, check_report, check_variant
+from fairfl.methods.fedism.saga import BETA, SHARPNESS_REPORT, Q, SagaState, check_variant
 from fairfl.methods.fedism.sharpness import GSAM_ALPHA, RHO_MAX, TAU, search_distance
 
 
@@ -19,7 +19,8 @@ class FedISMController(FairRoundController):
     The server weights the local models by S^q (variant "S", Eq. 16) or L^q (variant "L", Eq. 17), smoothed by
     w_t = beta w~_t + (1 - beta) w_{t-1} (Eq. 18; round 1 raw). A site whose report is missing, NaN/Inf or
     absurd is left out of that round (logged, under `rejected`); a negative value is clipped to 0 and the site
-    keeps its moving-average share. The moving average lives in
+    keeps its moving-average share. Every field of the report is checked before (`answer_fields`). The moving
+    average lives in
     `method_state.json` after every round; `load_method_state` resumes it."""
 
     def __init__(
@@ -72,18 +73,15 @@ class FedISMController(FairRoundController):
         probe = {protocol.SHARPNESS_RHO: rho} if self.saga else {}
         return {protocol.SALT_RHO: rho, protocol.SALT_ALPHA: self.gsam_alpha, **probe}
 
+    def answer_fields(self, task_name, round_num) -> dict:
+        """SAGA reads the whole sharpness report of every train answer (every field checked, not only the variant's)."""
+        return {protocol.SHARPNESS: SHARPNESS_REPORT} if self.saga and task_name == protocol.TASK_TRAIN else {}
+
     def aggregate(self, round_num, global_state, updates, rejected):
         if not self.saga:  # the SALT-only ablation: FedAvg's aggregation
             new_state, extras = super().aggregate(round_num, global_state, updates, rejected)
             return new_state, {**extras, "rho": self.rho(round_num)}
-
-        def problem_of(report):
-            problem = check_report(report, self.variant)
-            return f"sharpness: {problem}" if problem else None
-
-        reports = self.accepted_reports(
-            round_num, updates, rejected, protocol.SHARPNESS, problem_of, "sharpness report"
-        )
+        reports = {s: updates[s].meta[protocol.SHARPNESS] for s in sorted(updates)}  # checked: answer_fields
         if not reports:
             return global_state, {"rho": self.rho(round_num)}
         saga = self.saga_state.update(reports)

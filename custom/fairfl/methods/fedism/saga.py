@@ -2,8 +2,9 @@
 
 Each site reports, for the global model it received, its sharpness S and perturbed loss L over its whole
 training set (`fairfl.methods.fedism.sharpness.measure_sharpness`). The server:
-- checks each report (`check_report`): a site whose value is missing, not a number, NaN/Inf or absurd
-  (|value| above MAX_REPORTED) is rejected for the round, with the reason as the error to log;
+- checks each report (`check_report`, every field: `SHARPNESS_REPORT`): a site whose loss, perturbed loss,
+  sharpness or gradient norm is missing, not a number, NaN/Inf or absurd (|value| above MAX_REPORTED) is rejected
+  for the round, with the reason as the error to log;
 - clips a negative value to 0, as the authors' code does (it floors sharpness at 1e-10): a sharpness is the
   difference of two float32 mean losses, and a flat site, or one whose ascent step overshoots, reports a value
   a little below 0. Such a site gets raw weight 0 but keeps its moving-average share (Eq. 18), so one noisy
@@ -24,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 
 from fairfl.methods.fedce.contribution import normalise
-from fairfl.site_checks import MAX_REPORTED
+from fairfl.site_checks import MAX_REPORTED, MAX_SAMPLES, Number, Record
 
 VARIANTS = {"S": "sharpness", "L": "perturbed_loss"}  # the report key each variant weights by
 Q = 2.0  # the paper's defaults (the authors' code uses q = 1)
@@ -37,26 +38,26 @@ def check_variant(variant: str) -> str:
     return variant
 
 
-def check_report(report, variant: str) -> str | None:
-    """Why a site's sharpness report cannot be used for variant "S" or "L", or None if it can.
+# every field of a site's sharpness report (`fairfl.methods.fedism.sharpness.measure_sharpness`) that the server reads
+# or records: each a real finite number of magnitude at most MAX_REPORTED; a sharpness may be a little below 0
+SHARPNESS_REPORT = Record(
+    fields={
+        "loss": Number(0.0, MAX_REPORTED),
+        "perturbed_loss": Number(0.0, MAX_REPORTED),
+        "sharpness": Number(-MAX_REPORTED, MAX_REPORTED),
+        "grad_norm": Number(0.0, MAX_REPORTED),
+    },
+    optional={"rho": Number(0.0, MAX_REPORTED), "samples": Number(0.0, float(MAX_SAMPLES))},
+)
 
-    report: what the site sent, {"loss": ..., "perturbed_loss": ..., "sharpness": ...}; the variant's value
-    must be present, a real number (not a bool), finite and of magnitude at most MAX_REPORTED. A negative value
-    is accepted and counts as 0 (see `saga_weights`)."""
-    key = VARIANTS[check_variant(variant)]
-    if not isinstance(report, dict):
-        return f"sharpness report is a {type(report).__name__}, not a mapping"
-    if key not in report or report[key] is None:
-        return f"{key} missing from the sharpness report"
-    value = report[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"{key} is not a number: {value!r}"
-    value = float(value)
-    if not math.isfinite(value):
-        return f"{key} is {value}"
-    if abs(value) > MAX_REPORTED:
-        return f"{key} is {value:.6g}, above {MAX_REPORTED:g}: not a measurement"
-    return None
+
+def check_report(report, variant: str) -> str | None:
+    """Why a site's sharpness report cannot be used, or None if it can: every field the server reads is present and
+    a real finite number of magnitude at most MAX_REPORTED (`SHARPNESS_REPORT`; before, only the variant's value was
+    checked and a string in another field ended the job). A negative sharpness is accepted and counts as 0 (see
+    `saga_weights`)."""
+    check_variant(variant)
+    return SHARPNESS_REPORT.problem(report, "sharpness report")
 
 
 def saga_weights(values: dict, q: float = Q) -> dict:

@@ -7,7 +7,7 @@ from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
 from fairfl.methods.fedlwr.cka import parameter_layers
 from fairfl.models import build_model, state_to_numpy, state_to_torch
-from fairfl.site_checks import check_cka
+from fairfl.site_checks import cka_report
 
 
 class FedLWRController(FairRoundController):
@@ -36,11 +36,19 @@ class FedLWRController(FairRoundController):
         self.cka_clip = list(cka_clip) if cka_clip else None
         self._layers = None
 
+    def answer_fields(self, task_name, round_num) -> dict:
+        """The `cka` task's answer: CKA(local, anchor) for every layer of the network (`cka_report`)."""
+        return {protocol.CKA: cka_report(self.layers())} if task_name == protocol.TASK_CKA else {}
+
+    def layers(self) -> dict:
+        """{layer: its state keys} of the network (`parameter_layers`): the same every round, mapped once."""
+        if self._layers is None:
+            self._layers = parameter_layers(build_model(self.model_spec()))
+        return self._layers
+
     def aggregate(self, round_num, global_state, updates, rejected):
         anchor_np, extras = super().aggregate(round_num, global_state, updates, rejected)
-        if self._layers is None:  # the same network every round: map its layers once
-            self._layers = parameter_layers(build_model(self.model_spec()))
-        layers = self._layers
+        layers = self.layers()
         results = self.ask(
             round_num,
             protocol.TASK_CKA,
@@ -50,7 +58,7 @@ class FedLWRController(FairRoundController):
         cka = {}
         for result in results:
             site = result.meta.get("client_name", "?")
-            problem = check_cka(result.meta.get(protocol.CKA), layers)
+            problem = self.answer_problem(protocol.TASK_CKA, round_num, result.meta)
             if problem:
                 self.reject(round_num, site, f"CKA: {problem}", rejected, "CKA")
                 continue

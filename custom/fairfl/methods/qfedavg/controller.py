@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
-from fairfl.methods.qfedavg.qffl import lipschitz_from_lr, qffl_aggregate
+from fairfl.methods.qfedavg.qffl import lipschitz_from_lr, qffl_aggregate, round_lr
 from fairfl.models import state_to_numpy, state_to_torch, trainable_names
-from fairfl.site_checks import MAX_REPORTED, majority, number_problem
+from fairfl.site_checks import MAX_REPORTED, Number
 
 
 class QFedAvgController(FairRoundController):
@@ -46,34 +46,28 @@ class QFedAvgController(FairRoundController):
     def train_meta(self, round_num) -> dict:
         return {protocol.MEASURE_LOSS: True}
 
+    def answer_fields(self, task_name, round_num) -> dict:
+        """Every train answer carries the loss of the model sent and, when L = 1 / lr, the site's learning rate."""
+        if task_name != protocol.TASK_TRAIN:
+            return {}
+        loss = {protocol.GLOBAL_LOSS: Number(0.0, MAX_REPORTED)}
+        return {**loss, protocol.LR: Number(1e-12, 1e6)} if self.lipschitz is None else loss
+
     def aggregate(self, round_num, global_state, updates, rejected):
-        losses = self.accepted_reports(
-            round_num,
-            updates,
-            rejected,
-            protocol.GLOBAL_LOSS,
-            lambda loss: number_problem(loss, "loss", 0.0, MAX_REPORTED),
-            "loss",
-        )
-        losses = {s: float(v) for s, v in losses.items()}
+        losses = {s: float(updates[s].meta[protocol.GLOBAL_LOSS]) for s in sorted(updates)}  # checked: answer_fields
         lipschitz = self.lipschitz
-        if lipschitz is None and losses:  # L = 1 / lr: the lr most sites report; a site with another is rejected
-            rates = self.accepted_reports(
-                round_num,
-                {s: updates[s] for s in losses},
-                rejected,
-                protocol.LR,
-                lambda lr: number_problem(lr, "lr", 1e-12, 1e6),
-                "lr",
-            )
-            reference = majority(rates) if rates else None
-            for site, lr in rates.items():
-                if lr != reference:
-                    self.reject(
-                        round_num, site, f"lr {lr!r} differs from the round's lr {reference!r} (most sites')", rejected
-                    )
-            losses = {s: v for s, v in losses.items() if s in rates and rates[s] == reference}
-            lipschitz = lipschitz_from_lr(float(reference)) if losses else None
+        if lipschitz is None and losses:  # L = 1 / lr
+            rates = {s: float(updates[s].meta[protocol.LR]) for s in losses}
+            reference, outvoted = round_lr(rates)
+            for site in outvoted:
+                self.reject(
+                    round_num,
+                    site,
+                    f"lr {rates[site]!r} differs from the round's lr {reference!r} (most sites')",
+                    rejected,
+                )
+            losses = {s: v for s, v in losses.items() if s not in outvoted}
+            lipschitz = lipschitz_from_lr(reference)
         if not losses:
             return global_state, {}
         if self._trainable is None:  # ||w - w_k|| is about parameters, not normalisation statistics

@@ -33,6 +33,7 @@ finite shares: a loss of 1e300 with q = 2 no longer overflows to inf / inf.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -40,6 +41,19 @@ import torch
 from fairfl.aggregation import weighted_average
 
 LOSS_OFFSET = 1e-10  # the authors' code: F_k + 1e-10
+
+
+def round_lr(rates: dict) -> tuple[float, list]:
+    """(the learning rate whose 1 / lr is the round's L, the sites outvoted) from {site: the lr it reports}: the lr
+    more sites report than any other, the sites reporting another are outvoted; when no lr leads (two sites that
+    disagree, or any tie) no site's place in the order decides: L comes from the smallest tied lr, the most cautious
+    step (a site can then only slow the round, never enlarge its step), and nobody is outvoted."""
+    counts = Counter(rates.values())
+    top = max(counts.values())
+    leaders = sorted(lr for lr, n in counts.items() if n == top)
+    if len(leaders) == 1:
+        return leaders[0], sorted(s for s, lr in rates.items() if lr != leaders[0])
+    return leaders[0], []
 
 
 def lipschitz_from_lr(lr: float) -> float:

@@ -37,7 +37,7 @@ from fairfl.methods.rewards.reward import (
     weighted_update,
 )
 from fairfl.models import state_to_numpy, state_to_torch
-from fairfl.site_checks import number_problem
+from fairfl.site_checks import Number
 
 SITE_MODELS_FILE = "site_models.pt"
 
@@ -138,16 +138,12 @@ class CFFLController(RewardController):
     def train_meta(self, round_num) -> dict:
         return {protocol.VALIDATE_TRAINED: True}
 
+    def answer_fields(self, task_name, round_num) -> dict:
+        """Every train answer carries the trained model's validation score, a number in [0, 1]."""
+        return {protocol.VAL_METRIC: Number(0.0, 1.0)} if task_name == protocol.TASK_TRAIN else {}
+
     def reward(self, round_num, deltas, updates, rejected):
-        metrics = self.accepted_reports(
-            round_num,
-            updates,
-            rejected,
-            protocol.VAL_METRIC,
-            lambda v: number_problem(v, "validation metric", 0.0, 1.0),
-            "validation metric",
-        )
-        metrics = {s: float(v) for s, v in metrics.items() if s not in self.removed}
+        metrics = {s: float(updates[s].meta[protocol.VAL_METRIC]) for s in sorted(updates) if s not in self.removed}
         if not metrics:
             return None
         round_reputations = cffl_reputations(metrics, self.alpha)
