@@ -13,7 +13,7 @@ from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import make_reply
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
-from fairfl.aggregation import cap_shares, robust_average, weighted_average
+from fairfl.aggregation import cap_shares, robust_average
 from fairfl.files import json_safe, save_atomic, write_atomic, write_json_atomic
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController

@@ -525,9 +525,9 @@ class FairRoundController(Checkpointing, TaskFanOut):
     def _cross_site(self, round_num, global_state) -> dict:
         """Cross-site evaluation (`cross_site_eval`) after the last round: every federation site returns the model it
         is scored with (`validate` with SUBMIT_MODEL), screened like a trained model (every tensor of the network,
-        finite, its distance from the global model within `max_update_ratio` of the others'); each accepted one is sent to every site, which scores it as it is (as a held-out site scores the
-        global model). Returns {"matrix": {model's site: {test site: main metric}}, "rejected", "absent",
-        "failed"} (ResultsLog.cross_site)."""
+        finite, its distance from the global model within `max_update_ratio` of the others'); each accepted one is
+        sent to every site, which scores it as it is (as a held-out site scores the global model). Returns
+        {"matrix": {model's site: {test site: main metric}}, "rejected", "absent", "failed"} (ResultsLog.cross_site)."""
         self.absent, self.failed, rejected = [], {}, {}
         meta = {**self.task_meta, protocol.EVALUATE: self.evaluate, protocol.SUBMIT_MODEL: True}
         model = self.task_model(round_num, self._scored_params(global_state), meta)
