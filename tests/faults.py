@@ -3,28 +3,42 @@
 It runs inside the real client process, after the executor, exactly where a buggy or malicious site would
 send bad numbers. Only used by tests (put on PYTHONPATH by them)."""
 
+import json
 import os
+import time
 
 import numpy as np
 from nvflare.apis.filter import Filter
+from nvflare.apis.fl_constant import ReturnCode
+from nvflare.apis.shareable import make_reply
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 
 class CorruptResult(Filter):
-    def __init__(self, site: str, mode: str = "nan", round: int = 1):
+    def __init__(self, site: str, mode: str = "nan", round: int = 1, rounds=None, release: str = ""):
         """mode: "nan" puts NaN in every float tensor; "shape" drops a tensor's last row; "cka" reports CKA 7;
         "loo" reports a NaN leave-one-out error (FedCE); "sharpness" a NaN sharpness (FedISM+); "crash" ends the
         site's process after it trained in round `round`, before it answers (a site that dies mid-round);
         "string_metric" turns every metric of every answer (train and validate) into a string; "huge_samples" claims
         10**18 training samples; "huge_update" adds 1000 to every float weight (a finite, huge update); "lr" reports
         a learning rate 10 times its own (q-FedAvg's L = 1 / lr); "out_of_range" makes every metric of an evaluation
-        7.0 (a score outside [0, 1])."""
+        7.0 (a score outside [0, 1]). Faults of a site that comes back, waiting on events, never on the clock: "fail"
+        answers the train tasks of `rounds` (all when null) with an execution error, as a site whose training raised;
+        "stall" holds its answer to the train task of round `round` until the server's results file `release` records
+        that round (the server has gone on without it), then sends it, late."""
         super().__init__()
-        self.site, self.mode, self.round = site, mode, round
+        self.site, self.mode, self.round, self.rounds, self.release = site, mode, round, rounds, release
         self.train_results = 0  # train answers this process has sent
 
     def process(self, shareable, fl_ctx):
         if fl_ctx.get_identity_name() != self.site:
+            return shareable
+        if self.mode in ("fail", "stall"):
+            train_round, self.train_results = self.train_results, self.train_results + 1
+            if self.mode == "fail" and (self.rounds is None or train_round in self.rounds):
+                return make_reply(ReturnCode.EXECUTION_EXCEPTION)
+            if self.mode == "stall" and train_round == self.round:
+                wait_for_round(self.release, train_round)
             return shareable
         model = FLModelUtils.from_shareable(shareable)
         if self.mode == "crash":
@@ -69,3 +83,16 @@ def set_metrics(model, metrics):
     model.metrics = metrics
     if "initial_metrics" in (model.meta or {}):  # where NVFlare's result carries its metrics too (it wins)
         model.meta["initial_metrics"] = metrics
+
+
+def wait_for_round(results_path: str, round_num: int, limit: float = 300.0) -> None:
+    """Block until the results file records round `round_num` (written atomically by the server), or `limit` s."""
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        try:
+            with open(results_path) as f:
+                if any(r.get("round") == round_num for r in json.load(f).get("rounds", [])):
+                    return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)

@@ -11,6 +11,8 @@ rejected for the round naming the field, the method must aggregate the others, a
 Through the controllers' real screening and aggregation with the sending replaced (tests/core/test_site_checks.py
 does the same by hand for chosen cases; the simulator tests carry hostile sites through real runs)."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -110,12 +112,15 @@ def put(answer: FLModel, where: str, path: tuple, value, controller) -> None:
         container[path[-1]] = value
 
 
-def run_round(controller, round_num, global_state, hostile=None):
+def run_round(controller, round_num, global_state, hostile=None, missing=()):
     """One round through the real screening, the method's aggregation (and its own tasks) and the evaluation; the
-    sites' answers honest except `hostile` = (task, where, path, value) for BAD_SITE. Returns (new state, rejected)."""
+    sites' answers honest except `hostile` = (task, where, path, value) for BAD_SITE, and no answer at all from the
+    `missing` sites (they failed or stalled: absent). Returns (new state, rejected, the round's extras)."""
 
     def answers_to(task_name, targets):
-        answers = honest_answers(controller, task_name, round_num, global_state, list(targets))
+        answers = honest_answers(
+            controller, task_name, round_num, global_state, [s for s in targets if s not in missing]
+        )
         if hostile and hostile[0] == task_name:
             put(next(a for a in answers if a.meta["client_name"] == BAD_SITE), *hostile[1:], controller)
         return answers
@@ -146,8 +151,60 @@ def test_a_hostile_value_in_any_field_rejects_only_that_site_and_the_round_goes_
             assert set(rejected) == {BAD_SITE}, f"{what}: rejected {rejected}"
             field = path[-1] if path[-1] is not None else (fresh.metric if where == "metrics" else "")
             assert str(field) in rejected[BAD_SITE] or where == "params", f"{what}: {rejected[BAD_SITE]!r}"
-            assert all(
-                np.isfinite(np.asarray(v)).all() for v in new.values() if np.asarray(v).dtype.kind == "f"
-            ), what
+            assert all(np.isfinite(np.asarray(v)).all() for v in new.values() if np.asarray(v).dtype.kind == "f"), what
             tried += 1
     assert tried == len(cases) * len(HOSTILE)
+
+
+def method_memory(controller) -> dict:
+    """What a stateful method's server keeps about BAD_SITE across rounds."""
+    memory = {}
+    if getattr(controller, "saga_state", None) is not None and BAD_SITE in controller.saga_state.weights:
+        memory["SAGA weight"] = controller.saga_state.weights[BAD_SITE]
+    if BAD_SITE in getattr(controller, "reputations", {}):  # its reputation is carried, then renormalised with all
+        memory["model"] = {k: v.tobytes() for k, v in controller.site_models[BAD_SITE].items()}
+    return memory
+
+
+def weighted_sites(extras: dict) -> set:
+    """The sites a round's aggregation weighted (its weights, Fed-LWR's anchor and layer weights)."""
+    found = set(extras.get("weights", {})) | set(extras.get("anchor_weights", {}))
+    for per_site in extras.get("layer_weights", {}).values():
+        found |= set(per_site)
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_a_site_missing_from_one_round_is_left_out_of_it_and_counted_again_when_it_is_back(name, tmp_path):
+    # what every method does with a site that failed or stalled in round 1 (the others answered: the quorum holds)
+    # and answers again in round 2; each method page says what it keeps for such a site
+    controller = variant_controller(name, tmp_path)
+    state = initial_state(controller.model_spec(), 0)
+    state, rejected, first = run_round(controller, 0, state)
+    kept = method_memory(controller)
+    state, rejected, without = run_round(controller, 1, state, missing=(BAD_SITE,))
+    after = method_memory(controller)
+    for what in kept:  # SAGA's last weight, CFFL's and CGSV's model of the site: kept through the absence
+        assert after[what] == kept[what], f"{name}: {what} of the absent site changed"
+    if hasattr(controller, "reputations"):  # still in the federation, not removed for its absence
+        assert controller.reputations[BAD_SITE] > 0 and BAD_SITE not in getattr(controller, "removed", [])
+    if hasattr(controller, "contribution"):  # FedCE: it had no share of the global model it receives next
+        assert controller.contribution.weights[BAD_SITE] == 0.0
+    assert not rejected and all(
+        np.isfinite(np.asarray(v)).all() for v in state.values() if np.asarray(v).dtype.kind == "f"
+    )
+    state, rejected, back = run_round(controller, 2, state)
+    assert not rejected, f"{name}: the site back in round 2 was rejected: {rejected}"
+    if weighted_sites(first):  # every method that weights sites (not Solo)
+        assert weighted_sites(first) == weighted_sites(back) == set(SITES), name
+        assert weighted_sites(without) == set(SITES) - {BAD_SITE}, name
+
+
+def test_every_method_page_says_what_the_method_does_with_a_site_missing_from_a_round():
+    from fairfl.methods import UNITS
+
+    from conftest import REPO
+
+    for page in sorted({unit.doc for unit in UNITS}):
+        with open(os.path.join(REPO, "docs", page)) as f:
+            assert "**A site missing from a round**" in f.read(), page

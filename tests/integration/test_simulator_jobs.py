@@ -13,7 +13,7 @@ from fairfl.flare.components import ALLOW_LIST
 from fairfl.jobconfig import CLIENT_CONFIG
 from fairfl.progress import outcome_line
 from fairfl.report import free_riders
-from fairfl.simulate import NVFLARE_SIMULATOR, SIMULATOR_OUTPUT, run_simulator
+from fairfl.simulate import NVFLARE_SIMULATOR, SIMULATOR_OUTPUT, SIMULATOR_RESULTS, run_simulator
 from fairfl.tracking import MLFLOW_EXPERIMENT, mlflow_location
 
 from conftest import check_tracking, make_job, recorded, segmentation_task_meta, tensorboard_scalars
@@ -409,14 +409,7 @@ def test_qfedavg_on_the_classification_data_rejects_a_wrong_lr_and_a_claim_of_hu
 
 def crashing_site(site="site-3", round_num=1):
     """site ends its process after training in round round_num, before it answers (tests/faults.py)."""
-    return {
-        "task_result_filters": [
-            {
-                "tasks": ["train"],
-                "filters": [{"path": FAULTS, "args": {"site": site, "mode": "crash", "round": round_num}}],
-            }
-        ]
-    }
+    return faulty_chain({"site": site, "mode": "crash", "round": round_num})
 
 
 def test_a_site_that_dies_mid_round_is_recorded_absent_and_a_held_out_site_is_only_evaluated(tmp_path, cache_dir):
@@ -460,19 +453,86 @@ def test_a_site_that_dies_mid_round_is_recorded_absent_and_a_held_out_site_is_on
     assert final["held_out"]["mean"] == final["per_site"]["site-4"]["dice"] and "global_model" not in final
 
 
+def failing_site(site, rounds=None):
+    """site answers the train tasks of `rounds` (every one when None) with an execution error (tests/faults.py)."""
+    return faulty_chain({"site": site, "mode": "fail", "rounds": rounds})
+
+
+def faulty_chain(*filters):
+    return {"task_result_filters": [{"tasks": ["train"], "filters": [{"path": FAULTS, "args": f} for f in filters]}]}
+
+
 def test_too_few_sites_left_ends_the_job_with_a_clear_message(tmp_path, cache_dir):
+    # min_clients "all": the round in which site-3's training fails ends the job. The failure is an answer, so the
+    # server knows at once: no timeout races the processes' start (a 25 s task_timeout once did, on a busy machine)
     job = make_job(
         "fedavg",
         str(tmp_path / "job"),
-        {"num_rounds": 3, "eval_every": 3, "task_timeout": 25},
-        client_extra=crashing_site(),
+        {"num_rounds": 3, "eval_every": 3, "min_clients": "all"},
+        client_extra=failing_site("site-3", rounds=[1]),
     )
     sim = run(job, str(tmp_path / "ws"))
     assert "fewer than min_clients 3" in sim.errors.get("server", "")
     results = json.load(open(sim.results_path))
     assert [r["round"] for r in results["rounds"]] == [0, 1] and results["final"] is None
-    assert results["rounds"][1]["absent"] == ["site-3"]
+    assert results["rounds"][1]["failed"] == {"site-3": "EXECUTION_EXCEPTION"}
     assert results["stopped"].startswith("round 1: 2 of 3 sites answered")
+
+
+def numbers(metrics: dict) -> dict:
+    """A site's metrics without its timings (which vary from run to run)."""
+    return {name: value for name, value in metrics.items() if not name.endswith("_seconds")}
+
+
+def test_a_site_failing_every_round_leaves_the_other_sites_numbers_as_without_it(tmp_path, tiny_fedavg_run):
+    # the default quorum (a majority: 3 of 4) goes on without site-4, whose training fails in every round; FedAvg
+    # then gives site-1..3 exactly the numbers of the same job run with only them (tiny_fedavg_run)
+    job = make_job("fedavg", str(tmp_path / "job"), client_extra=failing_site("site-4"))
+    sim = run(job, str(tmp_path / "ws"), n=4, t=4)
+    assert "site-4 failed its task" in sim.errors.pop("server", "")
+    sim.errors.pop("site-4", None)
+    results = load_results(sim)
+    reference = load_results(tiny_fedavg_run)
+    assert results["config"]["min_clients"] is None and "stopped" not in results
+    for ours, theirs in zip(results["rounds"], reference["rounds"], strict=True):
+        assert ours["failed"] == {"site-4": "EXECUTION_EXCEPTION"} and ours["weights"] == theirs["weights"]
+        assert {s: numbers(ours["train"][s]) for s in theirs["train"]} == {
+            s: numbers(m) for s, m in theirs["train"].items()
+        }
+        assert {s: ours["per_site"][s] for s in theirs["per_site"]} == theirs["per_site"]
+    assert set(results["final"]["per_site"]) == {"site-1", "site-2", "site-3", "site-4"}  # site-4 is still scored
+
+
+def test_a_site_that_fails_or_stalls_in_one_round_is_left_out_of_it_and_back_in_the_next(tmp_path, cache_dir):
+    # FedCE (its leave-one-out model needs the site's last local model; each is given a weight of 0 in the round it
+    # missed): site-2's training fails in round 1; site-3 holds its round-2 answer until the server has recorded
+    # round 2 without it (the straggler deadline after the quorum's 3 answers, not task_timeout), then answers late.
+    # Both train again in the next round and every site is in the final record.
+    workspace = tmp_path / "ws"
+    release = str(workspace / SIMULATOR_RESULTS)
+    job = make_job(
+        "fedce",
+        str(tmp_path / "job"),
+        {"num_rounds": 4, "eval_every": 4, "straggler_timeout": 5},
+        client_extra=faulty_chain(
+            {"site": "site-2", "mode": "fail", "rounds": [1]},
+            {"site": "site-3", "mode": "stall", "round": 2, "release": release},
+        ),
+    )
+    sim = run(job, str(workspace), n=4, t=4)
+    server_errors = sim.errors.pop("server", "")
+    assert "site-2 failed its task" in server_errors and "no train answer from site-3" in server_errors
+    for site in ("site-2", "site-3"):
+        sim.errors.pop(site, None)
+    results = load_results(sim)
+    rounds = results["rounds"]
+    assert rounds[1]["failed"] == {"site-2": "EXECUTION_EXCEPTION"} and "absent" not in rounds[1]
+    assert rounds[2]["absent"] == ["site-3"] and "failed" not in rounds[2]
+    everyone = {"site-1", "site-2", "site-3", "site-4"}
+    assert set(rounds[1]["train"]) == everyone - {"site-2"} and set(rounds[2]["train"]) == everyone - {"site-3"}
+    assert set(rounds[0]["train"]) == set(rounds[3]["train"]) == set(rounds[3]["weights"]) == everyone
+    assert set(rounds[2]["weights"]) == everyone - {"site-3"} and "site-2" in rounds[2]["weights"]
+    assert set(results["final"]["per_site"]) == everyone and "stopped" not in results
 
 
 def test_a_named_run_killed_mid_run_resumes_and_matches_one_that_never_stopped(tmp_path, cache_dir):

@@ -122,3 +122,15 @@ def test_norm_keys_and_validation():
     with pytest.raises(ValueError):
         lipschitz_from_lr(0.0)
     assert lipschitz_from_lr(0.01) == pytest.approx(100.0)
+
+
+def test_the_rounds_lr_never_depends_on_the_order_of_the_sites():
+    from fairfl.methods.qfedavg.qffl import round_lr
+
+    # two sites that disagree: before, the first site's lr won and the honest second site was rejected
+    for rates in ({"site-1": 1e-9, "site-2": 1e-3}, {"site-2": 1e-3, "site-1": 1e-9}):
+        assert round_lr(rates) == (1e-9, [])  # no leader: the most cautious step, nobody outvoted
+    assert round_lr({"a": 1e-3, "b": 1e-3, "c": 5.0}) == (1e-3, ["c"])
+    assert round_lr({"c": 5.0, "b": 1e-3, "a": 1e-3}) == (1e-3, ["c"])
+    assert round_lr({"a": 1e-3, "b": 2e-3, "c": 1e-3, "d": 2e-3}) == (1e-3, [])
+    assert round_lr({"a": 3e-4}) == (3e-4, [])
