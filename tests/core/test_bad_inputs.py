@@ -7,8 +7,12 @@ and checkpoint code, and the real `fairfl` command line (`fairfl.cli.main`). Tin
 (tests/integration/test_simulator_jobs.py::test_bad_data_fails_fast_naming_site_and_file runs bad data through one)."""
 
 import gzip
+import io
 import json
 import os
+import struct
+import tracemalloc
+import zlib
 from unittest import mock
 
 import nibabel as nib
@@ -256,6 +260,117 @@ def test_bad_data_file_is_a_data_error_naming_site_and_file(tmp_path, case):
     assert "outside" not in [p.name for p in root.iterdir()]  # nothing written into the data root either
 
 
+# -------------------------------------------------------------------- images declaring a huge size in their header
+def nifti_declaring(path, shape):
+    """A valid gzip NIfTI of zeros (uint8) whose header declares `shape`, written a chunk at a time: 20000 x 20000 is
+    1.7 MB on disk and 400 MB once read."""
+    header = nib.Nifti1Header()
+    header.set_data_shape(shape)
+    header.set_data_dtype(np.uint8)
+    header["vox_offset"] = 352
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wb", compresslevel=1) as out:
+        out.write(header.binaryblock + bytes(4))
+        chunk, left = bytes(2**24), int(np.prod(shape))
+        while left:
+            out.write(chunk[: min(left, len(chunk))])
+            left -= min(left, len(chunk))
+    return path
+
+
+def png_declaring(path, width, height):
+    """A valid grey PNG of zeros, compressed a row at a time (never whole in memory here)."""
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    compressor, row = zlib.compressobj(1), bytes(width + 1)  # each row: filter byte 0, then its pixels
+    pixels = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))
+    return path
+
+
+def jpeg_declaring(path, width, height):
+    """A tiny JPEG whose frame header (SOF0) is rewritten to declare width x height."""
+    encoded = io.BytesIO()
+    Image.fromarray(np.zeros(SHAPE, np.uint8)).save(encoded, "JPEG")
+    data = bytearray(encoded.getvalue())
+    frame = data.index(b"\xff\xc0")  # marker, length (2), precision (1), height (2), width (2)
+    data[frame + 5 : frame + 9] = struct.pack(">HH", height, width)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def huge_nifti_pair(root):  # the pair is valid: before the cap, its mask was read whole (400 MB) and accepted
+    good_site(root)
+    image = nifti_declaring(root / SITE / "images" / "huge.nii.gz", (20000, 20000))
+    (root / SITE / "labels").mkdir(exist_ok=True)
+    (root / SITE / "labels" / "huge.nii.gz").write_bytes(image.read_bytes())
+    set_first(root, "image", f"{SITE}/images/huge.nii.gz")
+    set_first(root, "label", f"{SITE}/labels/huge.nii.gz")
+    return image, "segmentation"
+
+
+def huge_png_pair(root):  # 9000 x 9000: below PIL's own decompression-bomb limits, which never warned
+    good_site(root)
+    image = png_declaring(root / SITE / "images" / "huge.png", 9000, 9000)
+    (root / SITE / "labels" / "huge.png").write_bytes(image.read_bytes())
+    set_first(root, "image", f"{SITE}/images/huge.png")
+    set_first(root, "label", f"{SITE}/labels/huge.png")
+    return image, "segmentation"
+
+
+def huge_jpeg(root):  # classification: only the header was read before training decoded it
+    root.mkdir(parents=True, exist_ok=True)
+    path = jpeg_declaring(root / "huge.jpg", 9000, 9000)
+    write_datalist(root / f"{SITE}.json", {s: [{"image": "huge.jpg", "label": 1}] for s in SPLITS})
+    return path, "classification"
+
+
+@pytest.mark.parametrize("make_files", [huge_nifti_pair, huge_png_pair, huge_jpeg])
+def test_an_image_declaring_a_huge_size_is_refused_from_its_header_before_any_pixel_is_read(tmp_path, make_files):
+    root = tmp_path / "data"
+    bad_file, task = make_files(root)
+    meta = {protocol.MODEL_SPEC: {"name": "cnn", "in_channels": 1, "num_classes": 2}, protocol.TASK: task}
+    executor = FairflExecutor(data_root=str(root))
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError) as info:
+            executor._load_datalist(SITE, meta)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    message = str(info.value)
+    assert info.value.site == SITE and bad_file.name in message
+    assert "declares 9000 x 9000" in message or "declares 20000 x 20000" in message
+    assert "FAIRFL_MAX_IMAGE_SIDE" in message and "8192 per axis" in message, message
+    assert peak < 16 * 2**20, f"{peak / 2**20:.0f} MiB traced: the image was decoded"  # 81 to 400 MB if it were
+
+
+def test_the_sites_own_image_limits_are_its_environments(tmp_path, monkeypatch):
+    """FAIRFL_MAX_IMAGE_SIDE and FAIRFL_MAX_IMAGE_VOXELS move the caps both ways, site by site: the 8 x 8 slices pass
+    at 8 and 64, fail at 7 and 63; a 9000 x 9000 image passes where a site raises the side (and PIL decodes it)."""
+    root = tmp_path / "data"
+    image, _ = good_site(root)
+    for variables, refused in (
+        ({"FAIRFL_MAX_IMAGE_SIDE": "8", "FAIRFL_MAX_IMAGE_VOXELS": "64"}, None),
+        ({"FAIRFL_MAX_IMAGE_SIDE": "7"}, "limit of 7 per axis"),
+        ({"FAIRFL_MAX_IMAGE_VOXELS": "63"}, "and 63 voxels"),
+    ):
+        with mock.patch.dict(os.environ, variables):
+            if refused is None:
+                load_site(root)
+                continue
+            with pytest.raises(DataError, match=refused) as info:
+                load_site(root)
+            assert info.value.site == SITE and image.name in str(info.value)
+    huge_jpeg(root)
+    monkeypatch.setenv("FAIRFL_MAX_IMAGE_SIDE", "9000")
+    meta = {protocol.MODEL_SPEC: {"name": "cnn", "in_channels": 1, "num_classes": 2}, protocol.TASK: "classification"}
+    assert FairflExecutor(data_root=str(root))._load_datalist(SITE, meta)["training"][0]["image"].endswith("huge.jpg")
+
+
 def rgb_image_for_two_channels(root):
     image, _ = good_site(root, fmt="png")
     save(image, np.zeros((*SHAPE, 3), np.uint8))
@@ -439,6 +554,15 @@ CONFIG_CASES = {
         site_environment(FAIRFL_MAX_MODEL_PARAMETERS="-5"),
         "FAIRFL_MAX_MODEL_PARAMETERS",
     ),
+    **{
+        f"site's {what}": (site_environment(**{variable: value}), variable)
+        for what, variable, value in (
+            ("image side limit 0", "FAIRFL_MAX_IMAGE_SIDE", "0"),
+            ("voxel limit in words", "FAIRFL_MAX_IMAGE_VOXELS", "lots"),
+            ("voxel limit a superscript digit", "FAIRFL_MAX_IMAGE_VOXELS", "2²"),
+            ("model-sharing switch neither 1 nor 0", "FAIRFL_SHARE_OWN_MODEL", "maybe"),
+        )
+    },
     # the server's model spec and FedNPR settings: bounded before anything is built (144 GiB, 242 GiB otherwise)
     "model spec: CNN of 65536 channels": (model_spec(name="cnn", channels=[65536, 65536]), "channels"),
     "model spec: a billion classes": (model_spec(name="resnet18", num_classes=10**9), "num_classes"),

@@ -1,24 +1,32 @@
 """The methods' client steps (fairfl.methods.steps): the real executor runs the steps a task's meta switches on in
-fixed phases, a step that does not apply is never called, and a step's bad data is the site's bad-task reply."""
+fixed phases, a step that does not apply is never called, and a step's bad data is the site's bad-task reply. What the
+server sends is checked before anything is built: every task field the steps and the executor declare, the round and
+the weights; and a site sends its own model for cross-site evaluation only where its own setting lets it."""
 
 import contextlib
+import inspect
+import logging
+import math
 import os
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
-from nvflare.apis.fl_constant import ReservedKey, ReturnCode
+from nvflare.apis.fl_constant import FLContextKey, ReservedKey, ReturnCode
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.signal import Signal
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 import fairfl.methods.steps as steps_module
 from fairfl.errors import DataError
 from fairfl.flare import protocol
-from fairfl.flare.executor import FairflExecutor
+from fairfl.flare.executor import TASK_FIELDS, FairflExecutor
 from fairfl.methods import CLIENT_STEPS
-from fairfl.methods.steps import ClientStep, TaskSteps, problems, registered_steps
+from fairfl.methods.steps import ClientStep, Number, Switch, TaskSteps, declared_fields, problems, registered_steps
 from fairfl.models import initial_state
 
 from conftest import segmentation_task_meta
@@ -89,13 +97,18 @@ def site(monkeypatch, tmp_path, cache_dir):
     CALLS.clear()
     executor = FairflExecutor(image_size=32, batch_size=8, local_steps=1, synthetic_size_scale=0.5)
     monkeypatch.setattr(executor, "_state_dir", lambda fl_ctx, meta: str(tmp_path))
-    fl_ctx = FLContext()
-    fl_ctx.set_prop(ReservedKey.IDENTITY_NAME, "site-2", private=False, sticky=False)
 
-    def run(task_name, meta, round_num=1):
-        task = FLModel(params_type=ParamsType.FULL, params=initial_state(SPEC, 0), current_round=round_num, meta=meta)
+    def run(task_name, meta, round_num=1, params=None, simulator=False):
+        """The site's reply; `params` default: the initial weights; `simulator`: as NVFlare's simulator runs it."""
+        fl_ctx = FLContext()
+        fl_ctx.set_prop(ReservedKey.IDENTITY_NAME, "site-2", private=False, sticky=False)
+        if simulator:
+            fl_ctx.set_prop(FLContextKey.SIMULATE_MODE, True, private=True, sticky=False)
+        params = initial_state(SPEC, 0) if params is None else params
+        task = FLModel(params_type=ParamsType.FULL, params=params, current_round=round_num, meta=meta)
         return executor.execute(task_name, FLModelUtils.to_shareable(task), fl_ctx, Signal())
 
+    run.executor = executor
     return run, tmp_path
 
 
@@ -182,3 +195,176 @@ def test_the_registry_names_step_classes_in_the_units_and_imports_without_torch(
     assert all(issubclass(cls, ClientStep) and cls.__module__.endswith(".client") for cls in classes)
     code = "import sys, fairfl.methods; assert 'torch' not in sys.modules and 'nvflare' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ------------------------------------------------------------------------------------ what the server sends
+HOSTILE = (math.nan, math.inf, -1e9, 1e9, "x", [1], {}, None, True)
+# (field, hostile value) pairs that are honest settings: the grid of Ditto itself, FedCE's weights without this site
+HONEST = {(protocol.MIX_GRID, "[1]"), (protocol.LOO_WEIGHTS, "{}")}
+
+
+def task_fields():
+    """{meta key: (who reads it, its Field)}: the executor's own and every registered step's."""
+    fields = {key: ("FairflExecutor", field) for key, field in TASK_FIELDS.items()}
+    for step in registered_steps():
+        fields.update({key: (step.__name__, field) for key, field in step.fields.items()})
+    return fields
+
+
+def answered(run, caplog, meta, task_name=protocol.TASK_TRAIN, **options):
+    """(return code, what the site logged) of one task."""
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        code = run(task_name, meta, **options).get_return_code()
+    return code, caplog.text
+
+
+def nothing_done(run, state_dir) -> bool:
+    """No data read, nothing trained or kept."""
+    return run.executor._datalist is None and not os.listdir(state_dir)
+
+
+def test_every_declared_task_field_refuses_each_hostile_value_naming_the_field_before_training(site, caplog):
+    run, state_dir = site
+    failures = []
+    for key, (reader, field) in task_fields().items():
+        for value in HOSTILE:
+            if (key, repr(value)) in HONEST or (isinstance(field, Switch) and value is True):
+                continue
+            code, log = answered(run, caplog, {**META, key: value})
+            named = re.search(rf"site-2.*task field {key} ", log)
+            if code != ReturnCode.BAD_TASK_DATA or not named or not nothing_done(run, state_dir):
+                failures.append(f"{reader} {key}={value!r}: {code}, named {bool(named)}")
+    assert not failures, "\n".join(failures)
+
+
+def test_the_declarations_cover_every_key_the_server_sends_and_agree():
+    """A key of the protocol's server -> site block is declared (by the executor or a step) or checked by one of the
+    executor's own checks; a new method key without a declaration fails here."""
+    source = inspect.getsource(protocol).split("# server -> site")[1].split("# site -> server")[0]
+    sent = {
+        getattr(protocol, name) for name in re.findall(r"^([A-Z_]+) = ", source, re.M) if not name.startswith("FROM_")
+    }
+    checked_elsewhere = {  # tests/core/test_bad_inputs.py CONFIG_CASES
+        protocol.MODEL_SPEC,
+        protocol.DATASET,
+        protocol.NUM_SITES,
+        protocol.DATA_SEED,
+        protocol.TEST_SCALE,
+        protocol.HELD_OUT,
+        protocol.RUN_NAME,
+        protocol.OPTIMIZER,
+    }
+    assert sent - checked_elsewhere - set(task_fields()) == set()
+    assert declared_fields() == {k: f for k, (_, f) in task_fields().items() if k not in TASK_FIELDS}
+    with pytest.raises(ValueError, match="declare task field 'prox_mu' differently"):
+        declared_fields((*registered_steps(), type("Other", (ClientStep,), {"fields": {protocol.PROX_MU: Switch()}})))
+
+
+def test_honest_settings_at_their_bounds_are_accepted():
+    honest = {
+        protocol.DITTO_LAMBDA: 1000.0,
+        protocol.PROX_MU: 0.0,
+        protocol.SALT_RHO: 10.0,
+        protocol.SALT_ALPHA: 1,
+        protocol.SHARPNESS_RHO: np.float32(0.05),
+        protocol.MEASURE_LOSS: False,
+        protocol.LOO_WEIGHTS: {"site-1": 0.25, "site-2": 1.0},
+        protocol.MIX_GRID: [0.0, 0.5, 1.0],
+        protocol.TASK: "classification",
+    }
+    assert problems(honest) == [] and FairflExecutor._check_task("site-2", {**META, **honest}) is None
+    too_far = {protocol.DITTO_LAMBDA: 1000.001, protocol.LOO_WEIGHTS: {"site-1": 1.5}, protocol.MIX_GRID: [0.0] * 0}
+    found = problems(too_far)
+    assert len(found) == 3 and all(
+        any(text in line for line in found)
+        for text in ("ditto_lambda is 1000.001, expected a finite number in [0, 1000]", "['site-1'] is 1.5", "mix_grid")
+    )
+    assert Number(0, 10, integer=True).problem(10**5000).startswith("is an integer of 16610 bits")
+    assert "more than the 101" in problems({protocol.MIX_GRID: [i / 200 for i in range(201)]})[0]
+
+
+@pytest.mark.parametrize(
+    "tensor, value, named",
+    [(0, math.nan, "NaN in"), (3, math.inf, "Inf in"), (1, "shape", "shape mismatch"), (2, "drop", "missing keys")],
+)
+def test_non_finite_or_misfitting_global_weights_are_refused_naming_the_tensor_before_training(
+    site, caplog, tensor, value, named
+):
+    run, state_dir = site
+    params = initial_state(SPEC, 0)
+    key = sorted(k for k, v in params.items() if v.dtype.kind == "f")[tensor]
+    if value == "shape":
+        params[key] = np.zeros((*params[key].shape, 2), np.float32)
+    elif value == "drop":
+        del params[key]
+    else:
+        params[key] = params[key].copy()
+        params[key].flat[0] = value
+    code, log = answered(run, caplog, META, params=params)
+    assert code == ReturnCode.BAD_TASK_DATA and f"site-2] the server's task: the weights sent: {named}" in log
+    assert key in log and "Traceback" not in log and nothing_done(run, state_dir)
+    code, log = answered(run, caplog, META, task_name=protocol.TASK_VALIDATE, params=params)
+    assert code == ReturnCode.BAD_TASK_DATA and key in log  # not scored either
+
+
+@pytest.mark.parametrize("round_num", [-1, 10**12, "3", 2.5])
+def test_a_task_of_no_plausible_round_is_refused(site, caplog, monkeypatch, round_num):
+    """The round seeds the site's batches and names its kept files' rounds; FLModel's own check of it (a negative or
+    non-integer round) is bad task data too, not a crash."""
+    run, state_dir = site
+    to_shareable = FLModelUtils.to_shareable
+
+    def with_round(model):
+        shareable = to_shareable(model)
+        shareable.set_header(AppConstants.CURRENT_ROUND, round_num)
+        return shareable
+
+    monkeypatch.setattr(FLModelUtils, "to_shareable", with_round)
+    code, log = answered(run, caplog, META)
+    assert code == ReturnCode.BAD_TASK_DATA and "site-2] the server's task:" in log and "round" in log
+    assert "Traceback" not in log and nothing_done(run, state_dir)
+
+
+# ------------------------------------------------------------------- cross-site evaluation: sharing own models
+SUBMIT = {**META, protocol.EVALUATE: protocol.FROM_PERSONAL, protocol.SUBMIT_MODEL: True}
+
+
+def test_a_site_sends_its_own_model_only_where_its_setting_lets_it(site, caplog, monkeypatch):
+    """Unset: only in NVFlare's simulator (POC and provisioned sites keep their models); 1 or 0: the site's choice.
+    Declined is TASK_UNSUPPORTED (the server records the site as failed for the cross-site evaluation), nothing read
+    or sent; scoring another site's model (no SUBMIT_MODEL) is never declined."""
+    run, state_dir = site
+    for setting, simulator, shares in (
+        (None, False, False),
+        ("0", True, False),
+        ("no", False, False),
+        (None, True, True),
+        ("1", False, True),
+    ):
+        monkeypatch.delenv("FAIRFL_SHARE_OWN_MODEL", raising=False)
+        if setting is not None:
+            monkeypatch.setenv("FAIRFL_SHARE_OWN_MODEL", setting)
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            reply = run(protocol.TASK_VALIDATE, SUBMIT, simulator=simulator)
+        case = f"FAIRFL_SHARE_OWN_MODEL={setting}, simulator {simulator}"
+        if shares:
+            assert reply.get_return_code() == ReturnCode.OK, case
+            assert set(FLModelUtils.from_shareable(reply).params) == set(initial_state(SPEC, 0)), case
+            continue
+        assert reply.get_return_code() == ReturnCode.TASK_UNSUPPORTED and set(reply) == {"__headers__"}, case
+        assert "[site-2] declines to send its own model for cross-site evaluation: FAIRFL_SHARE_OWN_MODEL is" in (
+            caplog.text
+        )
+        assert nothing_done(run, state_dir) and "Traceback" not in caplog.text, case
+    monkeypatch.setenv("FAIRFL_SHARE_OWN_MODEL", "0")
+    others = {**META, protocol.HELD_OUT: ["site-1", "site-2"]}  # the second phase: scoring another site's model
+    assert run(protocol.TASK_VALIDATE, others).get_return_code() == ReturnCode.OK
+
+
+def test_a_malformed_sharing_setting_is_bad_task_data_naming_it(site, caplog, monkeypatch):
+    run, state_dir = site
+    monkeypatch.setenv("FAIRFL_SHARE_OWN_MODEL", "maybe")
+    code, log = answered(run, caplog, SUBMIT, task_name=protocol.TASK_VALIDATE, simulator=True)
+    assert code == ReturnCode.BAD_TASK_DATA and "environment variable FAIRFL_SHARE_OWN_MODEL: 'maybe'" in log

@@ -3,7 +3,9 @@
 A site's data is `<data_root>/<site>.json` with keys `training`, `validation`, `testing`; each entry
 is `{"image": path, "label": mask path or class index}`, paths relative to `data_root`. Paths that lead
 outside it (absolute, `../`, a link out of it) are refused unless the site allows them
-(`allow_absolute_paths`: the site's FAIRFL_ALLOW_ABSOLUTE_PATHS, fairfl.site_settings). Every problem is
+(`allow_absolute_paths`: the site's FAIRFL_ALLOW_ABSOLUTE_PATHS, fairfl.site_settings), and so is an image whose
+header declares more than the site's size limits (FAIRFL_MAX_IMAGE_SIDE, FAIRFL_MAX_IMAGE_VOXELS), before any
+pixel is read. Every problem is
 reported as a `DataError` naming the site and the file, before any training starts; what only decoding
 shows (a truncated file, NaN pixels) when the loader first reads the file (fairfl.data.loaders).
 """
@@ -22,7 +24,13 @@ import numpy as np
 
 from fairfl.errors import DataError
 from fairfl.names import safe_name
-from fairfl.site_settings import ALLOW_ABSOLUTE_PATHS_ENV
+from fairfl.site_settings import (
+    ALLOW_ABSOLUTE_PATHS_ENV,
+    MAX_IMAGE_SIDE,
+    MAX_IMAGE_SIDE_ENV,
+    MAX_IMAGE_VOXELS,
+    MAX_IMAGE_VOXELS_ENV,
+)
 
 SPLITS = ("training", "validation", "testing")
 TASKS = ("segmentation", "classification")
@@ -41,6 +49,8 @@ def load_datalist(
     splits: Sequence[str] = SPLITS,
     optional_splits: Sequence[str] = (),
     allow_absolute_paths: bool = False,
+    max_image_side: int = MAX_IMAGE_SIDE,
+    max_image_voxels: int = MAX_IMAGE_VOXELS,
 ) -> dict[str, list[dict]]:
     """Read and validate `<data_root>/<site>.json`; return `{split: entries}` with absolute paths.
 
@@ -51,7 +61,9 @@ def load_datalist(
     the site is a plain name (fairfl.names); the datalist exists and is JSON; each requested split is
     present and non-empty; every image (and, for segmentation, mask) file exists inside the data
     root (anywhere with `allow_absolute_paths`); its header says a 2-D image of a supported kind
-    (not a volume, no palette image, a one-channel mask); image and mask have the same spatial shape;
+    (not a volume, no palette image, a one-channel mask) of at most `max_image_side` per axis and
+    `max_image_voxels` in all (the site's settings; checked before any pixel, a mask's too, is read);
+    image and mask have the same spatial shape;
     mask values are integers in `[0, num_classes - 1]`; for classification, each label is an integer in
     that range.
     """
@@ -88,7 +100,15 @@ def load_datalist(
             raise DataError(site, datalist_path, f"split {split!r} is empty (or not a list)")
         result[split] = [
             _checked_entry(
-                entry, root, site, datalist_path, f"{split}[{index}]", task, num_classes, allow_absolute_paths
+                entry,
+                root,
+                site,
+                datalist_path,
+                f"{split}[{index}]",
+                task,
+                num_classes,
+                allow_absolute_paths,
+                (max_image_side, max_image_voxels),
             )
             for index, entry in enumerate(entries)
         ]
@@ -104,11 +124,12 @@ def _checked_entry(
     task: str,
     num_classes: int,
     allow_absolute_paths: bool,
+    limits: tuple[int, int],
 ) -> dict:
     if not isinstance(entry, dict) or "image" not in entry or "label" not in entry:
         raise DataError(site, datalist_path, f"entry {where} must be an object with 'image' and 'label'")
     image = entry_file(entry["image"], root, site, datalist_path, where, "image", allow_absolute_paths)
-    image_shape = spatial_shape(image, site, IMAGE_MODES)
+    image_shape = spatial_shape(image, site, IMAGE_MODES, *limits)
     checked = dict(entry, image=str(image))
     label = entry["label"]
     if task == "classification":
@@ -122,7 +143,7 @@ def _checked_entry(
             )
         return checked
     mask = entry_file(label, root, site, datalist_path, where, "label", allow_absolute_paths)
-    mask_shape = spatial_shape(mask, site, MASK_MODES)
+    mask_shape = spatial_shape(mask, site, MASK_MODES, *limits)
     if image_shape != mask_shape:
         raise DataError(site, mask, f"mask shape {mask_shape} does not match image {image.name} shape {image_shape}")
     _check_mask_values(read_array(mask, site), mask, site, num_classes)
@@ -188,9 +209,17 @@ def image_format(path: Path) -> str:
     raise ValueError(f"unsupported image format {path.name!r}: use NIfTI ({', '.join(NIFTI_SUFFIXES)}) or PNG/JPEG")
 
 
-def spatial_shape(path: Path, site: str, modes: Sequence[str] = IMAGE_MODES) -> tuple[int, int]:
+def spatial_shape(
+    path: Path,
+    site: str,
+    modes: Sequence[str] = IMAGE_MODES,
+    max_side: int = MAX_IMAGE_SIDE,
+    max_voxels: int = MAX_IMAGE_VOXELS,
+) -> tuple[int, int]:
     """Spatial shape as MONAI's LoadImage will see it, read from the header only; a DataError unless the
-    header says a 2-D image (PNG/JPEG: of one of the PIL `modes`).
+    header says a 2-D image (PNG/JPEG: of one of the PIL `modes`) of at most `max_side` along each axis and
+    `max_voxels` in all: decoding is never where a huge declared size is found (PIL's decompression-bomb limit,
+    about 179 million pixels, comes on top of these).
 
     NIfTI: the stored shape without trailing singleton axes (an HxWx1 slice is HxW). PNG/JPEG:
     (width, height), because MONAI's PIL reader transposes to the ITK axis order; colour
@@ -217,6 +246,13 @@ def spatial_shape(path: Path, site: str, modes: Sequence[str] = IMAGE_MODES) -> 
             path,
             f"not a 2-D slice: shape {shape} (a volume? fairfl trains on 2-D slices; "
             f"the converters, e.g. fairfl convert-prostate, cut volumes into slices)",
+        )
+    if max(shape) > max_side or shape[0] * shape[1] > max_voxels:
+        raise DataError(
+            site,
+            path,
+            f"declares {shape[0]} x {shape[1]} ({shape[0] * shape[1]:,} voxels): above this site's limit of "
+            f"{max_side} per axis and {max_voxels:,} voxels ({MAX_IMAGE_SIDE_ENV}, {MAX_IMAGE_VOXELS_ENV}); not read",
         )
     if mode is not None and mode not in modes:
         raise DataError(

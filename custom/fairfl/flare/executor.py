@@ -19,8 +19,9 @@ import functools
 import os
 import time
 
+import torch
 from nvflare.apis.executor import Executor
-from nvflare.apis.fl_constant import ReturnCode
+from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.apis.shareable import make_reply
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
@@ -35,12 +36,13 @@ from fairfl.errors import DataError
 from fairfl.flare import protocol
 from fairfl.flare.site_state import keep_version, kept_model_versions, kept_versions, newest_before
 from fairfl.methods.fedlwr.cka import MIN_BATCH, layerwise_cka
-from fairfl.methods.steps import StepContext, TaskSteps
+from fairfl.methods.steps import Choice, Number, StepContext, Switch, TaskSteps, field_problems
 from fairfl.methods.steps import problems as step_problems
 from fairfl.models import build_model, check_model_spec, is_int_in, load_numpy_state, state_to_numpy
 from fairfl.presets import apply_preset
 from fairfl.results import GLOBAL_PREFIX
-from fairfl.site_settings import site_settings
+from fairfl.site_checks import check_site_state, tensor_state
+from fairfl.site_settings import SHARE_OWN_MODEL_ENV, site_settings
 from fairfl.training import (
     TrainSettings,
     check_optimizer_settings,
@@ -62,6 +64,20 @@ LOO_SCORE = {SEGMENTATION: "dice", CLASSIFICATION: "balanced_accuracy"}  # valid
 MAX_SITES = 1000  # the most built-in sites a server may ask a site to generate
 CKA_SPLITS = ("training", "validation")
 CKA_BATCH_SIZE = 32  # docs/methods/fedlwr.md: measured against 8 and 64
+MAX_ROUND = 10**6  # the highest round number a task may carry (it names the site's kept files' rounds)
+# the task meta keys this executor reads itself (the methods' steps declare theirs: fairfl.methods.steps)
+TASK_FIELDS = {
+    protocol.TASK: Choice((SEGMENTATION, CLASSIFICATION)),
+    protocol.START_FROM: Choice((protocol.FROM_GLOBAL, protocol.FROM_LOCAL)),
+    protocol.EVALUATE: Choice((protocol.FROM_GLOBAL, protocol.FROM_LOCAL, protocol.FROM_PERSONAL)),
+    protocol.SEND_PARAMS: Switch(),
+    protocol.SCORE_GLOBAL: Switch(),
+    protocol.SUBMIT_MODEL: Switch(),
+}
+
+
+class Declined(Exception):
+    """A task this site will not do by its own settings (sending its own model); answered TASK_UNSUPPORTED."""
 
 
 class FairflExecutor(Executor):
@@ -154,14 +170,20 @@ class FairflExecutor(Executor):
             return make_reply(ReturnCode.TASK_UNKNOWN)
         site = fl_ctx.get_identity_name()
         try:
-            task = FLModelUtils.from_shareable(shareable)
+            task = self._read_task(site, shareable)
             self._check_task(site, task.meta or {})
+            self._check_sent(site, task)
+            if task_name == protocol.TASK_VALIDATE and (task.meta or {}).get(protocol.SUBMIT_MODEL):
+                self._check_sharing(site, fl_ctx)
             apply_preset(self, self.preset, self._task(task.meta))
             configure_threads(self.num_threads)
             result = handlers[task_name](site, task, self._state_dir(fl_ctx, task.meta or {}))
         except DataError as e:
             self.log_error(fl_ctx, f"bad data: {e}")
             return make_reply(ReturnCode.BAD_TASK_DATA)
+        except Declined as e:
+            self.log_warning(fl_ctx, str(e))
+            return make_reply(ReturnCode.TASK_UNSUPPORTED)
         except Exception as e:  # anything else: report to the server instead of killing the client
             self.log_exception(fl_ctx, f"[{site}] task {task_name} failed: {e!r}")
             return make_reply(ReturnCode.EXECUTION_EXCEPTION)
@@ -302,7 +324,7 @@ class FairflExecutor(Executor):
         problem = check_model_spec(meta.get(protocol.MODEL_SPEC), site_settings(site).max_model_parameters)
         if problem:
             raise DataError(site, "the server's task", f"{protocol.MODEL_SPEC} {problem}")
-        problems = step_problems(meta)  # the methods' own settings (FedNPR's)
+        problems = field_problems(meta, TASK_FIELDS) + step_problems(meta)  # this executor's fields, the methods'
         if problems:
             raise DataError(site, "the server's task", "; ".join(problems))
         problem = check_optimizer_settings(meta[protocol.OPTIMIZER]) if protocol.OPTIMIZER in meta else None
@@ -311,6 +333,47 @@ class FairflExecutor(Executor):
         held_out = meta.get(protocol.HELD_OUT, [])
         if not (isinstance(held_out, list) and all(isinstance(s, str) for s in held_out)):
             raise DataError(site, "the server's task", f"{protocol.HELD_OUT} is not a list of site names")
+
+    @staticmethod
+    def _read_task(site, shareable) -> FLModel:
+        """The task as a model; a task NVFlare cannot read as one (a negative or non-integer round, another kind of
+        data) is bad task data."""
+        try:
+            return FLModelUtils.from_shareable(shareable)
+        except (TypeError, ValueError, KeyError) as e:
+            raise DataError(site, "the server's task", f"cannot be read as a model task: {e}") from e
+
+    @staticmethod
+    def _check_sent(site, task: FLModel) -> None:
+        """The task's round (a whole number: it seeds and names the site's kept files) and its weights: none, or every
+        tensor of the task's network with its shape, finite (a NaN trained on would poison the site's own models
+        too); else bad task data naming the tensor. The network is built on torch's meta device: nothing allocated."""
+        problem = None if task.current_round is None else Number(0, MAX_ROUND, integer=True).problem(task.current_round)
+        if problem:
+            raise DataError(site, "the server's task", f"round {problem}")
+        if task.params is None or (isinstance(task.params, dict) and not task.params):
+            return
+        state, problem = tensor_state(task.params)
+        if problem is None:
+            with torch.device("meta"):
+                reference = build_model(task.meta[protocol.MODEL_SPEC]).state_dict()
+            problem = check_site_state(state, reference)
+        if problem:
+            raise DataError(site, "the server's task", f"the weights sent: {problem}")
+
+    @staticmethod
+    def _check_sharing(site, fl_ctx) -> None:
+        """Declined unless this site sends its own or personal model when the server asks for it (cross-site
+        evaluation): its FAIRFL_SHARE_OWN_MODEL, or where unset only in NVFlare's simulator, whose sites are one
+        person's data on one machine; POC and provisioned sites keep their models unless they set it to 1."""
+        chosen = site_settings(site).share_own_model
+        if chosen is None and not fl_ctx.get_prop(FLContextKey.SIMULATE_MODE, False):
+            setting = f"{SHARE_OWN_MODEL_ENV} is unset, which shares only in NVFlare's simulator"
+        elif chosen is False:
+            setting = f"{SHARE_OWN_MODEL_ENV} is 0"
+        else:
+            return
+        raise Declined(f"[{site}] declines to send its own model for cross-site evaluation: {setting} at this site")
 
     @staticmethod
     def _task(meta: dict) -> str:
@@ -497,6 +560,8 @@ class FairflExecutor(Executor):
             num_classes=num_classes,
             task=self._task(meta),
             allow_absolute_paths=own.allow_absolute_paths,
+            max_image_side=own.max_image_side,
+            max_image_voxels=own.max_image_voxels,
             optional_splits=(CORRUPTED_SPLIT,) if self._task(meta) == CLASSIFICATION else (),
         )
         info = load_dataset_info(root, site, num_classes)

@@ -9,7 +9,7 @@ from nvflare.app_opt.pt.fedce import PTFedCEHelper
 
 from fairfl.flare import protocol
 from fairfl.methods.fedce.contribution import leave_one_out_error
-from fairfl.methods.steps import ClientStep, StepContext
+from fairfl.methods.steps import ClientStep, Shares, StepContext
 from fairfl.models import build_model, load_numpy_state
 
 FULL_WEIGHT = 1.0 - 1e-6  # a site with this share of the global model is all of it: nothing is left without it
@@ -31,6 +31,8 @@ class LeaveOneOutError(ClientStep):
     """Replies LOO_ERROR: 1 - Dice (classification: 1 - balanced accuracy) of the leave-one-out model on the
     validation split; None when it cannot be built (the server then leaves this site out of the round). Its seconds
     are probe_seconds."""
+
+    fields = {protocol.LOO_WEIGHTS: Shares()}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:

@@ -6,7 +6,18 @@ from __future__ import annotations
 from fairfl.flare import protocol
 from fairfl.methods.ditto.client import PersonalEvaluation
 from fairfl.methods.fedfloor.mixing import check_grid, choose_alpha, mix_states
-from fairfl.methods.steps import StepContext
+from fairfl.methods.steps import Checked, StepContext
+
+MAX_GRID = 101  # alphas a site scores on its validation split in one task (0, 0.01, ..., 1): one pass each
+
+
+def grid_problem(grid) -> str | None:
+    """Why the server's mix_grid must not be used (`check_grid`, at most MAX_GRID values), or None."""
+    try:
+        values = check_grid(grid)
+    except ValueError as err:
+        return str(err)
+    return f"{len(values)} values, more than the {MAX_GRID} a site scores" if len(values) > MAX_GRID else None
 
 
 class ValidatedMix(PersonalEvaluation):
@@ -14,17 +25,11 @@ class ValidatedMix(PersonalEvaluation):
     validation split, and the test split scores the best (metric mix_alpha). Before the site has a personal model it
     is scored with the model sent (mix_alpha 0). Runs before Ditto's PersonalEvaluation, which it replaces."""
 
+    fields = {protocol.MIX_GRID: Checked(grid_problem)}
+
     @classmethod
     def applies(cls, meta: dict) -> bool:
         return protocol.MIX_GRID in meta and meta.get(protocol.EVALUATE) == protocol.FROM_PERSONAL
-
-    @classmethod
-    def check(cls, meta: dict) -> str | None:
-        try:
-            check_grid(meta[protocol.MIX_GRID])
-        except ValueError as err:
-            return str(err)
-        return None
 
     def evaluated_model(self, ctx: StepContext):
         personal = super().evaluated_model(ctx)  # Ditto's newest personal model (and its metric), or None

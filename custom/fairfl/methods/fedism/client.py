@@ -7,8 +7,10 @@ import torch
 
 from fairfl.flare import protocol
 from fairfl.methods.fedism.sharpness import GSAM_ALPHA, dataset_loss, measure_sharpness, train_salt
-from fairfl.methods.steps import ClientStep, StepContext
+from fairfl.methods.steps import ClientStep, Number, StepContext, Switch
 from fairfl.training import segmentation_loss
+
+MAX_SEARCH_DISTANCE = 10.0  # the largest rho a site accepts: 100 times the papers' largest (0.1)
 
 
 class ProbeModelSent(ClientStep):
@@ -16,6 +18,8 @@ class ProbeModelSent(ClientStep):
     perturbed loss at meta[SHARPNESS_RHO] (FedISM(+)'s SAGA) and the loss (q-FedAvg, meta[MEASURE_LOSS]), in eval
     mode over the whole unaugmented training split. Classification measures plain cross-entropy, as the FFL4MIA code
     does: the model's loss on the site's data, not the prior-adjusted training objective. Reports probe_seconds."""
+
+    fields = {protocol.SHARPNESS_RHO: Number(0.0, MAX_SEARCH_DISTANCE), protocol.MEASURE_LOSS: Switch()}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:
@@ -43,7 +47,10 @@ class ProbeModelSent(ClientStep):
 
 
 class SALTTraining(ClientStep):
-    """FedISM(+): trains with GSAM at meta[SALT_RHO] and alpha meta[SALT_ALPHA] (default GSAM_ALPHA)."""
+    """FedISM(+): trains with GSAM at meta[SALT_RHO] and alpha meta[SALT_ALPHA] (default GSAM_ALPHA; GSAM's alpha
+    weighs the surrogate gap against the loss, in [0, 1])."""
+
+    fields = {protocol.SALT_RHO: Number(0.0, MAX_SEARCH_DISTANCE), protocol.SALT_ALPHA: Number(0.0, 1.0)}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fairfl.flare import protocol
 from fairfl.methods.fednpr.npr import check_npr_settings, class_prototypes, extract_features, fednpr_objective
 from fairfl.methods.local_parts import KeepPartLocal
-from fairfl.methods.steps import ClientStep, StepContext
+from fairfl.methods.steps import Checked, ClientStep, StepContext, Switch
 from fairfl.models import head_state_keys
 from fairfl.training import mixed_precision
 
@@ -18,15 +18,11 @@ class NPRObjective(ClientStep):
     npr_grad_ratio."""
 
     replaces_loss = True
+    fields = {protocol.NPR: Checked(check_npr_settings)}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:
         return protocol.NPR in meta
-
-    @classmethod
-    def check(cls, meta: dict) -> str | None:
-        problem = check_npr_settings(meta[protocol.NPR])
-        return f"{protocol.NPR} settings: {problem}" if problem else None
 
     def loss(self, ctx: StepContext, loss_fn, model, stack):
         settings, num_classes = ctx.meta[protocol.NPR], ctx.meta[protocol.MODEL_SPEC]["num_classes"]
@@ -62,4 +58,5 @@ class PersonalHead(KeepPartLocal):
     training and evaluation alike), and the head is left out of what the site sends back."""
 
     meta_key = protocol.PERSONAL_HEAD
+    fields = {meta_key: Switch()}
     part_keys = staticmethod(head_state_keys)

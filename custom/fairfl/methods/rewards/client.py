@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from fairfl.flare import protocol
-from fairfl.methods.steps import ClientStep, StepContext
+from fairfl.methods.steps import ClientStep, StepContext, Switch
 
 
 class ValidateTrained(ClientStep):
     """Replies VAL_METRIC: Dice (classification: balanced accuracy) of the trained model; None when NaN."""
+
+    fields = {protocol.VALIDATE_TRAINED: Switch()}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:
