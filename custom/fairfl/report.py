@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
+import functools
 import math
 import re
 import sys
@@ -26,7 +26,7 @@ import numpy as np
 from fairfl.fairness import contribution_agreement, normalise_abs, performance_fairness, summarize
 from fairfl.loo import load_loo, marginal_table
 from fairfl.methods import display_name
-from fairfl.results import GLOBAL_PREFIX, RESULTS_FILE, SCHEMA_VERSION, SIMULATOR_RESULTS
+from fairfl.results import GLOBAL_PREFIX, RESULTS_FILE, SIMULATOR_RESULTS, read_results
 
 METHOD_ORDER = ("solo", "fedavg")  # then the others alphabetically
 METRIC_LABEL = {
@@ -77,17 +77,7 @@ def load_runs(paths) -> list[dict]:
 
 
 def _load(file: Path) -> dict:
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{file}: not a readable results file ({e})") from e
-    schema = data.get("schema") if isinstance(data, dict) else None
-    if schema != SCHEMA_VERSION:
-        raise ValueError(f"{file}: results schema {schema!r}; this fairfl reads schema {SCHEMA_VERSION}")
-    missing = [k for k in ("method", "metric", "seed", "sites", "rounds", "final") if k not in data]
-    if missing:
-        raise ValueError(f"{file}: results file lacks {', '.join(missing)}")
-    return {**data, "file": str(file)}
+    return {**read_results(file), "file": str(file)}
 
 
 # ---------------------------------------------------------------- statistics
@@ -182,18 +172,40 @@ def _by_method(runs) -> dict[str, list[dict]]:
     return groups
 
 
-def _name(group: str) -> str:
-    """Display name of a method, or of a group "method (variant)"."""
+# a name from a results file shown literally in markdown: no HTML tag or entity, link, image, code span or math, no
+# table cell split (every other character stays as it is, so site-1, fedce_sum and paths read as they are)
+MARKDOWN_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", **{c: "\\" + c for c in "\\`*[]|$"}}
+
+
+def _md(value) -> str:
+    """`value`, a name from a results file (site, method, seed, file, metric), as markdown text that shows it as it is,
+    wherever it goes (table cell, heading, note, caption): `MARKDOWN_ESCAPES`, and control characters and line
+    breaks as spaces (no new row or block)."""
+    return "".join(MARKDOWN_ESCAPES.get(c, c if c.isprintable() else " ") for c in str(value))
+
+
+def _display_name(group: str) -> str:
+    """Display name of a method, or of a group "method (variant)", as text (figures)."""
     method, sep, variant = group.partition(" (")
     return display_name(method) + sep + variant
 
 
-def _label(metric: str) -> str:
-    """ "dice" -> "Dice", "dice_cup" -> "Dice (cup)"."""
+def _name(group: str) -> str:
+    """`_display_name` as markdown (`_md`)."""
+    return _md(_display_name(group))
+
+
+def _metric_label(metric: str) -> str:
+    """ "dice" -> "Dice", "dice_cup" -> "Dice (cup)", as text (figures)."""
     base, _, region = metric.partition("_")
     if metric not in METRIC_LABEL and region and base in METRIC_LABEL:
         return f"{METRIC_LABEL[base]} ({region})"
     return METRIC_LABEL.get(metric, metric)
+
+
+def _label(metric: str) -> str:
+    """`_metric_label` as markdown (`_md`)."""
+    return _md(_metric_label(metric))
 
 
 # ---------------------------------------------------------------- table and CSV
@@ -206,8 +218,8 @@ def _finished(runs, metric) -> list[dict]:
 
 def _notes(runs, metric) -> list[str]:
     notes = [
-        f"Note: skipped {r['file']} ({_name(_group(r))}, seed {r['seed']}): "
-        + ("no final evaluation (the run did not finish)." if not r["final"] else f"no final {metric}.")
+        f"Note: skipped {_md(r['file'])} ({_name(_group(r))}, seed {r['seed']}): "
+        + ("no final evaluation (the run did not finish)." if not r["final"] else f"no final {_md(metric)}.")
         for r in runs
         if not _scores(r["final"], metric)
     ]
@@ -256,7 +268,7 @@ def paper_table(runs, metric=None) -> str:
     best_avg = max(round(row[-2][0], 2) for row in rows.values())
     best_std = min(round(row[-1][0], 2) for row in rows.values())
     with_seeds = any(len(g) > 1 for g in groups.values())
-    header = ["Method", *sites, "Avg.", "Std."] + (["Seeds"] if with_seeds else [])
+    header = ["Method", *map(_md, sites), "Avg.", "Std."] + (["Seeds"] if with_seeds else [])
     lines = _markdown(
         header,
         (
@@ -273,6 +285,16 @@ def paper_table(runs, metric=None) -> str:
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
+# a spreadsheet runs a cell starting with one of these as a formula (OWASP, CSV injection)
+CSV_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_text(value):
+    """`value`, a name from a results file, as a CSV cell a spreadsheet shows as text and never runs: a string
+    starting with CSV_FORMULA_START gets a leading `'`, as OWASP advises; anything else is kept."""
+    return "'" + value if isinstance(value, str) and value.startswith(CSV_FORMULA_START) else value
+
+
 def write_csv(runs, path, metric=None) -> Path:
     """One row per (method, seed, site) with the final metric in percent, plus rows for mean, std and worst."""
     metric = _metric(runs, metric)
@@ -283,8 +305,9 @@ def write_csv(runs, path, metric=None) -> Path:
             scores = _scores(run["final"], metric)
             avg, std = _avg_std(scores)
             rows = [*scores.items(), ("mean", avg), ("std", std), ("worst", min(scores.values()))]
+            names = [run["method"], _variant(run).strip(" ()"), run["seed"]]  # once a run, not once a site
             writer.writerows(
-                [run["method"], _variant(run).strip(" ()"), run["seed"], site, metric, f"{value:.4f}", run["file"]]
+                [*map(_csv_text, [*names, site, metric]), f"{value:.4f}", _csv_text(run["file"])]
                 for site, value in rows
             )
     return Path(path)
@@ -363,7 +386,8 @@ def _summary_stats(group, per_run) -> dict:
 
 def _federation_scores(run, metric) -> dict:
     """{site: final metric in %} of the sites that trained (not held out)."""
-    return {s: v for s, v in _scores(run["final"], metric).items() if s not in _left_out(run)}
+    held_out = set(_left_out(run))
+    return {s: v for s, v in _scores(run["final"], metric).items() if s not in held_out}
 
 
 def personal_global_table(runs, metric=None) -> tuple[str, dict]:
@@ -391,14 +415,14 @@ def personal_global_table(runs, metric=None) -> tuple[str, dict]:
         both = [set(p) & set(g) for p, g in zip(scores["personal"], scores["global"])]
         for run, own, shared in zip(group, scores["personal"], both):
             if set(own) - shared:
-                missing = ", ".join(sorted(set(own) - shared, key=_site_key))
-                notes.append(f"Note: `{run['file']}` has no global-model score for {missing}: left out of its Avg.")
+                missing = ", ".join(map(_md, sorted(set(own) - shared, key=_site_key)))
+                notes.append(f"Note: {_md(run['file'])} has no global-model score for {missing}: left out of its Avg.")
         for model in ("personal", "global"):
             cells = {site: _mean_sd(p[site] for p in scores[model] if site in p) for site in sites}
             cells.update(_summary_stats(group, [{s: p[s] for s in b} for p, b in zip(scores[model], both)]))
             stats.setdefault(key, {})[model] = cells
             rows.append([_name(key), f"{model} model", *(_cell(cells[c]) for c in [*sites, "mean", "std", "worst"])])
-    header = ["Method", "Scored with", *sites, *(h for h, _ in SUMMARY_COLUMNS)]
+    header = ["Method", "Scored with", *map(_md, sites), *(h for h, _ in SUMMARY_COLUMNS)]
     return "\n".join(_markdown(header, rows) + ([""] + notes if notes else [])), stats
 
 
@@ -423,14 +447,15 @@ def held_out_table(runs, metric=None) -> tuple[str, dict]:
     stats, rows = {}, []
     for key, group in groups.items():
         held_out = _left_out(group[0])  # a group's runs hold out the same sites (`_variant`)
+        held_set = set(held_out)
         federation = _summary_stats(group, [_federation_scores(r, metric) for r in group])
-        scores = [{s: v for s, v in _scores(r["final"], metric).items() if s in held_out} for r in group]
+        scores = [{s: v for s, v in _scores(r["final"], metric).items() if s in held_set} for r in group]
         outside = _summary_stats(group, scores)
         stats[key] = {"held_out": held_out, "federation": federation, "held_out_scores": outside}
         rows.append(
             [
                 _name(key),
-                ", ".join(held_out),
+                ", ".join(map(_md, held_out)),
                 *(_cell(part[k]) for part in (federation, outside) for _, k in SUMMARY_COLUMNS),
             ]
         )
@@ -625,7 +650,7 @@ def contribution_table(runs) -> tuple[str, dict]:
                     str(len(group)),
                 ]
             )
-    lines = _markdown(["Method", "estimate", *sites, "seeds"], rows)
+    lines = _markdown(["Method", "estimate", *map(_md, sites), "seeds"], rows)
     if any(free_riders(group[0]) for group in groups.values()):
         lines += ["", "† free rider (trains on one image repeated; should earn almost nothing)."]
     return "\n".join(lines), stats
@@ -676,7 +701,7 @@ def contribution_agreement_table(runs, loo: dict) -> tuple[str, dict]:
             if not set(sites) <= set(mean):
                 notes.append(
                     f"Note: {_name(key)} is not compared: it has no {what} for "
-                    f"{', '.join(sorted(set(sites) - set(mean), key=_site_key))}."
+                    f"{', '.join(map(_md, sorted(set(sites) - set(mean), key=_site_key)))}."
                 )
                 continue
             values = {s: mean[s] for s in sites}
@@ -710,7 +735,7 @@ def contribution_agreement_table(runs, loo: dict) -> tuple[str, dict]:
             "Per site, each vector divided by the sum of its absolute values (what the distance compares):",
             "",
             *_markdown(
-                ["", *sites],
+                ["", *map(_md, sites)],
                 [
                     [label, *(f"{v:+.3f}" for v in values)]
                     for label, values in {"leave-one-out": loo_shares, **shares}.items()
@@ -729,9 +754,43 @@ def _figure(**kwargs):
     return Figure(layout="constrained", **kwargs)
 
 
+def _literal_text(plot):
+    """`plot` drawing every text as it is: names from a results file go into labels, titles and legends, and
+    matplotlib would read what lies between two `$` as a formula (refusing an invalid one, `x$^$`, with an error)."""
+
+    @functools.wraps(plot)
+    def drawn_literally(*args, **kwargs):
+        from matplotlib import rc_context
+
+        with rc_context({"text.parse_math": False}):  # texts read it when made, tick labels when drawn
+            return plot(*args, **kwargs)
+
+    return drawn_literally
+
+
 def _colors(runs) -> dict[str, str]:
     """One colour per method, the same in every figure of a report."""
     return {m: f"C{i % 10}" for i, m in enumerate(_by_method(runs))}
+
+
+MAX_NAMED = 40  # more sites (or layers) than this are not named one by one in a figure: unreadable, and slow to draw
+
+
+def _extent(count: int, per_item: float, base: float) -> float:
+    """A figure's width or height in inches for `count` named items (at most MAX_NAMED counted)."""
+    return base + per_item * min(count, MAX_NAMED)
+
+
+def _name_ticks(set_ticks, names, **style) -> None:
+    """Ticks naming `names` (an axis' `set_xticks` or `set_yticks`), none where there are more than MAX_NAMED."""
+    if len(names) <= MAX_NAMED:
+        set_ticks(range(len(names)), names, **style)
+    else:
+        set_ticks([])
+
+
+def _legend_label(method: str, group: list) -> str:
+    return _display_name(method) + (f" ({len(group)} seeds)" if len(group) > 1 else "")
 
 
 def _line_with_band(ax, x, samples, band: bool, color, **style) -> None:
@@ -744,6 +803,7 @@ def _line_with_band(ax, x, samples, band: bool, color, **style) -> None:
         ax.fill_between(x, mean - sd, mean + sd, color=color, alpha=0.2, lw=0)
 
 
+@_literal_text
 def plot_convergence(runs, path, metric=None) -> Path | None:
     """Fig. 2 of Fed-LWR: (a) Avg. and (b) Std. across sites versus round, one line per method (± sd over seeds)."""
     metric = _metric(runs, metric)
@@ -767,13 +827,13 @@ def plot_convergence(runs, path, metric=None) -> Path | None:
                 [[v[i] for v in per_round[t]] for t in x],
                 len(group) > 1,
                 color=colors[method],
-                label=_name(method) + (f" ({len(group)} seeds)" if len(group) > 1 else ""),
+                label=_legend_label(method, group),
                 marker="o" if len(x) <= 25 else None,
                 ms=3,
             )
     if not evaluated:
         return None
-    label = _label(metric)
+    label = _metric_label(metric)
     for ax, title, ylabel in zip(
         axes, ("(a) Avg.", "(b) Std."), (f"mean {label} over sites (%)", f"std of {label} across sites (%)")
     ):
@@ -788,6 +848,7 @@ def plot_convergence(runs, path, metric=None) -> Path | None:
     return Path(path)
 
 
+@_literal_text
 def plot_per_site(runs, path, metric=None) -> Path | None:
     """Grouped bars of the final metric per site (and Avg.) for each method, ± sd over seeds."""
     metric = _metric(runs, metric)
@@ -795,6 +856,8 @@ def plot_per_site(runs, path, metric=None) -> Path | None:
     if not finished:
         return None
     colors, groups, sites = _colors(runs), _by_method(finished), _sites(finished)
+    if len(sites) > MAX_NAMED:
+        return _plot_sorted_sites(groups, colors, path, metric)
     columns = [*sites, "Avg."]
     fig = _figure(figsize=(max(6.0, 0.35 * len(columns) * len(groups) + 2.5), 4))
     ax = fig.subplots()
@@ -813,16 +876,36 @@ def plot_per_site(runs, path, metric=None) -> Path | None:
             yerr=sd,
             capsize=2,
             color=colors[method],
-            label=_name(method) + (f" ({len(group)} seeds)" if len(group) > 1 else ""),
+            label=_legend_label(method, group),
         )
         low = min(low, np.nanmin(mean - (sd if sd is not None else 0)))
     ax.axvline(len(sites) - 0.5, color="grey", lw=0.8, ls=":")
     ax.set_xticks(x, columns, rotation=30 if len(columns) > 8 else 0)
     bottom = max(0.0, 5 * np.floor((low - 5) / 5))  # differences of a few points must be visible
     ax.set_ylim(bottom, None)
-    title = f"Final {_label(metric)} per site" + (" (the axis does not start at 0)" if bottom > 0 else "")
-    ax.set(ylabel=f"final {_label(metric)} (%)", title=title)
+    title = f"Final {_metric_label(metric)} per site" + (" (the axis does not start at 0)" if bottom > 0 else "")
+    ax.set(ylabel=f"final {_metric_label(metric)} (%)", title=title)
     ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.savefig(path, dpi=120)
+    return Path(path)
+
+
+def _plot_sorted_sites(groups: dict, colors: dict, path, metric: str) -> Path:
+    """`plot_per_site` for more than MAX_NAMED sites: each method's final metric per site (mean over seeds) from its
+    worst site to its best, its Avg. dashed."""
+    fig = _figure(figsize=(8, 4))
+    ax = fig.subplots()
+    count = 0
+    for method, group in groups.items():
+        per_site = _mean_per_site([_scores(r["final"], metric) for r in group])
+        values, count = np.sort(np.fromiter(per_site.values(), float)), max(count, len(per_site))
+        ax.plot(np.arange(1, len(values) + 1), values, color=colors[method], label=_legend_label(method, group))
+        ax.axhline(float(np.mean(values)), color=colors[method], ls="--", lw=0.8)
+    label = _metric_label(metric)
+    ax.set(xlabel="site, from the worst to the best", ylabel=f"final {label} (%)")
+    ax.set_title(f"Final {label} per site ({count} sites, too many to name: sorted; dashed: Avg.)", fontsize=10)
+    ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.savefig(path, dpi=120)
     return Path(path)
@@ -841,6 +924,7 @@ def _short_names(names: list[str]) -> list[str]:
     return labels if len(set(labels)) == len(labels) else [".".join(p) for p in parts]
 
 
+@_literal_text
 def plot_layer_weights(run, path) -> Path | None:
     """Fed-LWR's layer-by-site aggregation weights: the final round's and the mean over rounds; None without any."""
     from matplotlib.colors import TwoSlopeNorm
@@ -856,14 +940,14 @@ def plot_layer_weights(run, path) -> Path | None:
     # white = uniform 1/K; weights live in [0, 1], so the two sides of the scale differ in length
     top = max(float(np.nanmax(np.stack([final, mean]))), uniform + 1e-3)
     norm = TwoSlopeNorm(vcenter=uniform, vmin=0.0, vmax=top)
-    fig = _figure(figsize=(3.5 + 1.3 * len(sites), 1.6 + 0.24 * len(layers)))
+    fig = _figure(figsize=(_extent(len(sites), 1.3, 3.5), _extent(len(layers), 0.24, 1.6)))
     axes = fig.subplots(1, 2, sharey=True)
     annotate = len(layers) * len(sites) <= 400
     for ax, grid, title in zip(
         axes, (final, mean), (f"round {records[-1][0]} (final)", f"mean over {len(records)} rounds")
     ):
         image = ax.imshow(grid, cmap="RdBu_r", norm=norm, aspect="auto", interpolation="nearest")
-        ax.set_xticks(range(len(sites)), sites, rotation=45, ha="right", fontsize=8)
+        _name_ticks(ax.set_xticks, sites, rotation=45, ha="right", fontsize=8)
         ax.set_title(title, fontsize=10)
         if annotate:
             for (i, j), value in np.ndenumerate(grid):
@@ -876,17 +960,19 @@ def plot_layer_weights(run, path) -> Path | None:
                     fontsize=6,
                     color="white" if abs(norm(value) - 0.5) > 0.3 else "black",
                 )
-    axes[0].set_yticks(range(len(layers)), _short_names(layers), fontsize=7)
+    _name_ticks(axes[0].set_yticks, _short_names(layers), fontsize=7)
     axes[0].set_ylabel("layer (network order)")
     fig.colorbar(image, ax=list(axes), label="aggregation weight", shrink=0.8)
     fig.suptitle(
-        f"{_name(_group(run))} layer weights, seed {run['seed']}: uniform 1/K = 1/{len(sites)} = {uniform:.3f} (white)",
+        f"{_display_name(_group(run))} layer weights, seed {run['seed']}: uniform 1/K = 1/{len(sites)} = "
+        f"{uniform:.3f} (white)",
         fontsize=11,
     )
     fig.savefig(path, dpi=120)
     return Path(path)
 
 
+@_literal_text
 def plot_cross_site(run, path) -> Path | None:
     """The cross-site evaluation's matrix (`cross_site_eval`) as a heatmap, in %: rows the sites whose model is
     scored, columns the sites whose test split scores it, the diagonal (each model on its own site) outlined; None
@@ -900,11 +986,11 @@ def plot_cross_site(run, path) -> Path | None:
     models = sorted(matrix, key=_site_key)
     sites = sorted({s for row in matrix.values() for s in row}, key=_site_key)
     grid = np.array([[100.0 * v if _is_number(v := matrix[m].get(s)) else np.nan for s in sites] for m in models])
-    fig = _figure(figsize=(2.5 + 0.8 * len(sites), 1.5 + 0.5 * len(models)))
+    fig = _figure(figsize=(_extent(len(sites), 0.8, 2.5), _extent(len(models), 0.5, 1.5)))
     ax = fig.subplots()
     image = ax.imshow(grid, cmap="viridis", aspect="auto", interpolation="nearest")
-    ax.set_xticks(range(len(sites)), sites, rotation=45, ha="right", fontsize=8)
-    ax.set_yticks(range(len(models)), models, fontsize=8)
+    _name_ticks(ax.set_xticks, sites, rotation=45, ha="right", fontsize=8)
+    _name_ticks(ax.set_yticks, models, fontsize=8)
     ax.set_xlabel("test data of")
     ax.set_ylabel("model of")
     if len(models) * len(sites) <= 400:
@@ -920,16 +1006,18 @@ def plot_cross_site(run, path) -> Path | None:
                     fontsize=7,
                     color="black" if value > middle else "white",
                 )
+    column = {site: j for j, site in enumerate(sites)}
     for i, model in enumerate(models):
-        if model in sites:
-            j = sites.index(model)
+        if model in column:
+            j = column[model]
             ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
-    fig.colorbar(image, ax=ax, label=f"{_label(str(cross.get('metric', run['metric'])))} (%)", shrink=0.8)
-    fig.suptitle(f"{_name(_group(run))}, seed {run['seed']}: cross-site evaluation", fontsize=10)
+    fig.colorbar(image, ax=ax, label=f"{_metric_label(str(cross.get('metric', run['metric'])))} (%)", shrink=0.8)
+    fig.suptitle(f"{_display_name(_group(run))}, seed {run['seed']}: cross-site evaluation", fontsize=10)
     fig.savefig(path, dpi=120)
     return Path(path)
 
 
+@_literal_text
 def plot_contributions(group: list[dict], path, title: str) -> Path | None:
     """A method's contribution estimate per site versus round (mean ± sd over seeds); free riders drawn as thick
     black dashed lines; the uniform share 1/K dotted. None if no round records contributions."""
@@ -955,7 +1043,8 @@ def plot_contributions(group: list[dict], path, title: str) -> Path | None:
     ax.set(xlabel="communication round", ylabel="contribution (sums to 1 over sites)", title=title)
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if len(per_site) <= MAX_NAMED:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.savefig(path, dpi=120)
     return Path(path)
 
@@ -969,7 +1058,7 @@ def _describe(run) -> str:
     evaluated = sum(1 for r in rounds if r.get("per_site"))
     rejected = sum(len(r.get("rejected") or {}) for r in rounds)
     return (
-        f"- `{run['file']}`: {_name(_group(run))}, seed {run['seed']}, {len(rounds)} rounds "
+        f"- {_md(run['file'])}: {_name(_group(run))}, seed {run['seed']}, {len(rounds)} rounds "
         f"({evaluated} evaluated), {seconds:.1f} s, {rejected} rejected site update(s)"
         + ("" if run["final"] else ", **not finished**")
     )
@@ -1001,7 +1090,7 @@ CONTRIBUTION_TEXT = (
 )
 AGREEMENT_TEXT = (
     "As the FedCE paper's Table 3: each method's contribution estimate against the leave-one-out marginal values "
-    "above (`{file}`). FedCE: its final contributions; other methods: their aggregation weights averaged over "
+    "above ({file}). FedCE: its final contributions; other methods: their aggregation weights averaged over "
     "rounds, as the paper does; Fed-LWR: the layer weights it aggregates with, averaged over layers and "
     "rounds. A method's "
     "estimate is averaged per site over its seeds, then compared once. Pearson r and cosine similarity do not "
@@ -1043,7 +1132,7 @@ def with_final(runs: list, final: str) -> list:
 
 def _run_figure(out: Path, kind: str, run, taken) -> Path:
     """out/<kind>_<method>_seed<seed>.png, one file per run however many runs share a method and seed (`taken`)."""
-    name = f"{kind}_{run['method']}_seed{run['seed']}"
+    name = f"{kind}_{_slug(run['method'])}_seed{run['seed']}"  # the method's name from the file: never a path
     while (out / f"{name}.png") in taken:
         name += "_"
     return out / f"{name}.png"
@@ -1080,20 +1169,21 @@ def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> d
         plot_per_site(runs, out / "per_site.png", metric): f"Final {_label(metric)} per site",
     }
     for key, group in _by_method(runs).items():
-        captions[plot_contributions(group, out / f"contributions_{_slug(key)}.png", f"{_name(key)}: contributions")] = (
+        title = f"{_display_name(key)}: contributions"
+        captions[plot_contributions(group, out / f"contributions_{_slug(key)}.png", title)] = (
             f"{_name(key)}: contribution estimate per site versus round"
             + (f", mean ± sd over {len(group)} seeds" if len(group) > 1 else "")
         )
     for run in runs:
         captions[plot_layer_weights(run, _run_figure(out, "layer_weights", run, captions))] = (
-            f"{_name(_group(run))} layer weights by site, seed {run['seed']} ({run['file']})"
+            f"{_name(_group(run))} layer weights by site, seed {run['seed']} ({_md(run['file'])})"
         )
         captions[plot_cross_site(run, _run_figure(out, "cross_site", run, captions))] = (
             f"{_name(_group(run))}, seed {run['seed']}: cross-site evaluation, each site's own model (rows) scored "
-            f"on every site's test split (columns), in %; outlined: the model's own site ({run['file']})"
+            f"on every site's test split (columns), in %; outlined: the model's own site ({_md(run['file'])})"
         )
     captions.pop(None, None)
-    subject = dataset or ", ".join(sorted({r.get("task", "?") for r in runs}))
+    subject = _md(dataset or ", ".join(sorted({r.get("task", "?") for r in runs})))
     lines = [
         f"# fairfl report: {subject}, {_label(metric)}",
         "",
@@ -1131,12 +1221,12 @@ def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> d
             "## Contribution estimates against leave-one-out",
             "",
             "Leave-one-out marginal values (job "
-            f"`{loo.get('job', '?')}`): the drop of the federation's mean {loo['metric']} over all sites when "
+            f"{_md(loo.get('job', '?'))}): the drop of the federation's mean {_md(loo['metric'])} over all sites when "
             "the site is left out of training (it is still evaluated).",
             "",
             marginal_table(loo),
             "",
-            AGREEMENT_TEXT.format(file=loo["file"]),
+            AGREEMENT_TEXT.format(file=_md(loo["file"])),
             "",
             agreement_table,
             "",

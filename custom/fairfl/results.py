@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import time
+from typing import NamedTuple
 
 from fairfl.fairness import summarize
 from fairfl.files import write_json_atomic
@@ -133,3 +136,160 @@ def _summary(per_site: dict, metric: str) -> dict:
     # in site order, not the order answers arrived: equal scores name the same worst site every run
     scores = {site: per_site[site][metric] for site in sorted(per_site, key=site_key) if metric in per_site[site]}
     return {"sites": list(scores), **(summarize(scores) if scores else {})}
+
+
+# ---------------------------------------------------------------- reading: what a results file must hold
+# A results file may come from another centre: before anything reads it, every field the report reads is checked for
+# its kind, and the first one that is not what docs/results.md says is named with the file. Fields not listed are
+# not read, and so not checked (new fields may be added).
+
+
+class ListOf(NamedTuple):
+    item: object
+
+
+class MapOf(NamedTuple):  # a JSON object of any keys (site names, layer names, metric names)
+    value: object
+
+
+class Nullable(NamedTuple):
+    spec: object
+
+
+class Record(NamedTuple):  # a JSON object with these optional fields (others unread); `required` must be there
+    fields: dict
+    required: tuple = ()
+
+
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a key named .key in an error; any other ["key"]
+NUMBER = "a number"  # an int or a float, not true/false, small enough for a float
+ANY = "anything"
+SCORES = MapOf(MapOf(Nullable(NUMBER)))  # {site: {metric: value}}; null: a NaN as the server writes it
+WEIGHTS = MapOf(NUMBER)  # {site: weight}
+SCORED = {"per_site": SCORES}  # an evaluated record's fields the report reads
+CONTRIBUTIONS = {"contributions": WEIGHTS, "contribution_terms": MapOf(MapOf(Nullable(NUMBER)))}
+RESULTS_SCHEMA = Record(
+    {
+        "schema": int,
+        "method": str,
+        "task": str,
+        "metric": str,
+        "seed": int,
+        "sites": ListOf(str),
+        "held_out_sites": ListOf(str),
+        "config": Nullable(
+            Record(
+                {
+                    "exclude_sites": Nullable(ListOf(str)),
+                    "free_riders": Nullable(ListOf(str)),
+                    "local_optimizer": Nullable(str),
+                    "dataset": Nullable(str),
+                }
+            )
+        ),
+        "rounds": ListOf(
+            Record(
+                {
+                    "round": int,
+                    "seconds": NUMBER,
+                    **SCORED,
+                    "train": MapOf(Nullable(MapOf(ANY))),
+                    "weights": WEIGHTS,
+                    "layer_weights": MapOf(WEIGHTS),
+                    **CONTRIBUTIONS,
+                    "rejected": MapOf(ANY),
+                },
+                required=("round",),
+            )
+        ),
+        "final": Nullable(
+            Record(
+                {
+                    **SCORED,
+                    **CONTRIBUTIONS,
+                    "mean_of_last": Record({"rounds": ListOf(int), "asked": int, **SCORED}, ("rounds", "asked")),
+                }
+            )
+        ),
+    },
+    required=("schema", "method", "metric", "seed", "sites", "rounds", "final"),
+)
+
+
+def read_results(path) -> dict:
+    """The results file at `path`, parsed and checked (`check_results`); a ValueError naming the file otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: JSON nested too deep to parse
+        raise ValueError(f"{path}: not a readable results file ({type(e).__name__}: {e})") from None
+    return check_results(data, str(path))
+
+
+def check_results(data, name: str) -> dict:
+    """`data` if it holds what a results file must (`RESULTS_SCHEMA`, schema SCHEMA_VERSION); else a ValueError naming
+    `name` and the first field that does not, e.g. `results.json: rounds[3].per_site["site-2"].dice is a string,
+    not a number`."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{name}: not a results file ({_kind(data)}, not an object)")
+    if data.get("schema") != SCHEMA_VERSION:
+        raise ValueError(f"{name}: results schema {data.get('schema')!r}; this fairfl reads schema {SCHEMA_VERSION}")
+    _check(data, RESULTS_SCHEMA, name, "")
+    return data
+
+
+def _check(value, spec, name: str, where: str) -> None:
+    if isinstance(spec, Nullable):
+        if value is not None:
+            _check(value, spec.spec, name, where)
+    elif isinstance(spec, (ListOf, MapOf, Record)):
+        wanted = list if isinstance(spec, ListOf) else dict
+        if not isinstance(value, wanted):
+            raise ValueError(f"{name}: {where or 'the file'} is {_kind(value)}, not {WANTED[wanted]}")
+        if isinstance(spec, ListOf):
+            for i, item in enumerate(value):
+                _check(item, spec.item, name, f"{where}[{i}]")
+        elif isinstance(spec, MapOf):
+            for key, item in value.items():
+                _check(
+                    item,
+                    spec.value,
+                    name,
+                    f"{where}.{key}" if IDENTIFIER.fullmatch(key) else f"{where}[{json.dumps(key)}]",
+                )
+        else:
+            missing = [key for key in spec.required if key not in value]
+            if missing:
+                raise ValueError(f"{name}: {where or 'the file'} lacks {', '.join(missing)}")
+            for key, field in spec.fields.items():
+                if key in value:
+                    _check(value[key], field, name, f"{where}.{key}" if where else key)
+    elif spec is NUMBER:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(f"{name}: {where} is {_kind(value)}, not a number")
+        if isinstance(value, int) and not math.isfinite(_as_float(value)):
+            raise ValueError(f"{name}: {where} is {_kind(value)}, a number too large for a float")
+    elif spec is not ANY and (not isinstance(value, spec) or isinstance(value, bool)):
+        raise ValueError(f"{name}: {where} is {_kind(value)}, not {WANTED[spec]}")
+
+
+def _as_float(value: int) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
+WANTED = {str: "a string", int: "an integer", list: "a list", dict: "an object"}
+
+
+def _kind(value) -> str:
+    """How a JSON value is named in an error: "a string", "the number 1.5", "an object", ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        text = repr(value)
+        return f"the number {text if len(text) <= 20 else text[:20] + '...'}"
+    return WANTED.get(type(value), type(value).__name__)

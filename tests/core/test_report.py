@@ -672,7 +672,7 @@ def test_report_shows_personal_against_global_and_the_held_out_sites_apart(tmp_p
     del data["final"]["per_site"]["site-2"]["global_dice"]
     bad.write_text(json.dumps(data))
     table, stats = report.personal_global_table(report.load_runs(bad))
-    assert f"`{bad}` has no global-model score for site-2" in table
+    assert f"Note: {bad} has no global-model score for site-2" in table
     assert stats["ditto"]["personal"]["mean"] == (80.0, None) and stats["ditto"]["global"]["site-2"] is None
 
 
