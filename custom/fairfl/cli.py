@@ -119,7 +119,7 @@ def verbosity(args) -> int:
 
 
 def _run(args) -> int:
-    from fairfl.jobconfig import customize_job, is_job_copy, parse_assignments
+    from fairfl.jobconfig import check_job, customize_job, is_job_copy, parse_assignments
     from fairfl.progress import QUIET, outcome_line, read_results
     from fairfl.report import make_report
     from fairfl.simulate import is_simulator_workspace, run_simulator, watch_options
@@ -139,6 +139,11 @@ def _run(args) -> int:
     except ValueError as e:
         print(f"fairfl run: error: argument --set: {e}", file=sys.stderr)
         return 2
+    try:  # every argument of the job as it would run, before anything is written or started
+        check_job(job, overrides)
+    except ValueError as e:
+        print(f"fairfl run: error: {e}", file=sys.stderr)
+        return 2
     # the simulator empties its workspace: only a previous simulator workspace, and only with --force
     problem = refuse_to_overwrite(workspace, args.force, "workspace", is_simulator_workspace)
     customized = overrides or args.mlflow is not False
@@ -151,7 +156,7 @@ def _run(args) -> int:
     if customized:
         try:
             job = customize_job(job, job_copy, overrides, mlflow=args.mlflow)
-        except ValueError as e:  # an argument the job lacks, a value of the wrong kind; mlflow missing or a bad URI
+        except ValueError as e:  # mlflow missing or a bad URI (the arguments were checked above)
             print(f"fairfl run: error: {e}", file=sys.stderr)
             return 2
     if verbosity(args) > QUIET:
@@ -184,8 +189,6 @@ def _run(args) -> int:
     print("\n".join(f"{what + ':':<12} {where}" for what, where in paths))
     return 0 if finished else 1
 
-
-MIN_IMAGE_SIZE = 16  # the smallest image the networks take (the U-Net halves it three times)
 
 # the generator of each built-in dataset, for `prepare-data --out` ("module:function", imported when used)
 GENERATORS = {
@@ -297,9 +300,16 @@ def _leave_one_out(args) -> int:
 
 def _export_job(args) -> int:
     """Copy a job without its BYOC marker folders, for sites that forbid bring-your-own-code."""
+    from fairfl.jobconfig import check_job
+
     if os.path.exists(args.out):
         print(f"{args.out} exists; not overwriting", file=sys.stderr)
         return 1
+    try:
+        check_job(args.job)
+    except ValueError as e:
+        print(f"fairfl export-job: error: {e}", file=sys.stderr)
+        return 2
     shutil.copytree(args.job, args.out, ignore=shutil.ignore_patterns("custom", "__pycache__"))
     if args.gpus is not None:  # every site's resource manager must lend this many GPUs before the job starts
         meta_path = os.path.join(args.out, "meta.json")
@@ -357,6 +367,7 @@ def _add_simulator_arguments(parser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from fairfl import report
+    from fairfl.arguments import MIN_IMAGE_SIZE
     from fairfl.data.builtin import MAX_TEST_SCALE
 
     parser = argparse.ArgumentParser(prog="fairfl", description=__doc__)

@@ -4,14 +4,13 @@ Used by `fairfl run --set key=value`, the benchmarks (seeds, rounds) and the tes
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from fairfl.site_settings import MOVED_ARGUMENTS
+from fairfl.arguments import check_all, declared, defaults, moved_settings
 from fairfl.tracking import with_mlflow
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs"  # the job folders of a fairfl checkout (fairfl make-jobs)
@@ -19,37 +18,22 @@ JOBS = Path(__file__).resolve().parents[2] / "jobs"  # the job folders of a fair
 WAITING_ARGUMENTS = ("task_timeout", "straggler_timeout", "task_check_period")
 SERVER_CONFIG = os.path.join("app", "config", "config_fed_server.json")
 CLIENT_CONFIG = os.path.join("app", "config", "config_fed_client.json")
-JSON_KINDS = (
-    (bool, "true/false"),
-    ((int, float), "a number"),
-    (str, "a string"),
-    (list, "a list"),
-    (dict, "an object"),
-)
 
 
-def component_arguments(cls: type) -> dict:
-    """{argument: default} of the constructors of `cls` and its fairfl bases (not NVFlare's): base arguments first,
-    each with the most derived class's default; tuples as JSON lists."""
-    defaults = {}
-    for klass in reversed(cls.__mro__):
-        if klass.__module__.startswith("fairfl.") and "__init__" in vars(klass):
-            for name, parameter in inspect.signature(vars(klass)["__init__"]).parameters.items():
-                if parameter.default is not inspect.Parameter.empty:
-                    defaults[name] = (
-                        list(parameter.default) if isinstance(parameter.default, tuple) else parameter.default
-                    )
-    return defaults
+def component_arguments(component) -> dict:
+    """{argument: default} of a fairfl component (its class or class path), as fairfl.arguments declares them: a
+    class's bases' arguments first, each with the class's own default; tuples as JSON lists."""
+    return defaults(component)
 
 
 def _fairfl_components(config: dict):
-    """The fairfl components of a config: server workflows and client executors."""
-    for workflow in config.get("workflows", []):
-        if workflow.get("path", "").startswith("fairfl."):
-            yield workflow
-    for executor in config.get("executors", []):
-        if executor.get("executor", {}).get("path", "").startswith("fairfl."):
-            yield executor["executor"]
+    """The fairfl components of a config: server workflows and client executors (entries of another shape are
+    NVFlare's to refuse)."""
+    entries = [w for w in config.get("workflows", []) if isinstance(w, dict)]
+    entries += [e.get("executor") for e in config.get("executors", []) if isinstance(e, dict)]
+    for entry in entries:
+        if isinstance(entry, dict) and str(entry.get("path", "")).startswith("fairfl."):
+            yield entry
 
 
 def job_arguments(job: str) -> dict:
@@ -61,10 +45,6 @@ def job_arguments(job: str) -> dict:
             for component in _fairfl_components(json.load(f)):
                 arguments.update(component.get("args", {}))
     return arguments
-
-
-def _kind(value) -> str | None:
-    return next((name for types, name in JSON_KINDS if isinstance(value, types)), None)
 
 
 def is_job_copy(folder: str) -> bool:
@@ -111,11 +91,7 @@ def customize_job(
 
 
 def _set_arguments(src: str, job: str, args: dict, client_config: dict, mlflow: bool | str) -> None:
-    configs = {}
-    for name in (SERVER_CONFIG, CLIENT_CONFIG):
-        with open(os.path.join(job, name)) as f:
-            configs[name] = json.load(f)
-    set_arguments(configs, args, src)
+    configs = set_arguments(read_configs(job), args, src)
     configs[CLIENT_CONFIG].update(client_config)
     configs[SERVER_CONFIG] = with_mlflow(configs[SERVER_CONFIG], mlflow)
     for name, config in configs.items():
@@ -125,29 +101,61 @@ def _set_arguments(src: str, job: str, args: dict, client_config: dict, mlflow: 
 
 def set_arguments(configs: dict, args: dict, job: str) -> dict:
     """Set each argument in `args` on every fairfl component of `configs` ({config path: config dict}, changed in
-    place and returned) that has it. An argument no component has, or a value of another JSON kind than the job's
-    (a string for a number), is a ValueError naming it and `job`."""
+    place and returned) that takes it, then check every argument of every fairfl component (`check_components`). An
+    argument no component takes, or a value its component does not take (a string for a number, 0 rounds, NaN), is
+    a ValueError naming it, the component and `job`."""
     unused = set(args)
     for config in configs.values():
         for component in _fairfl_components(config):
-            for key, value in args.items():
-                if key in component.get("args", {}):
-                    default = component["args"][key]
-                    if None not in (default, value) and _kind(default) != _kind(value):
-                        raise ValueError(
-                            f"{key}={json.dumps(value)}: job {job} expects {_kind(default)} "
-                            f"(it has {json.dumps(default)})"
-                        )
-                    component["args"][key] = value
-                    unused.discard(key)
+            for key in args.keys() & _declared_names(component, job):
+                component.setdefault("args", {})[key] = args[key]
+                unused.discard(key)
     if unused:
-        moved = "".join(
-            f"; {key} is the site's own setting {MOVED_ARGUMENTS[key]} (its environment)"
-            for key in sorted(unused)
-            if key in MOVED_ARGUMENTS
-        )
-        raise ValueError(f"job {job} has no argument(s) {sorted(unused)}{moved}")
+        raise ValueError(f"job {job} has no argument(s) {sorted(unused)}{moved_settings(sorted(unused))}")
+    check_components(configs, job)
     return configs
+
+
+def _declared_names(component: dict, job: str) -> set:
+    try:
+        return set(declared(component.get("path")))
+    except ValueError as e:
+        raise ValueError(f"job {job}: {e}") from None
+
+
+def check_components(configs: dict, job: str) -> None:
+    """Every argument of every fairfl component of `configs` (fairfl.arguments.check_all): else a ValueError naming
+    `job`, the component and each bad argument. What `fairfl run`, the recipe and `fairfl poc submit` check before
+    anything starts."""
+    for config in configs.values():
+        for component in _fairfl_components(config):
+            try:
+                check_all(component.get("path"), component.get("args", {}))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"job {job}: {e}") from None
+
+
+def read_configs(job: str) -> dict:
+    """{config path: config dict} of the server and client configs of the job folder `job`; ValueError naming a file
+    that is missing or not a JSON object."""
+    configs = {}
+    for name in (SERVER_CONFIG, CLIENT_CONFIG):
+        path = os.path.join(job, name)
+        try:
+            with open(path) as f:
+                configs[name] = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"job {job}: {name}: {e}") from None
+        if not isinstance(configs[name], dict):
+            raise ValueError(f"job {job}: {name} is not a JSON object")
+    return configs
+
+
+def check_job(job: str, args: dict | None = None) -> None:
+    """Whether the job folder `job`, with `args` set as `fairfl run --set` sets them, runs with arguments its
+    components take (`set_arguments`): else a ValueError naming the job, the component and the argument. Nothing is
+    written."""
+    set_arguments(read_configs(job), args or {}, job)
 
 
 def parse_assignments(items: list[str]) -> dict:

@@ -4,6 +4,7 @@ server can send one spec to every site and all of them build the same architectu
 from __future__ import annotations
 
 import math
+import os
 from contextlib import contextmanager
 
 import numpy as np
@@ -11,6 +12,10 @@ import torch
 from monai.networks.blocks import Convolution
 from monai.networks.layers import get_norm_layer
 from monai.networks.nets import UNet, resnet18
+
+from fairfl.site_settings import MAX_MODEL_PARAMETERS
+
+SERVER_MAX_MODEL_PARAMETERS_ENV = "FAIRFL_SERVER_MAX_MODEL_PARAMETERS"  # the server's own cap; the sites' default
 
 # CPU-sized default: a four-level MONAI U-Net. The paper preset uses the five-level one (16..256).
 DEFAULT_UNET = {
@@ -67,10 +72,11 @@ SPEC_KEYS = {
 }
 
 
-def check_model_spec(spec, max_parameters: int) -> str | None:
+def check_model_spec(spec, max_parameters: int, whose: str = "this site's") -> str | None:
     """Why the network `spec` describes must not be built here, or None: an unknown name or key, a value of the
     wrong type or out of range (SPEC_INTS, SPEC_LISTS), or more than `max_parameters` parameters (counted on
-    torch's meta device: no memory is allocated)."""
+    torch's meta device: no memory is allocated). The one check of a network's size, at the sites (the server's
+    task) and on the server (its own job: `server_parameter_limit`); `whose` names the limit in the message."""
     if not isinstance(spec, dict):
         return f"must be an object, got {type(spec).__name__}"
     name = spec.get("name", "unet")
@@ -101,8 +107,22 @@ def check_model_spec(spec, max_parameters: int) -> str | None:
     except Exception as err:  # what the ranges above let through and MONAI still refuses
         return f"cannot be built: {type(err).__name__}: {err}"
     if count > max_parameters:
-        return f"has {count:,} parameters, more than this site's limit of {max_parameters:,}"
+        return f"has {count:,} parameters, more than {whose} limit of {max_parameters:,}"
     return None
+
+
+def server_parameter_limit(environ=None) -> int:
+    """The most parameters the server's network may have: its own FAIRFL_SERVER_MAX_MODEL_PARAMETERS (the server's
+    environment, never the job's), default the sites' default; ValueError naming the variable for anything but a
+    positive whole number."""
+    value = (os.environ if environ is None else environ).get(SERVER_MAX_MODEL_PARAMETERS_ENV) or str(
+        MAX_MODEL_PARAMETERS
+    )
+    if not (value.isascii() and value.isdigit()) or int(value) < 1:
+        raise ValueError(
+            f"environment variable {SERVER_MAX_MODEL_PARAMETERS_ENV} {value!r}: expected a positive whole number"
+        )
+    return int(value)
 
 
 def is_int_in(value, low: int, high: int) -> bool:

@@ -53,7 +53,12 @@ def _poc(args) -> int:
 
 def _submit(args) -> int:
     from fairfl.deploy import admin
+    from fairfl.jobconfig import check_job
 
+    try:
+        check_job(args.job)  # before the federation sees the job
+    except ValueError as e:
+        return _fail("submit", e)
     try:
         job_id = admin.submit(args.admin, args.job, args.user)
         print(f"job {job_id} submitted", flush=True)

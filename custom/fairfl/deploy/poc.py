@@ -142,12 +142,15 @@ def clean() -> None:
 
 
 def submit(job: str, wait: bool = True, timeout: float = 0.0, on_round=None) -> tuple:
-    """Submit a job as the project admin; (job id, final status or None when not waiting). While it waits, each round
-    the job's results file records is passed to on_round(record, results, elapsed seconds), as `fairfl run` shows
-    them: in POC the server's run folder is on this machine."""
+    """Submit a job as the project admin, once every argument of its components checks (fairfl.jobconfig.check_job:
+    else a ValueError naming it, nothing submitted); (job id, final status or None when not waiting). While it waits,
+    each round the job's results file records is passed to on_round(record, results, elapsed seconds), as `fairfl run`
+    shows them: in POC the server's run folder is on this machine."""
+    from fairfl.jobconfig import check_job
     from fairfl.results import RESULTS_FILE
     from fairfl.simulate import Watch
 
+    check_job(job)  # a bad argument is refused here, not by the server after the job was accepted
     kit = admin_kit()
     job_id = admin.submit(kit, job)
     with open(os.path.join(workspace(), LAST_JOB), "w") as f:

@@ -13,6 +13,7 @@ classification: `auc`, the clean test set's macro one-vs-rest AUC) and the defau
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import NamedTuple
@@ -24,25 +25,30 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.widgets.convert_to_fed_event import FED_EVENT_PREFIX
 
 from fairfl.aggregation import (
-    ROBUST_MODES,
     cap_shares,
     robust_average,
     trim_count,
     weighted_average,
 )
-from fairfl.data.builtin import builtin_dataset, check_test_scale
+from fairfl.arguments import check_all
+from fairfl.data.builtin import builtin_dataset
 from fairfl.files import save_atomic
 from fairfl.flare import protocol
 from fairfl.flare.checkpoint import Checkpointing
 from fairfl.flare.fanout import TaskFanOut
 from fairfl.jobconfig import component_arguments
-from fairfl.models import initial_state, state_to_numpy, state_to_torch
-from fairfl.names import safe_name
+from fairfl.models import (
+    SERVER_MAX_MODEL_PARAMETERS_ENV,
+    check_model_spec,
+    initial_state,
+    server_parameter_limit,
+    state_to_numpy,
+    state_to_torch,
+)
 from fairfl.presets import apply_preset, fill_task_defaults
-from fairfl.quorum import check_min_clients, quorum
+from fairfl.quorum import quorum
 from fairfl.results import GLOBAL_PREFIX, RESULTS_FILE, ResultsLog, site_key
 from fairfl.site_checks import (
-    MAX_SAMPLES,
     answer_problem,
     check_site_state,
     distance,
@@ -51,7 +57,6 @@ from fairfl.site_checks import (
     samples_problem,
     tensor_state,
 )
-from fairfl.training import check_optimizer_settings
 
 GLOBAL_MODEL_FILE = "global_model.pt"
 MAIN_METRIC = {"segmentation": "dice", "classification": "auc"}  # the results file's `metric`, per task
@@ -75,162 +80,42 @@ class FairRoundController(Checkpointing, TaskFanOut):
     start_from = protocol.FROM_GLOBAL
     evaluate = protocol.FROM_GLOBAL
 
-    def __init__(
-        self,
-        num_rounds: int = 20,
-        eval_every: int = 5,
-        min_clients=None,
-        task_timeout: int = 3600,
-        seed: int = 0,
-        data_seed: int = 0,
-        dataset: str = "prostate",
-        num_classes=None,
-        in_channels=None,
-        model=None,
-        model_channels=None,
-        model_strides=(2, 2, 2),
-        model_norm=None,
-        weighting: str = "samples",
-        exclude_sites=(),
-        preset: str = "",
-        task_check_period: float = 0.1,
-        straggler_timeout: int = 600,
-        run_name: str = "",
-        max_samples: int = MAX_SAMPLES,
-        max_update_ratio: float = 10.0,
-        max_share=None,
-        robust_aggregation: str = "none",
-        trim_fraction: float = 0.2,
-        local_optimizer: str = "adam",
-        momentum: float = 0.0,
-        keep_optimizer_state: bool = False,
-        average_last: int = 1,
-        test_scale: float = 1.0,
-        cross_site_eval: bool = False,
-    ):
-        """
-        Args:
-            num_rounds: communication rounds (the paper: 200; CPU default 20).
-            eval_every: evaluate the global model on every site's test split every N rounds and at the end.
-            min_clients: how many of the sites that train must answer a task for the round to go on (fairfl.quorum):
-                null or "majority" = more than half of them (2 of 3, 4 of 6), "all", or a number. The others are
-                recorded `absent` or `failed` for the round; fewer answers end the job with a clear message.
-            task_timeout: seconds to wait for a task's answers before going on with those received.
-            seed: seed of the initial global model.
-            data_seed: seed of the built-in synthetic data (ignored with a data root).
-            dataset: built-in data of sites without a data root, and so the task: segmentation "prostate" (T2 MRI)
-                or "fundus" (RGB, disc/cup); classification under quality shift "skin" (8 dermoscopy classes, RGB)
-                or "ich" (5 hemorrhage subtypes, CT), with Gaussian-noise corrupted sites, or "skin_blur",
-                "ich_blur" with motion blur. With a data root, name the built-in dataset of the same task.
-            num_classes, in_channels: of the data; null = the built-in dataset's (prostate 2/1, fundus 3/3,
-                skin 8/3, ich 5/1).
-            model: "unet", "cnn" (small CNN) or "resnet18" (MONAI, never pretrained); null = unet for
-                segmentation, cnn for classification.
-            model_channels: channels per level of the U-Net, or per block of the CNN; null = the task's
-                ([16, 32, 64, 128] for the U-Net, [16, 32, 64] for the CNN). model_strides: the U-Net's.
-            model_norm: the network's normalisation, "batch", "group" (classification networks) or "instance"; null
-                = the network's default (unet: instance, without affine parameters; cnn: group; resnet18: batch).
-            weighting: "samples" (FedAvg of McMahan et al., by training-set size) or "uniform" (1/K).
-            exclude_sites: sites held out of the federation: they never train nor enter aggregation but are scored
-                with the global model as it is (never a model of their own), a new hospital joining later. Every
-                evaluated record summarises them (`held_out`) apart from the federation's sites (`federation`);
-                leave-one-out runs (`fairfl leave-one-out`) hold out one site each. Not with Solo (no global model).
-            preset: named settings bundle (fairfl.presets); FAIRFL_PRESET overrides it.
-            task_check_period: how often the controller checks for answers, in seconds.
-            straggler_timeout: once `min_clients` sites have answered a task, wait at most this many more seconds
-                for the others; those still missing are recorded as `absent` for the round (a crashed or
-                disconnected site). A stalled site costs a round at most this, never task_timeout.
-            run_name: "" = an ordinary run. A name makes the run resumable: after every round the server keeps a
-                checkpoint (round, global model, the method's state, the results so far) and the sites keep their
-                state (local models) under that name outside the job's folder; the same job submitted again after a
-                server restart continues from the last completed round. Its settings must be unchanged
-                (num_rounds, eval_every, min_clients and the timeouts may change). It becomes a folder name on the
-                server and every site, so it must be a safe name (fairfl.names).
-            max_samples: a site reporting more training samples than this, or more than it reported in its first
-                round, is rejected for the round (its sample count weighs its model).
-            max_update_ratio: a site whose update (its trained model minus the model it started from) has a norm
-                more than this many times the round's median is rejected for the round; 0 = no check.
-            max_share: no site weighs more than this share of an aggregation (sample counts, FedCE's
-                contributions, SAGA's and q-FedAvg's weights, Fed-LWR's layer weights, CFFL's and CGSV's
-                reputations), when at least 3 sites are aggregated: a larger weight is cut and the rest shared in
-                proportion; 1 = no cap. Weights below it are never changed. null = the method's default
-                (`default_max_share`: 0.5; Fed-LWR 1, whose ordinary layer weights exceed 0.5).
-            robust_aggregation: "none" (the method's weighted average), "median" or "trimmed_mean": the
-                averaging step becomes an unweighted coordinate-wise median or trimmed mean of the accepted
-                sites' models (CFFL, CGSV: of their updates). q-FedAvg's step is not an average: refused there.
-            trim_fraction: trimmed_mean drops floor(trim_fraction * K) of the K values at each end, per coordinate.
-            local_optimizer: the sites' local optimiser, "adam" (the papers' segmentation and FedISM+ settings) or
-                "sgd" (with `momentum`; q-FedAvg's authors' local solver). The learning rate is the sites' (`lr`).
-            keep_optimizer_state: false (the papers' code): every round starts a fresh optimiser; true: each site
-                keeps its optimiser's state (Adam's moment estimates) from its previous round.
-            average_last: evaluate each of the last N rounds too, and add to the final record `mean_of_last`: each
-                site's metrics averaged over those N evaluations (FedISM+ reports the mean of the last 5 rounds);
-                1 = only the last round (`final` itself is always the last round's).
-            test_scale: the built-in data's test splits hold about this many times their items (1 to 20), the extra
-                ones drawn from each site's own distribution, for a more precise test metric; training and
-                validation data are unchanged. A site with a data root ignores it.
-            cross_site_eval: after the last round, every federation site's own model (Solo's local model, Ditto's
-                personal model, the global model with FedNPR-Per's head or FedBN's normalisation layers of the site)
-                is sent to every site, held-out ones included, and scored on its test split: results.json
-                `cross_site`. The sites' models leave them (to the server, then to every site): only where they
-                agree. Only for the methods that score each site with a model of its own.
-        """
-        if (
-            isinstance(task_check_period, bool)
-            or not isinstance(task_check_period, (int, float))
-            or not 0.01 <= task_check_period <= 60
-        ):
-            raise ValueError(f"task_check_period must be a number of seconds in [0.01, 60], got {task_check_period!r}")
-        super().__init__(persistor_id="", task_check_period=task_check_period)
-        problem = check_optimizer_settings(
-            {"name": local_optimizer, "momentum": momentum, "keep_state": keep_optimizer_state}
+    def __init__(self, **arguments):
+        """The round's arguments and each method's own, every one declared with its kind, default and meaning in
+        fairfl.arguments (ROUND; the method's) and checked there before anything is built, the error naming the
+        controller and the argument. Each becomes an attribute of its own name (config() records them); the network
+        they describe is counted on torch's meta device and refused above FAIRFL_SERVER_MAX_MODEL_PARAMETERS."""
+        checked = check_all(type(self), arguments)
+        super().__init__(persistor_id="", task_check_period=checked["task_check_period"])
+        vars(self).update(checked)
+        self.momentum, self.test_scale = float(self.momentum), float(self.test_scale)
+        # NVFlare waits whole seconds: round up, so a fraction of a second never becomes no wait at all
+        self.straggler_timeout = math.ceil(self.straggler_timeout)
+        data = builtin_dataset(self.dataset)
+        self.task = data.task
+        self.metric = MAIN_METRIC[self.task]
+        if self.model_norm == "group" and (self.model or DEFAULT_MODEL[self.task]) == "unet":
+            raise ValueError("model_norm 'group' is for the classification networks; the U-Net takes batch or instance")
+        self.num_classes = int(self.num_classes or data.num_classes)
+        self.in_channels = int(self.in_channels or data.in_channels)
+        self.model_strides = list(self.model_strides)
+        fill_task_defaults(self, self.task)
+        problem = check_model_spec(
+            self.model_spec(), server_parameter_limit(), f"{SERVER_MAX_MODEL_PARAMETERS_ENV}, the server's"
         )
         if problem:
-            raise ValueError(f"local_optimizer / momentum / keep_optimizer_state: {problem}")
-        self.local_optimizer, self.momentum = local_optimizer, float(momentum)
-        self.keep_optimizer_state = keep_optimizer_state
-        if isinstance(average_last, bool) or not isinstance(average_last, int) or average_last < 1:
-            raise ValueError(f"average_last must be a positive integer, got {average_last!r}")
-        self.average_last = average_last
-        self.test_scale = check_test_scale(test_scale)
-        if not isinstance(cross_site_eval, bool):
-            raise ValueError(f"cross_site_eval must be true or false, got {cross_site_eval!r}")
-        self.cross_site_eval = cross_site_eval
-        if weighting not in ("samples", "uniform"):
-            raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
-        self.num_rounds, self.eval_every, self.min_clients = num_rounds, eval_every, check_min_clients(min_clients)
-        self.task_timeout, self.seed, self.data_seed = task_timeout, seed, data_seed
-        self.straggler_timeout, self.run_name = int(straggler_timeout), run_name and safe_name(run_name, "run_name")
-        data = builtin_dataset(dataset)
-        self.dataset, self.task = dataset, data.task
-        self.metric = MAIN_METRIC[self.task]
-        self.model, self.model_norm = model, model_norm
-        if model_norm == "group" and (model or DEFAULT_MODEL[self.task]) == "unet":
-            raise ValueError("model_norm 'group' is for the classification networks; the U-Net takes batch or instance")
-        self.num_classes = int(num_classes or data.num_classes)
-        self.in_channels = int(in_channels or data.in_channels)
-        self.model_channels, self.model_strides = model_channels, list(model_strides)
-        fill_task_defaults(self, self.task)
-        self.weighting, self.preset = weighting, preset
-        self.exclude_sites = sorted(exclude_sites or [])
+            raise ValueError(
+                f"{type(self).__name__}: the network of model, model_channels, model_strides, model_norm, num_classes "
+                f"and in_channels, {self.model_spec()}, {problem}"
+            )
+        self.exclude_sites = sorted(self.exclude_sites)
         if self.exclude_sites and self.start_from == protocol.FROM_LOCAL:
             raise ValueError(
                 f"exclude_sites {self.exclude_sites}: {self.method} has no global model to score held-out sites with"
             )
-        if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1:
-            raise ValueError(f"max_samples must be a positive integer, got {max_samples!r}")
-        max_share = self.default_max_share if max_share is None else max_share
-        if not 0 <= max_update_ratio or not 0 < max_share <= 1:
-            raise ValueError(
-                f"max_update_ratio must be >= 0 and max_share in (0, 1], got {max_update_ratio}, {max_share}"
-            )
-        if robust_aggregation not in ROBUST_MODES or not 0 <= trim_fraction < 0.5:
-            raise ValueError(
-                f"robust_aggregation must be one of {ROBUST_MODES} and trim_fraction in [0, 0.5), got "
-                f"{robust_aggregation!r}, {trim_fraction}"
-            )
-        self.max_samples, self.max_update_ratio, self.max_share = max_samples, float(max_update_ratio), float(max_share)
-        self.robust_aggregation, self.trim_fraction = robust_aggregation, float(trim_fraction)
+        max_share = self.default_max_share if self.max_share is None else self.max_share
+        self.max_update_ratio, self.max_share = float(self.max_update_ratio), float(max_share)
+        self.trim_fraction = float(self.trim_fraction)
         self.declared_samples = {}  # {site: num_samples of its first accepted answer}: it may not grow later
         self.failed = {}  # {site: return code} of the current round's tasks that failed at the site
 

@@ -26,16 +26,17 @@ from nvflare.apis.shareable import make_reply
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
+from fairfl.arguments import check_all
 from fairfl.classification import LogitAdjustedCrossEntropy, class_counts, evaluate_classification
 from fairfl.data.builtin import builtin_dataset, check_test_scale, ensure_builtin
 from fairfl.data.classification_sites import CORRUPTED_SPLIT
 from fairfl.data.datalist import load_datalist, load_dataset_info
 from fairfl.data.free_rider import free_rider_datalist
-from fairfl.data.loaders import check_augmentation, check_worker_count, make_loader
+from fairfl.data.loaders import make_loader
 from fairfl.errors import DataError
 from fairfl.flare import protocol
 from fairfl.flare.site_state import keep_version, kept_model_versions, kept_versions, newest_before
-from fairfl.methods.fedlwr.cka import MIN_BATCH, layerwise_cka
+from fairfl.methods.fedlwr.cka import layerwise_cka
 from fairfl.methods.steps import Choice, Number, StepContext, Switch, TaskSteps, field_problems
 from fairfl.methods.steps import problems as step_problems
 from fairfl.models import build_model, check_model_spec, is_int_in, load_numpy_state, state_to_numpy
@@ -62,8 +63,6 @@ from fairfl.training import (
 SEGMENTATION, CLASSIFICATION = "segmentation", "classification"
 LOO_SCORE = {SEGMENTATION: "dice", CLASSIFICATION: "balanced_accuracy"}  # validation_score (FedCE: 1 - this, CFFL)
 MAX_SITES = 1000  # the most built-in sites a server may ask a site to generate
-CKA_SPLITS = ("training", "validation")
-CKA_BATCH_SIZE = 32  # docs/methods/fedlwr.md: measured against 8 and 64
 MAX_ROUND = 10**6  # the highest round number a task may carry (it names the site's kept files' rounds)
 # the task meta keys this executor reads itself (the methods' steps declare theirs: fairfl.methods.steps)
 TASK_FIELDS = {
@@ -81,80 +80,24 @@ class Declined(Exception):
 
 
 class FairflExecutor(Executor):
-    def __init__(
-        self,
-        data_root: str = "",
-        image_size: int = 64,
-        batch_size: int | None = None,
-        lr: float | None = None,
-        weight_decay: float | None = None,
-        local_epochs: int = 1,
-        local_steps: int = 0,
-        cka_max_samples: int = 64,
-        cka_batch_size: int = CKA_BATCH_SIZE,
-        cka_split: str = "training",
-        synthetic_size_scale: float | None = None,
-        seed: int = 0,
-        num_threads: int = 1,
-        device: str = "auto",
-        logit_adjustment: float = 1.0,
-        preset: str = "",
-        augmentation=None,
-        amp: bool = False,
-        loader_workers: int = 0,
-    ):
-        """Local training, evaluation and CKA probing for one site.
-
-        Args:
-            data_root: folder holding `<site>.json` datalists; empty = the built-in synthetic data.
-                The site's own FAIRFL_DATA_ROOT overrides it; what a site reads beyond its data root, whether it
-                is a free rider and how large a network it builds are the site's settings alone
-                (fairfl.site_settings: its environment), never the job's.
-            image_size: images and masks are resized to image_size x image_size.
-            batch_size, lr, weight_decay: Adam settings of the local update; null = the task's
-                (fairfl.presets.TASK_DEFAULTS: segmentation 8, 1e-3, 1e-4; classification 32, 3e-4, 5e-4).
-            local_epochs: epochs per round, used when local_steps is 0.
-            local_steps: if > 0, a fixed number of optimiser steps per round, equal for every site.
-            cka_max_samples, cka_batch_size, cka_split: Fed-LWR measures CKA on a random sample of at most
-                cka_max_samples images of the site's `cka_split` ("training" or "validation"), drawn afresh every
-                round, in minibatches of cka_batch_size (at least 4, for the unbiased HSIC).
-            synthetic_size_scale: scales the number of cases per site of the built-in data; null = the task's
-                (segmentation 2.0, classification 1.0).
-            seed: base seed; each site derives its own from it and its name.
-            num_threads: torch intra-op threads of this client (0 = torch's default).
-            device: "auto" (CUDA when present), "cpu", "cuda", "cuda:1", ...
-            logit_adjustment: classification only: tau of the logit-adjusted cross-entropy (Menon et al.; FedISM+
-                uses 1) against the site's label skew; 0 = plain cross-entropy.
-            preset: named settings bundle (fairfl.presets); FAIRFL_PRESET overrides it.
-            augmentation: the training augmentation, a list of "flip" (mirroring along both axes), "rotate90"
-                (quarter turns) and "intensity" (scale/shift); [] = none; null = the task's (all three). Leave out
-                flip and rotate90 where orientation carries meaning.
-            amp: mixed precision (fairfl.training.mixed_precision): the forward passes of local training, the
-                methods' probes (CKA features, FedCE's and FedISM's probes, FedNPR's prototypes) and evaluation
-                under torch.autocast, float16 with a gradient scaler on CUDA, bfloat16 on CPU; weights, losses and
-                CKA's Gram matrices stay float32/float64. false: everything in float32, as before.
-            loader_workers: worker processes that augment the training batches beside the training (make_loader's
-                num_workers), for a GPU site whose one loading thread cannot keep up; 0 = in the site process.
-        """
+    def __init__(self, **arguments):
+        """Local training, evaluation and CKA probing for one site. Its arguments, each declared with its kind, default
+        and meaning in fairfl.arguments (EXECUTOR), are checked there before anything is built, the error naming the
+        argument, and each becomes an attribute of its own name. What a site reads beyond its data root, whether it is
+        a free rider and how large a network it builds are the site's settings alone (fairfl.site_settings: its
+        environment), never the job's. A CUDA `device` this site lacks is refused here, when the site loads the job."""
+        checked = check_all(type(self), arguments)
         super().__init__()
-        if not isinstance(amp, bool):
-            raise ValueError(f"amp must be true or false, got {amp!r}")
-        self.amp = amp
-        self.loader_workers = check_worker_count(loader_workers, "loader_workers")
-        self.augmentation = None if augmentation is None else check_augmentation(augmentation)  # null: the task's
-        self.data_root, self.image_size, self.batch_size = data_root, image_size, batch_size
-        self.lr, self.weight_decay = lr, weight_decay
-        self.local_epochs, self.local_steps = local_epochs, local_steps
-        counts = (cka_batch_size, cka_max_samples)
-        if cka_split not in CKA_SPLITS or not all(type(n) is int and n >= MIN_BATCH for n in counts):
-            raise ValueError(
-                f"need cka_split in {CKA_SPLITS} and integers cka_batch_size, cka_max_samples >= "
-                f"{MIN_BATCH}; got {cka_split!r}, {cka_batch_size!r}, {cka_max_samples!r}"
-            )
-        self.cka_max_samples, self.cka_batch_size, self.cka_split = cka_max_samples, cka_batch_size, cka_split
-        self.synthetic_size_scale = synthetic_size_scale
-        self.seed, self.num_threads, self.device, self.preset = seed, num_threads, device, preset
-        self.logit_adjustment = logit_adjustment
+        vars(self).update(checked)
+        if self.augmentation is not None:  # null: the task's
+            self.augmentation = list(self.augmentation)
+        if self.device.startswith("cuda"):
+            index, count = int(self.device.partition(":")[2] or 0), torch.cuda.device_count()
+            if index >= count:
+                raise ValueError(
+                    f"FairflExecutor: device {self.device!r}: this site has "
+                    f"{f'CUDA devices cuda:0 to cuda:{count - 1}' if count else 'no CUDA device'}"
+                )
         self._datalist, self._regions, self._corrupted_sites = None, None, []
         self._loaders = {}  # cached per process: CacheDataset reads the files once
 

@@ -44,8 +44,8 @@ def _with_changes(defaults: dict, changes, where: str) -> dict:
 
 def job_configs(job: Job) -> dict:
     """{path inside the job folder: JSON-able content} of `job`: meta.json and the server and client configs."""
-    server = _with_changes(component_arguments(load_class(job.controller)), job.server, job.controller)
-    client = _with_changes(component_arguments(load_class(EXECUTOR)), job.client, EXECUTOR)
+    server = _with_changes(component_arguments(job.controller), job.server, job.controller)
+    client = _with_changes(component_arguments(EXECUTOR), job.client, EXECUTOR)
     return {
         "meta.json": {
             "name": job.name,

@@ -21,19 +21,10 @@ class DittoController(FairRoundController):
     method = "ditto"
     evaluate = protocol.FROM_PERSONAL
 
-    def __init__(self, ditto_lambda: float = 0.1, **kwargs):
-        """
-        Args:
-            ditto_lambda: lambda of the personal objective; 0 = the personal model trains on local data alone (started
-                from the first global model it received); large = it stays near the global model (the paper tunes
-                lambda per
-                dataset from a small grid; 0.1 is the default of NVFlare 2.9's PTDittoHelper).
-            **kwargs: see FairRoundController.
-        """
-        super().__init__(**kwargs)
-        if not ditto_lambda >= 0:
-            raise ValueError(f"ditto_lambda must be >= 0, got {ditto_lambda}")
-        self.ditto_lambda = float(ditto_lambda)
+    def __init__(self, **arguments):
+        """ditto_lambda (fairfl.arguments.DITTO) besides the round's arguments (FairRoundController)."""
+        super().__init__(**arguments)
+        self.ditto_lambda = float(self.ditto_lambda)
 
     def train_meta(self, round_num) -> dict:
         return {protocol.DITTO_LAMBDA: self.ditto_lambda}

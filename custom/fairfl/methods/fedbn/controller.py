@@ -16,12 +16,9 @@ class FedBNController(FairRoundController):
 
     method = "fedbn"
 
-    def __init__(self, **kwargs):
-        """
-        Args:
-            **kwargs: see FairRoundController; the job sets model_norm "batch".
-        """
-        super().__init__(**kwargs)
+    def __init__(self, **arguments):
+        """The round's arguments (FairRoundController); the job sets model_norm "batch"."""
+        super().__init__(**arguments)
         self._norm_keys = norm_state_keys(self.model_spec())
         if not self._norm_keys:
             raise ValueError(

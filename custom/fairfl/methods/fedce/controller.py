@@ -5,7 +5,6 @@ from __future__ import annotations
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
 from fairfl.methods.fedce.contribution import (
-    COMBINE_MODES,
     ContributionState,
     flatten,
     gradient_terms,
@@ -28,17 +27,10 @@ class FedCEController(FairRoundController):
     round (weights by `weighting`), and contributions accumulate from round 1. The accumulated state is
     written to `method_state.json` in the run folder after every round."""
 
-    def __init__(self, combine: str = "sum", **kwargs):
-        """
-        Args:
-            combine: "sum" (FedCE (Sum.), Gamma^s) or "product" (FedCE (Multi.), Gamma^m).
-            **kwargs: see FairRoundController.
-        """
-        super().__init__(**kwargs)
-        if combine not in COMBINE_MODES:
-            raise ValueError(f"combine must be one of {COMBINE_MODES}, got {combine!r}")
-        self.combine = combine
-        self.contribution = ContributionState(mode=combine)
+    def __init__(self, **arguments):
+        """combine (fairfl.arguments.FEDCE) besides the round's arguments (FairRoundController)."""
+        super().__init__(**arguments)
+        self.contribution = ContributionState(mode=self.combine)
         self._trainable = None
 
     @property

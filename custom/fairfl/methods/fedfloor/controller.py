@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fairfl.flare import protocol
 from fairfl.methods.ditto.controller import DittoController
-from fairfl.methods.fedfloor.mixing import DEFAULT_GRID, check_grid
+from fairfl.methods.fedfloor.mixing import check_grid
 
 
 class FedFloorController(DittoController):
@@ -16,15 +16,10 @@ class FedFloorController(DittoController):
 
     method = "fedfloor"
 
-    def __init__(self, mix_grid=DEFAULT_GRID, **kwargs):
-        """
-        Args:
-            mix_grid: the alphas scored (0 = the global model, 1 = the personal model); [0, 1] chooses between the
-                two without mixing (recorded as fedfloor_pick).
-            **kwargs: see DittoController (ditto_lambda) and FairRoundController.
-        """
-        super().__init__(**kwargs)
-        self.mix_grid = list(check_grid(mix_grid))
+    def __init__(self, **arguments):
+        """mix_grid (fairfl.arguments.FEDFLOOR) besides Ditto's and the round's arguments (DittoController)."""
+        super().__init__(**arguments)
+        self.mix_grid = list(check_grid(self.mix_grid))  # sorted floats
         if self.mix_grid == [0.0, 1.0]:  # the ablation without interpolation: its own row in reports
             self.method = "fedfloor_pick"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
-from fairfl.methods.fedism.saga import BETA, SHARPNESS_REPORT, Q, SagaState, check_variant
-from fairfl.methods.fedism.sharpness import GSAM_ALPHA, RHO_MAX, TAU, search_distance
+from fairfl.methods.fedism.saga import SHARPNESS_REPORT, SagaState
+from fairfl.methods.fedism.sharpness import search_distance
 
 
 class FedISMController(FairRoundController):
@@ -23,36 +23,12 @@ class FedISMController(FairRoundController):
     average lives in
     `method_state.json` after every round; `load_method_state` resumes it."""
 
-    def __init__(
-        self,
-        rho_max: float = RHO_MAX,
-        tau: float = TAU,
-        variant: str = "S",
-        q: float = Q,
-        beta: float = BETA,
-        gsam_alpha: float = GSAM_ALPHA,
-        saga: bool = True,
-        **kwargs,
-    ):
-        """
-        Args:
-            rho_max: the largest search distance (FedISM+: 0.1; FedISM's fixed rho: 0.05).
-            tau: how fast rho grows (Eq. 12; FedISM+: 0.5); 0 = a fixed rho = rho_max, which is FedISM.
-            variant: SAGA's weights: "S" (sharpness, Eq. 16) or "L" (perturbed loss, Eq. 17).
-            q: exponent of the weights (the paper: 2).
-            beta: moving-average weight of this round's raw weights (the paper: 0.5; 1 = no averaging).
-            gsam_alpha: GSAM's surrogate-gap weight (0.1); 0 is SAM.
-            saga: false = the SALT-only ablation (the paper's Table I): SALT training, FedAvg's weights
-                (`weighting`), no sharpness probe.
-            **kwargs: see FairRoundController.
-        """
-        super().__init__(**kwargs)
-        if not isinstance(saga, bool):
-            raise ValueError(f"saga must be true or false, got {saga!r}")
-        self.saga = saga
-        search_distance(1, 1, rho_max, tau)  # checks rho_max and tau
-        self.rho_max, self.tau, self.variant = float(rho_max), float(tau), check_variant(variant)
-        self.q, self.beta, self.gsam_alpha = float(q), float(beta), float(gsam_alpha)
+    def __init__(self, **arguments):
+        """rho_max, tau, variant, q, beta, gsam_alpha, saga (fairfl.arguments.FEDISM) besides the round's arguments
+        (FairRoundController)."""
+        super().__init__(**arguments)
+        self.rho_max, self.tau = float(self.rho_max), float(self.tau)
+        self.q, self.beta, self.gsam_alpha = float(self.q), float(self.beta), float(self.gsam_alpha)
         self.saga_state = SagaState(variant=self.variant, q=self.q, beta=self.beta)
 
     @property

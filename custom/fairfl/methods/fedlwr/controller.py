@@ -23,17 +23,11 @@ class FedLWRController(FairRoundController):
     # is off unless the job sets max_share
     default_max_share = 1.0
 
-    def __init__(self, cka_clip=None, weighting: str = "uniform", **kwargs):
-        """
-        Args:
-            cka_clip: [low, high] to clip CKA to before Eq. 5 (the authors' code: [1e-4, 0.99]); null = no clip,
-                as in the paper's equations.
-            weighting: of the anchor: "uniform" (1/K, the paper's and the authors' code) or "samples" (FedAvg's
-                training-set shares). The anchor is the global model of a round in which no site has valid CKA.
-            **kwargs: see FairRoundController.
-        """
-        super().__init__(weighting=weighting, **kwargs)
-        self.cka_clip = list(cka_clip) if cka_clip else None
+    def __init__(self, **arguments):
+        """cka_clip (fairfl.arguments.FEDLWR) besides the round's arguments (FairRoundController), whose weighting
+        (of the anchor) is uniform here by default: 1/K, the paper's and the authors' code."""
+        super().__init__(**arguments)
+        self.cka_clip = list(self.cka_clip) if self.cka_clip else None
         self._layers = None
 
     def answer_fields(self, task_name, round_num) -> dict:

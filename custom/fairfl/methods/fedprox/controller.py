@@ -12,16 +12,10 @@ class FedProxController(FairRoundController):
 
     method = "fedprox"
 
-    def __init__(self, mu: float = 0.01, **kwargs):
-        """
-        Args:
-            mu: weight of the proximal term (FedProx tunes it over 0.001..1; 0.01 is NVFlare's default).
-            **kwargs: see FairRoundController.
-        """
-        super().__init__(**kwargs)
-        if not mu >= 0:
-            raise ValueError(f"mu must be >= 0, got {mu}")
-        self.mu = float(mu)
+    def __init__(self, **arguments):
+        """mu (fairfl.arguments.FEDPROX) besides the round's arguments (FairRoundController)."""
+        super().__init__(**arguments)
+        self.mu = float(self.mu)
 
     def train_meta(self, round_num) -> dict:
         return {protocol.PROX_MU: self.mu} if self.mu else {}

@@ -22,24 +22,15 @@ class QFedAvgController(FairRoundController):
 
     method = "qfedavg"
 
-    def __init__(self, q: float = 1.0, lipschitz=None, **kwargs):
-        """
-        Args:
-            q: fairness exponent (0 = FedAvg with equal weights; FedISM+ tunes it over 0.5, 1, 2, 5).
-            lipschitz: L of the update; null = 1 / the sites' learning rate (Li et al.); 0 = loss^q-weighted FedAvg.
-            **kwargs: see FairRoundController.
-        """
-        super().__init__(**kwargs)
-        if not q >= 0:
-            raise ValueError(f"q must be >= 0, got {q}")
-        if lipschitz is not None and not lipschitz >= 0:
-            raise ValueError(f"lipschitz must be null or >= 0, got {lipschitz}")
-        self.q, self.lipschitz = float(q), lipschitz
+    def __init__(self, **arguments):
+        """q, lipschitz (fairfl.arguments.QFEDAVG) besides the round's arguments (FairRoundController)."""
+        super().__init__(**arguments)
+        self.q = float(self.q)
         if self.robust_aggregation != "none":
             raise ValueError(
                 "q-FedAvg's step is not an average of the sites' models: robust_aggregation must be 'none'"
             )
-        if lipschitz == 0:  # a different aggregation rule: its own row in reports
+        if self.lipschitz == 0:  # a different aggregation rule: its own row in reports
             self.method = "qfedavg_lossweighted"
         self._trainable = None
 

@@ -45,8 +45,8 @@ SITE_MODELS_FILE = "site_models.pt"
 class RewardController(FairRoundController):
     """The per-site-model round of CFFL and CGSV; subclasses compute the reputations and the aggregated update."""
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, **arguments):
+        super().__init__(**arguments)
         self.reputations, self.fractions = {}, {}
         self.site_models = {}  # {site: numpy state}: what each site trains from and is evaluated with
 
@@ -117,22 +117,12 @@ class CFFLController(RewardController):
     method = "cffl"
     beta = None  # reward fractions linear in the reputations
 
-    def __init__(self, alpha: float = 5.0, reputation_threshold: float = 0.0, **kwargs):
-        """
-        Args:
-            alpha: the sinh "punishment factor" (the authors' code: 5 on MNIST, the default of its sinh reputation
-                function; 10 on Adult).
-            reputation_threshold: a site whose normalised reputation falls below it is removed for good and receives
-                nothing more. The paper grid-searches it (2/3 of 1/(number of sites left) in one version); 0 = nobody
-                is removed, since a hospital removed by a badly tuned threshold loses the federation for good.
-            **kwargs: see FairRoundController.
-        """
-        super().__init__(**kwargs)
-        if not alpha > 0 or not 0.0 <= reputation_threshold < 1.0:
-            raise ValueError(
-                f"alpha must be > 0 and reputation_threshold in [0, 1), got {alpha}, {reputation_threshold}"
-            )
-        self.alpha, self.reputation_threshold = float(alpha), float(reputation_threshold)
+    def __init__(self, **arguments):
+        """alpha, reputation_threshold (fairfl.arguments.CFFL) besides the round's arguments (FairRoundController).
+        The paper grid-searches the threshold (2/3 of 1/(number of sites left) in one version); 0, the default,
+        removes nobody, since a hospital removed by a badly tuned threshold loses the federation for good."""
+        super().__init__(**arguments)
+        self.alpha, self.reputation_threshold = float(self.alpha), float(self.reputation_threshold)
         self.removed = []
 
     def train_meta(self, round_num) -> dict:
@@ -172,21 +162,13 @@ class CGSVController(RewardController):
 
     method = "cgsv"
 
-    def __init__(self, alpha: float = 0.95, beta: float = 1.0, gamma=None, **kwargs):
-        """
-        Args:
-            alpha: weight of the past reputation in its moving average (the paper: 0.95).
-            beta: altruism degree: larger shares the aggregate more equally (beta -> inf: everyone gets all of it);
-                the authors' code sweeps 0.5 to 2 and 1e7; 1 by default.
-            gamma: norm Gamma of every uploaded update; the paper fixes a constant per dataset (0.5 MNIST, 0.15
-                CIFAR-10, 1 text); null = the median norm of the round's raw updates, which keeps the step at the
-                scale of these networks' updates (the median: one site's huge update cannot set it).
-            **kwargs: see FairRoundController.
-        """
-        super().__init__(**kwargs)
-        if not 0.0 <= alpha <= 1.0 or not beta > 0 or (gamma is not None and not gamma > 0):
-            raise ValueError(f"alpha must be in [0, 1], beta > 0 and gamma null or > 0, got {alpha}, {beta}, {gamma}")
-        self.alpha, self.beta, self.gamma = float(alpha), float(beta), gamma
+    def __init__(self, **arguments):
+        """alpha, beta, gamma (fairfl.arguments.CGSV) besides the round's arguments (FairRoundController). The paper
+        fixes gamma per dataset (0.5 MNIST, 0.15 CIFAR-10, 1 text); null, the default, takes the median norm of the
+        round's raw updates, which keeps the step at the scale of these networks' updates (one site's huge update
+        cannot set it)."""
+        super().__init__(**arguments)
+        self.alpha, self.beta = float(self.alpha), float(self.beta)
 
     def reward(self, round_num, deltas, updates, rejected):
         gamma = self.gamma or float(np.median([update_norm(d) for d in deltas.values()]))

@@ -1,0 +1,746 @@
+"""Every argument of every fairfl component, declared once: its kind (type and range or choices), its default and
+what it means. The constructors check their arguments here (`check_all`), and so do `fairfl run` (with or without
+`--set`), the recipe, `fairfl poc submit`, `fairfl submit` and `fairfl export-job` before anything starts
+(fairfl.jobconfig.check_job), so a bad value ends in an error naming the component and the argument, never a
+traceback, a hang or a huge allocation later.
+
+A component is named by its class path; COMPONENTS maps each to its arguments in the order its job files list them.
+No FLARE or torch import here, so the command line checks a job without starting either. Where a method module
+(which imports torch) also holds a value declared here (a default, a list of modes), tests/core/test_arguments.py
+checks that the two agree."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+
+from fairfl.data.builtin import BUILTIN_DATASETS, MAX_TEST_SCALE, check_test_scale
+from fairfl.names import safe_name
+from fairfl.presets import PRESETS
+from fairfl.quorum import check_min_clients
+from fairfl.site_settings import MOVED_ARGUMENTS
+
+MIN_IMAGE_SIZE = 16  # the smallest image the networks take (the U-Net halves it three times)
+MAX_ROUNDS = 100_000
+MAX_SECONDS = 30 * 24 * 3600  # a month: any longer wait is a mistake, not a setting
+MAX_SEED = 2**32 - 1  # numpy's seeds
+MAX_FACTOR = 1e6  # weights, exponents and temperatures above this only overflow
+MAX_PROXIMAL_WEIGHT = 1000.0  # FedProx's mu and Ditto's lambda a site accepts (fairfl.methods.fedprox.client)
+MAX_SEARCH_DISTANCE = 10.0  # SALT's rho a site accepts (fairfl.methods.fedism.client)
+
+
+# --- kinds: what values an argument takes; str() says it in words --------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Integer:
+    low: int
+    high: int
+
+    def allows(self, value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and self.low <= value <= self.high
+
+    def __str__(self):
+        return f"an integer in [{self.low}, {self.high}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Real:
+    """A finite number (an int too, never a bool) in [low, high], either end open."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+
+    def allows(self, value) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond float's range
+            return False
+        return (
+            math.isfinite(number)
+            and (self.low < number if self.low_open else self.low <= number)
+            and (number < self.high if self.high_open else number <= self.high)
+        )
+
+    def __str__(self):
+        return (
+            f"a finite number in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
+            f"{')' if self.high_open else ']'}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Boolean:
+    def allows(self, value) -> bool:
+        return isinstance(value, bool)
+
+    def __str__(self):
+        return "true or false"
+
+
+@dataclasses.dataclass(frozen=True)
+class OneOf:
+    choices: tuple
+
+    def allows(self, value) -> bool:
+        return isinstance(value, str) and value in self.choices
+
+    def __str__(self):
+        return "one of " + ", ".join(json.dumps(c) for c in self.choices)
+
+
+@dataclasses.dataclass(frozen=True)
+class Text:
+    """A string (a path, a free text) of at most `longest` characters, without NUL."""
+
+    longest: int = 4096
+
+    def allows(self, value) -> bool:
+        return isinstance(value, str) and len(value) <= self.longest and "\0" not in value
+
+    def __str__(self):
+        return f"a string of at most {self.longest} characters"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pattern:
+    regex: str
+    what: str
+
+    def allows(self, value) -> bool:
+        return isinstance(value, str) and re.fullmatch(self.regex, value) is not None
+
+    def __str__(self):
+        return self.what
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """What `function` accepts: it raises ValueError (or TypeError) for anything else (a rule kept elsewhere, e.g.
+    fairfl.quorum.check_min_clients)."""
+
+    function: Callable
+    what: str
+
+    def allows(self, value) -> bool:
+        try:
+            self.function(value)
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    def __str__(self):
+        return self.what
+
+
+@dataclasses.dataclass(frozen=True)
+class Nullable:
+    kind: object
+
+    def allows(self, value) -> bool:
+        return value is None or self.kind.allows(value)
+
+    def __str__(self):
+        return f"null or {self.kind}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ListOf:
+    """A list of `shortest` to `longest` items of kind `item`; `distinct`: no item twice; `increasing`: each above the
+    one before."""
+
+    item: object
+    shortest: int
+    longest: int
+    distinct: bool = False
+    increasing: bool = False
+
+    def allows(self, value) -> bool:
+        if not isinstance(value, (list, tuple)) or not self.shortest <= len(value) <= self.longest:
+            return False
+        if not all(self.item.allows(v) for v in value):
+            return False
+        if self.distinct and len(set(value)) != len(value):
+            return False
+        return not self.increasing or all(a < b for a, b in zip(value, value[1:]))
+
+    def __str__(self):
+        count = f"{self.shortest}" if self.shortest == self.longest else f"{self.shortest} to {self.longest}"
+        extra = ", all different" * self.distinct + ", increasing" * self.increasing
+        return f"a list of {count} items, each {self.item}{extra}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Argument:
+    """One argument of a component: its name, kind, default and meaning (one line in the docs' tables)."""
+
+    name: str
+    kind: object
+    default: object
+    doc: str
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def problem(argument: Argument, value) -> str | None:
+    """Why `value` cannot be `argument`, naming it, or None."""
+    if argument.kind.allows(value):
+        return None
+    return f"{argument.name} must be {argument.kind}, got {_shown(value)}"
+
+
+def with_defaults(arguments: tuple, **defaults) -> tuple:
+    """`arguments` with the defaults of those named changed (a subclass's own defaults: Fed-LWR's uniform weighting)."""
+    unknown = set(defaults) - {a.name for a in arguments}
+    if unknown:
+        raise ValueError(f"no argument(s) {sorted(unknown)} to change the default of")
+    return tuple(dataclasses.replace(a, default=defaults.get(a.name, a.default)) for a in arguments)
+
+
+def _site_name(value) -> str:
+    return safe_name(value, "site name")
+
+
+# --- the server: every controller's round (fairfl.flare.engine.FairRoundController) ----------------------------------
+ROUND = (
+    Argument("num_rounds", Integer(1, MAX_ROUNDS), 20, "communication rounds (the paper: 200; CPU default 20)"),
+    Argument(
+        "eval_every",
+        Integer(1, MAX_ROUNDS),
+        5,
+        "evaluate the global model on every site's test split every N rounds and at the end",
+    ),
+    Argument(
+        "min_clients",
+        Checked(check_min_clients, 'null or "majority" (more than half the sites), "all" or a positive number'),
+        None,
+        "how many of the sites that train must answer a task for the round to go on (fairfl.quorum): null or "
+        '"majority" = more than half of them (2 of 3, 4 of 6), "all", or a number. The others are recorded absent or '
+        "failed for the round; fewer answers end the job with a clear message",
+    ),
+    Argument(
+        "task_timeout",
+        Integer(1, MAX_SECONDS),
+        3600,
+        "seconds (whole: NVFlare's tasks count whole seconds) to wait for a task's answers before going on with those "
+        "received",
+    ),
+    Argument("seed", Integer(0, MAX_SEED), 0, "seed of the initial global model"),
+    Argument("data_seed", Integer(0, MAX_SEED), 0, "seed of the built-in synthetic data (ignored with a data root)"),
+    Argument(
+        "dataset",
+        OneOf(tuple(BUILTIN_DATASETS)),
+        "prostate",
+        'built-in data of sites without a data root, and so the task: segmentation "prostate" (T2 MRI) or "fundus" '
+        '(RGB, disc/cup); classification under quality shift "skin" (8 dermoscopy classes, RGB) or "ich" (5 '
+        'hemorrhage subtypes, CT), with Gaussian-noise corrupted sites, or "skin_blur", "ich_blur" with motion blur; '
+        '"skin_imbalanced", "ich_imbalanced" (FedNPR). With a data root, name the built-in dataset of the same task',
+    ),
+    # the ranges of the model spec a site accepts (fairfl.models.SPEC_INTS, SPEC_LISTS)
+    Argument(
+        "num_classes",
+        Nullable(Integer(1, 100_000)),
+        None,
+        "classes of the data, background included; null = the built-in dataset's (prostate 2, fundus 3, skin 8, ich 5)",
+    ),
+    Argument(
+        "in_channels",
+        Nullable(Integer(1, 64)),
+        None,
+        "image channels; null = the built-in dataset's (prostate 1, fundus 3, skin 3, ich 1)",
+    ),
+    Argument(
+        "model",
+        Nullable(OneOf(("unet", "cnn", "resnet18"))),
+        None,
+        '"unet", "cnn" (small CNN) or "resnet18" (MONAI, never pretrained); null = unet for segmentation, cnn for '
+        "classification",
+    ),
+    Argument(
+        "model_channels",
+        Nullable(ListOf(Integer(1, 8192), 1, 10)),
+        None,
+        "channels per level of the U-Net, or per block of the CNN; null = the task's ([16, 32, 64, 128] for the "
+        "U-Net, [16, 32, 64] for the CNN). The network may have at most FAIRFL_SERVER_MAX_MODEL_PARAMETERS parameters",
+    ),
+    Argument(
+        "model_strides", ListOf(Integer(1, 4), 1, 9), (2, 2, 2), "the U-Net's strides, one fewer than its channels"
+    ),
+    Argument(
+        "model_norm",
+        Nullable(OneOf(("batch", "group", "instance"))),
+        None,
+        'the network\'s normalisation, "batch", "group" (classification networks) or "instance"; null = the '
+        "network's default (unet: instance, without affine parameters; cnn: group; resnet18: batch)",
+    ),
+    Argument(
+        "weighting",
+        OneOf(("samples", "uniform")),
+        "samples",
+        '"samples" (FedAvg of McMahan et al., by training-set size) or "uniform" (1/K)',
+    ),
+    Argument(
+        "exclude_sites",
+        ListOf(Checked(_site_name, "a site name"), 0, 10_000, distinct=True),
+        (),
+        "sites held out of the federation: they never train nor enter aggregation but are scored with the global "
+        "model as it is (a new hospital joining later; leave-one-out runs). Every evaluated record summarises them "
+        "(held_out) apart from the federation's sites (federation). Not with Solo (no global model)",
+    ),
+    Argument(
+        "preset",
+        OneOf(("", *PRESETS)),
+        "",
+        "named settings bundle (fairfl.presets); FAIRFL_PRESET overrides it",
+    ),
+    Argument(
+        "task_check_period",
+        Real(0.01, 60),
+        0.1,
+        "how often the controller checks for answers, in seconds (NVFlare's ModelController: 0.5)",
+    ),
+    Argument(
+        "straggler_timeout",
+        Real(0, MAX_SECONDS, low_open=True),
+        600,
+        "once min_clients sites have answered a task, wait at most this many more seconds (rounded up to whole "
+        "seconds) for the others; those still missing are recorded absent for the round (a crashed or disconnected "
+        "site). A stalled site costs a round at most this, never task_timeout",
+    ),
+    Argument(
+        "run_name",
+        Checked(lambda name: name == "" or safe_name(name, "run_name"), '"" or a safe name (fairfl.names)'),
+        "",
+        '"" = an ordinary run. A name makes the run resumable: after every round the server keeps a checkpoint '
+        "(round, global model, the method's state, the results so far) and the sites keep their state under that "
+        "name outside the job's folder; the same job submitted again after a restart continues from the last "
+        "completed round. Its settings must be unchanged (num_rounds, eval_every, min_clients and the timeouts may "
+        "change). It becomes a folder name on the server and every site",
+    ),
+    # fairfl.site_checks.MAX_SAMPLES
+    Argument(
+        "max_samples",
+        Integer(1, 10**12),
+        10_000_000,
+        "a site reporting more training samples than this, or more than it reported in its first round, is rejected "
+        "for the round (its sample count weighs its model)",
+    ),
+    Argument(
+        "max_update_ratio",
+        Real(0, MAX_FACTOR),
+        10.0,
+        "a site whose update (its trained model minus the model it started from) has a norm more than this many "
+        "times the round's median is rejected for the round; 0 = no check",
+    ),
+    Argument(
+        "max_share",
+        Nullable(Real(0, 1, low_open=True)),
+        None,
+        "no site weighs more than this share of an aggregation (sample counts, FedCE's contributions, SAGA's and "
+        "q-FedAvg's weights, Fed-LWR's layer weights, CFFL's and CGSV's reputations) when at least 3 sites are "
+        "aggregated: a larger weight is cut and the rest shared in proportion; 1 = no cap. null = the method's "
+        "default (0.5; Fed-LWR 1, whose ordinary layer weights exceed 0.5)",
+    ),
+    # fairfl.aggregation.ROBUST_MODES
+    Argument(
+        "robust_aggregation",
+        OneOf(("none", "median", "trimmed_mean")),
+        "none",
+        '"none" (the method\'s weighted average), "median" or "trimmed_mean": the averaging step becomes an unweighted '
+        "coordinate-wise median or trimmed mean of the accepted sites' models (CFFL, CGSV: of their updates). "
+        "q-FedAvg's step is not an average: refused there",
+    ),
+    Argument(
+        "trim_fraction",
+        Real(0, 0.5, high_open=True),
+        0.2,
+        "trimmed_mean drops floor(trim_fraction * K) of the K values at each end, per coordinate",
+    ),
+    # fairfl.training.OPTIMIZERS; the momentum a site accepts (check_optimizer_settings)
+    Argument(
+        "local_optimizer",
+        OneOf(("adam", "sgd")),
+        "adam",
+        'the sites\' local optimiser, "adam" (the papers\' segmentation and FedISM+ settings) or "sgd" (with '
+        "momentum; q-FedAvg's authors' local solver), at the sites' lr",
+    ),
+    Argument("momentum", Real(0, 1, high_open=True), 0.0, "the momentum of sgd"),
+    Argument(
+        "keep_optimizer_state",
+        Boolean(),
+        False,
+        "false (the papers' code): every round starts a fresh optimiser; true: each site keeps its optimiser's state "
+        "(Adam's moment estimates) from its previous round",
+    ),
+    Argument(
+        "average_last",
+        Integer(1, MAX_ROUNDS),
+        1,
+        "evaluate each of the last N rounds too, and add to the final record mean_of_last: each site's metrics "
+        "averaged over those N evaluations (FedISM+ reports the mean of the last 5); 1 = only the last round",
+    ),
+    Argument(
+        "test_scale",
+        Checked(check_test_scale, f"a number in [1, {MAX_TEST_SCALE}]"),
+        1.0,
+        "the built-in data's test splits hold about this many times their items (1 to 20), the extra ones drawn from "
+        "each site's own distribution; training and validation data are unchanged. A site with a data root ignores it",
+    ),
+    Argument(
+        "cross_site_eval",
+        Boolean(),
+        False,
+        "after the last round, every federation site's own model (Solo's local model, Ditto's personal model, the "
+        "global model with FedNPR-Per's head or FedBN's normalisation layers) is sent to every site and scored on its "
+        "test split: results.json cross_site. Only for the methods that score each site with a model of its own",
+    ),
+)
+
+# --- the methods' own server arguments (fairfl.methods.<method>.controller) ---------------------------------------
+FEDPROX = (
+    Argument(
+        "mu",
+        Real(0, MAX_PROXIMAL_WEIGHT),
+        0.01,
+        "weight of the proximal term (mu / 2) ||w - w_t||^2 (FedProx tunes it over 0.001..1; 0.01 is NVFlare's)",
+    ),
+)
+DITTO = (
+    Argument(
+        "ditto_lambda",
+        Real(0, MAX_PROXIMAL_WEIGHT),
+        0.1,
+        "lambda of the personal objective; 0 = the personal model trains on local data alone (started from the first "
+        "global model it received); large = it stays near the global model (the paper tunes it per dataset from a "
+        "small grid; 0.1 is NVFlare 2.9's PTDittoHelper's)",
+    ),
+)
+FEDFLOOR = (  # fairfl.methods.fedfloor.mixing.DEFAULT_GRID, check_grid
+    Argument(
+        "mix_grid",
+        ListOf(Real(0, 1), 1, 101, distinct=True),
+        (0.0, 0.25, 0.5, 0.75, 1.0),
+        "the alphas scored (0 = the global model, 1 = the personal model); [0, 1] chooses between the two without "
+        "mixing (recorded as fedfloor_pick)",
+    ),
+)
+FEDCE = (  # fairfl.methods.fedce.contribution.COMBINE_MODES
+    Argument(
+        "combine",
+        OneOf(("sum", "product")),
+        "sum",
+        '"sum" (FedCE (Sum.), Gamma^s) or "product" (FedCE (Multi.), Gamma^m)',
+    ),
+)
+FEDLWR = (
+    Argument(
+        "cka_clip",
+        Nullable(ListOf(Real(0, 1), 2, 2, increasing=True)),
+        None,
+        "[low, high] to clip CKA to before Eq. 5 (the authors' code: [1e-4, 0.99]); null = no clip, as in the paper's "
+        "equations",
+    ),
+)
+FEDISM = (  # fairfl.methods.fedism.sharpness.RHO_MAX, TAU, GSAM_ALPHA; saga.VARIANTS, Q, BETA
+    Argument(
+        "rho_max",
+        Real(0, MAX_SEARCH_DISTANCE),
+        0.1,
+        "the largest search distance (FedISM+: 0.1; FedISM's fixed rho: 0.05)",
+    ),
+    Argument(
+        "tau",
+        Real(0, 100),
+        0.5,
+        "how fast rho grows (Eq. 12; FedISM+: 0.5); 0 = a fixed rho = rho_max, which is FedISM",
+    ),
+    Argument(
+        "variant", OneOf(("S", "L")), "S", 'SAGA\'s weights: "S" (sharpness, Eq. 16) or "L" (perturbed loss, Eq. 17)'
+    ),
+    Argument("q", Real(0, 100), 2.0, "exponent of SAGA's weights (the paper: 2)"),
+    Argument(
+        "beta",
+        Real(0, 1, low_open=True),
+        0.5,
+        "moving-average weight of this round's raw weights (the paper: 0.5; 1 = no averaging)",
+    ),
+    Argument("gsam_alpha", Real(0, 1), 0.1, "GSAM's surrogate-gap weight (0.1); 0 is SAM"),
+    Argument(
+        "saga",
+        Boolean(),
+        True,
+        "false = the SALT-only ablation (the paper's Table I): SALT training, FedAvg's weights (weighting), no "
+        "sharpness probe",
+    ),
+)
+QFEDAVG = (
+    Argument("q", Real(0, 100), 1.0, "fairness exponent (0 = FedAvg with equal weights; FedISM+ tunes 0.5, 1, 2, 5)"),
+    Argument(
+        "lipschitz",
+        Nullable(Real(0, 1e12)),
+        None,
+        "L of the update; null = 1 / the sites' learning rate (Li et al.); 0 = loss^q-weighted FedAvg",
+    ),
+)
+FEDNPR = (  # fairfl.methods.fednpr.npr: NUM_SUBCLUSTERS, NPR_WEIGHT, EPSILON, ... and what a site accepts
+    Argument(
+        "num_subclusters",
+        Integer(1, 256),
+        4,
+        "K prototypes per class (the paper: 4 on skin lesions, 2 on ICH; 1 = the class mean)",
+    ),
+    Argument(
+        "npr_weight",
+        Real(0, MAX_FACTOR),
+        1.0,
+        "lambda of Eq. 5, multiplying NPR. Default 1: the authors' code adds lambda instead, so their runs trained "
+        "with weight 1 whatever lambda they give (the paper: 0.1 on skin, 0.05 on ICH)",
+    ),
+    Argument("sinkhorn_epsilon", Real(0, MAX_FACTOR, low_open=True), 0.05, "Sinkhorn-Knopp's entropic regularisation"),
+    Argument("sinkhorn_iterations", Integer(1, 10_000), 50, "Sinkhorn-Knopp's iterations"),
+    Argument("temperature", Real(0, MAX_FACTOR, low_open=True), 1.0, "divides NPR's logits (Eq. 3 has none: 1)"),
+    Argument(
+        "npr_logits",
+        OneOf(("layernorm", "cosine")),
+        "layernorm",
+        '"layernorm" (the authors\' training loop: the per-class max cosines through a LayerNorm over the classes) or '
+        '"cosine" (Eq. 3 as printed: the max cosines themselves)',
+    ),
+    Argument("personal_head", Boolean(), False, "FedNPR-Per: every site keeps its own classifier head"),
+)
+CFFL = (
+    Argument(
+        "alpha",
+        Real(0, 100, low_open=True),  # sinh(alpha) overflows above 710
+        5.0,
+        'the sinh "punishment factor" (the authors\' code: 5 on MNIST; 10 on Adult)',
+    ),
+    Argument(
+        "reputation_threshold",
+        Real(0, 1, high_open=True),
+        0.0,
+        "a site whose normalised reputation falls below it is removed for good and receives nothing more; 0 = nobody "
+        "is removed",
+    ),
+)
+CGSV = (
+    Argument("alpha", Real(0, 1), 0.95, "weight of the past reputation in its moving average (the paper: 0.95)"),
+    Argument(
+        "beta",
+        Real(0, 1e9, low_open=True),
+        1.0,
+        "altruism degree: larger shares the aggregate more equally (the authors' code sweeps 0.5 to 2 and 1e7)",
+    ),
+    Argument(
+        "gamma",
+        Nullable(Real(0, 1e9, low_open=True)),
+        None,
+        "norm Gamma of every uploaded update (the paper: a constant per dataset); null = the median norm of the "
+        "round's raw updates",
+    ),
+)
+
+# --- the sites: the one executor (fairfl.flare.executor.FairflExecutor) --------------------------------------------
+EXECUTOR = (
+    Argument(
+        "data_root",
+        Text(),
+        "",
+        "folder holding <site>.json datalists; empty = the built-in synthetic data. The site's own FAIRFL_DATA_ROOT "
+        "overrides it (fairfl.site_settings)",
+    ),
+    Argument("image_size", Integer(MIN_IMAGE_SIZE, 2048), 64, "images and masks are resized to this square"),
+    Argument(
+        "batch_size",
+        Nullable(Integer(1, 4096)),
+        None,
+        "batch size of the local update; null = the task's (fairfl.presets.TASK_DEFAULTS: segmentation 8, "
+        "classification 32)",
+    ),
+    Argument(
+        "lr",
+        Nullable(Real(0, 10, low_open=True)),
+        None,
+        "learning rate of the local optimiser; null = the task's (segmentation 1e-3, classification 3e-4)",
+    ),
+    Argument(
+        "weight_decay",
+        Nullable(Real(0, 1)),
+        None,
+        "weight decay of the local optimiser; null = the task's (segmentation 1e-4, classification 5e-4)",
+    ),
+    Argument("local_epochs", Integer(1, 1000), 1, "epochs per round, used when local_steps is 0"),
+    Argument(
+        "local_steps",
+        Integer(0, 1_000_000),
+        0,
+        "if > 0, a fixed number of optimiser steps per round, equal for every site",
+    ),
+    # fairfl.methods.fedlwr.cka.MIN_BATCH: the unbiased HSIC needs 4 samples
+    Argument(
+        "cka_max_samples",
+        Integer(4, 100_000),
+        64,
+        "Fed-LWR measures CKA on a random sample of at most this many images of the site's cka_split",
+    ),
+    Argument(
+        "cka_batch_size",
+        Integer(4, 4096),
+        32,
+        "Fed-LWR's CKA minibatch (at least 4, for the unbiased HSIC; docs/methods/fedlwr.md: measured against 8, 64)",
+    ),
+    Argument(
+        "cka_split",
+        OneOf(("training", "validation")),
+        "training",
+        "the split Fed-LWR samples CKA's images from, drawn afresh every round",
+    ),
+    Argument(
+        "synthetic_size_scale",
+        Nullable(Real(0, 100, low_open=True)),
+        None,
+        "scales the number of cases per site of the built-in data; null = the task's (segmentation 2.0, "
+        "classification 1.0)",
+    ),
+    Argument("seed", Integer(0, MAX_SEED), 0, "base seed; each site derives its own from it and its name"),
+    Argument("num_threads", Integer(0, 1024), 1, "torch intra-op threads of this client (0 = torch's default)"),
+    Argument(
+        "device",
+        Pattern(r"auto|cpu|cuda(:[0-9]{1,4})?", '"auto", "cpu", "cuda" or "cuda:N"'),
+        "auto",
+        '"auto" (CUDA when present), "cpu", "cuda", "cuda:1", ...; a CUDA device the site lacks is refused there',
+    ),
+    Argument(
+        "logit_adjustment",
+        Real(0, 100),
+        1.0,
+        "classification only: tau of the logit-adjusted cross-entropy (Menon et al.; FedISM+ uses 1) against the "
+        "site's label skew; 0 = plain cross-entropy",
+    ),
+    Argument("preset", OneOf(("", *PRESETS)), "", "named settings bundle (fairfl.presets); FAIRFL_PRESET overrides it"),
+    # fairfl.data.loaders.AUGMENTATIONS
+    Argument(
+        "augmentation",
+        Nullable(ListOf(OneOf(("flip", "rotate90", "intensity")), 0, 3, distinct=True)),
+        None,
+        'the training augmentation, a list of "flip" (mirroring along both axes), "rotate90" (quarter turns) and '
+        '"intensity" (scale/shift); [] = none; null = the task\'s (all three). Leave out flip and rotate90 where '
+        "orientation carries meaning",
+    ),
+    Argument(
+        "amp",
+        Boolean(),
+        False,
+        "mixed precision (fairfl.training.mixed_precision): the forward passes of local training, the methods' probes "
+        "and evaluation under torch.autocast (float16 with a gradient scaler on CUDA, bfloat16 on CPU); false: "
+        "everything in float32",
+    ),
+    Argument(
+        "loader_workers",
+        Integer(0, 64),
+        0,
+        "worker processes that augment the training batches beside the training (make_loader's num_workers), for a "
+        "GPU site whose one loading thread cannot keep up; 0 = in the site process",
+    ),
+)
+
+_METHODS = "fairfl.methods."
+# every fairfl component by class path: its arguments, in the order its job files list them (a class's bases' first)
+COMPONENTS: Mapping[str, tuple] = {
+    "fairfl.flare.executor.FairflExecutor": EXECUTOR,
+    "fairfl.flare.engine.FairRoundController": ROUND,
+    _METHODS + "solo.controller.SoloController": ROUND,
+    _METHODS + "fedavg.controller.FedAvgController": ROUND,
+    _METHODS + "fedbn.controller.FedBNController": ROUND,
+    _METHODS + "fedprox.controller.FedProxController": ROUND + FEDPROX,
+    _METHODS + "fednpr.controller.FedNPRController": with_defaults(ROUND + FEDPROX, mu=0.0) + FEDNPR,
+    _METHODS + "ditto.controller.DittoController": ROUND + DITTO,
+    _METHODS + "fedfloor.controller.FedFloorController": ROUND + DITTO + FEDFLOOR,
+    _METHODS + "fedce.controller.FedCEController": ROUND + FEDCE,
+    _METHODS + "fedlwr.controller.FedLWRController": with_defaults(ROUND, weighting="uniform") + FEDLWR,
+    _METHODS + "fedism.controller.FedISMController": ROUND + FEDISM,
+    _METHODS + "qfedavg.controller.QFedAvgController": ROUND + QFEDAVG,
+    _METHODS + "rewards.controller.RewardController": ROUND,
+    _METHODS + "rewards.controller.CFFLController": ROUND + CFFL,
+    _METHODS + "rewards.controller.CGSVController": ROUND + CGSV,
+}
+
+
+def component_path(component) -> str:
+    """The registered path of `component`: a class path, or a class (a subclass outside COMPONENTS takes its nearest
+    registered base's arguments)."""
+    if isinstance(component, str):
+        if component not in COMPONENTS:
+            raise ValueError(f"{component} is no fairfl component (known: {', '.join(sorted(COMPONENTS))})")
+        return component
+    for klass in component.__mro__:
+        path = f"{klass.__module__}.{klass.__qualname__}"
+        if path in COMPONENTS:
+            return path
+    raise ValueError(f"{component.__module__}.{component.__qualname__} declares no arguments in fairfl.arguments")
+
+
+def declared(component) -> dict[str, Argument]:
+    """{name: Argument} of `component` (a class path or a class), in its job files' order."""
+    return {a.name: a for a in COMPONENTS[component_path(component)]}
+
+
+def defaults(component) -> dict:
+    """{name: default} of `component`, tuples as JSON lists (what `fairfl make-jobs` writes)."""
+    return {
+        name: list(a.default) if isinstance(a.default, tuple) else a.default for name, a in declared(component).items()
+    }
+
+
+def check(component, name: str, value) -> None:
+    """ValueError naming the component and the argument if `value` is not one `name` of `component` takes."""
+    argument = declared(component).get(name)
+    if argument is None:
+        raise TypeError(_unknown(component, [name]))
+    why = problem(argument, value)
+    if why:
+        raise ValueError(f"{_short(component)}: {why}")
+
+
+def check_all(component, args: Mapping) -> dict:
+    """Every argument of `component` ({name: value} given, the rest defaults) if each is one it takes: else an error
+    naming the component and every bad argument (TypeError for a name it does not have, as Python's own)."""
+    arguments = declared(component)
+    if not isinstance(args, Mapping):
+        raise TypeError(f"{_short(component)}: its arguments must be an object, got {_shown(args)}")
+    unknown = [name for name in args if name not in arguments]
+    if unknown:
+        raise TypeError(_unknown(component, unknown))
+    values = {name: args.get(name, a.default) for name, a in arguments.items()}
+    problems = [why for name, value in values.items() if (why := problem(arguments[name], value))]
+    if problems:
+        raise ValueError(f"{_short(component)}: " + "; ".join(problems))
+    return values
+
+
+def _short(component) -> str:
+    return component_path(component).rpartition(".")[2]
+
+
+def _unknown(component, names) -> str:
+    return (
+        f"{_short(component)} got an unexpected keyword argument(s) {', '.join(map(repr, names))}"
+        f"{moved_settings(names)}"
+    )
+
+
+def moved_settings(names) -> str:
+    """Where each of `names` that was once a job argument went: the site's own settings (its environment)."""
+    return "".join(
+        f"; {name} is the site's own setting {MOVED_ARGUMENTS[name]} (its environment)"
+        for name in names
+        if name in MOVED_ARGUMENTS
+    )
