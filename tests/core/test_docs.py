@@ -1,13 +1,15 @@
 """The documentation (README.md and docs/): links that lead somewhere, every job argument documented on the right
 page, the README's method chooser backed by the committed outputs it links to, and the CI's test command."""
 
+import json
 import os
 import re
 
 import pytest
 
+from fairfl.arguments import COMPONENTS
 from fairfl.benchmark import LINK, documentation_files
-from fairfl.jobconfig import job_arguments
+from fairfl.jobconfig import component_arguments, job_arguments
 from fairfl.methods import UNITS
 
 from conftest import REPO
@@ -57,17 +59,23 @@ def test_a_link_written_from_the_wrong_folder_is_found(tmp_path):
     assert dead_links([str(page)]) == [f"{page}: benchmarks/a.md", f"{page}: ../benchmarks/b.md"]
 
 
-def argument_rows(text: str) -> set[str]:
-    """The argument names in the first column of every `| argument | default | meaning |` table."""
-    names, in_table = set(), False
+def table_rows(text: str) -> list[tuple[list[str], str]]:
+    """(argument names, default cell) of every row of every `| argument | default | meaning |` table."""
+    rows, in_table = [], False
     for line in text.splitlines():
         if line.startswith("| argument |"):
             in_table = True
         elif not line.startswith("|"):
             in_table = False
         elif in_table and not line.startswith("|---"):
-            names.update(re.findall(r"`(\w+)`", line.split("|")[1]))
-    return names
+            cells = line.split("|")
+            rows.append((re.findall(r"`(\w+)`", cells[1]), cells[2].strip()))
+    return rows
+
+
+def argument_rows(text: str) -> set[str]:
+    """The argument names in the first column of every argument table."""
+    return {name for names, _ in table_rows(text) for name in names}
 
 
 def test_every_job_argument_is_documented_and_a_method_page_only_its_own_jobs():
@@ -83,6 +91,63 @@ def test_every_job_argument_is_documented_and_a_method_page_only_its_own_jobs():
         own = set().union(*(job_arguments(os.path.join(REPO, "jobs", j)) for j in METHOD_PAGES[page]))
         assert names - own == set(), f"docs/methods/{page}.md documents arguments its jobs do not have"
         assert not names & common - {"logit_adjustment"}, f"docs/methods/{page}.md repeats a common argument"
+
+
+def split_top_level(text: str, sep: str = ",") -> list[str]:
+    """`text` split at `sep` outside brackets and parentheses."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += (char in "[(") - (char in "])")
+        if char == sep and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return [*parts, current.strip()]
+
+
+def documented_defaults(text: str) -> list[tuple[str, object]]:
+    """(argument, documented default) of every row of every argument table: the default column without its
+    parenthesised remarks ("0.01 (FedNPR: 0)"), its values in the order of the row's names, or one value for all."""
+    found = []
+    for names, cell in table_rows(text):
+        values = [v.split(" (")[0] for v in split_top_level(cell)]
+        values = values if len(values) == len(names) else values * len(names)
+        for name, value in zip(names, values, strict=True):
+            try:
+                found.append((name, json.loads(value)))
+            except json.JSONDecodeError:
+                found.append((name, value))
+    return found
+
+
+def declared_defaults(paths) -> dict:
+    """{argument: [its declared defaults]} of the fairfl components `paths`, tuples as lists."""
+    defaults = {}
+    for path in paths:
+        for name, value in component_arguments(path).items():
+            defaults.setdefault(name, []).append(value)
+    return defaults
+
+
+def test_every_documented_default_is_the_declared_one():
+    """The argument tables of docs/running.md and the method pages give each argument's default as fairfl.arguments
+    declares it (for a method page: in one of its jobs' components)."""
+    pages = {os.path.join(DOCS, "running.md"): list(COMPONENTS)}
+    for unit in UNITS:
+        paths = [j.controller for j in unit.jobs] + ["fairfl.flare.executor.FairflExecutor"]
+        pages.setdefault(os.path.join(DOCS, unit.doc), []).extend(paths)
+    checked = 0
+    for page, paths in pages.items():
+        declared = declared_defaults(paths)
+        for name, documented in documented_defaults(read(page)):
+            assert name in declared, f"{page}: {name} is no argument of its components"
+            assert documented in declared[name], f"{page}: {name} documented {documented!r}, declared {declared[name]}"
+            checked += 1
+    assert checked >= 70
+    wrong = "| argument | default | meaning |\n|---|---|---|\n| `num_rounds`, `seed` | 20, 1 (paper: 200) | x |\n"
+    assert documented_defaults(wrong) == [("num_rounds", 20), ("seed", 1)]  # 1 is caught: seed's default is 0
+    assert 1 not in declared_defaults(COMPONENTS)["seed"]
 
 
 def test_every_method_page_has_the_same_headings_in_order():
