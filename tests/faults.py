@@ -22,7 +22,8 @@ class CorruptResult(Filter):
         "string_metric" turns every metric of every answer (train and validate) into a string; "huge_samples" claims
         10**18 training samples; "huge_update" adds 1000 to every float weight (a finite, huge update); "lr" reports
         a learning rate 10 times its own (q-FedAvg's L = 1 / lr); "out_of_range" makes every metric of an evaluation
-        7.0 (a score outside [0, 1]). Faults of a site that comes back, waiting on events, never on the clock: "fail"
+        7.0 (a score outside [0, 1]); "path_metric" adds metrics named `../x` and `a/../../b`. Faults of a site that
+        comes back, waiting on events, never on the clock: "fail"
         answers the train tasks of `rounds` (all when null) with an execution error, as a site whose training raised;
         "stall" holds its answer to the train task of round `round` until the server's results file `release` records
         that round (the server has gone on without it), then sends it, late."""
@@ -47,7 +48,9 @@ class CorruptResult(Filter):
                 if self.train_results == self.round + 1:
                     os._exit(1)
             return shareable
-        if self.mode == "string_metric" and model.metrics:
+        if self.mode == "path_metric" and model.metrics:  # names MLflow refuses as paths
+            set_metrics(model, {**model.metrics, "../x": 0.5, "a/../../b": 0.5})
+        elif self.mode == "string_metric" and model.metrics:
             set_metrics(model, {name: f"{value}; DROP TABLE results" for name, value in model.metrics.items()})
         elif self.mode == "huge_samples" and model.params:
             model.meta["num_samples"] = 10**18

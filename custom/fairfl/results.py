@@ -92,7 +92,8 @@ class ResultsLog:
     def cross_site(self, round_num: int, matrix: dict, **extras) -> dict:
         """Record the cross-site evaluation after round `round_num`: matrix {model's site: {test site: main metric}};
         adds each model's score on its own site's test split (`own`, the diagonal) and its mean over the other sites
-        (`on_others`, generalisation); extras (rejected, absent, failed) where not empty."""
+        (`on_others`, generalisation); extras (rejected, absent, failed, declined: the sites whose own setting keeps
+        their model at home) where not empty."""
         models = sorted(matrix, key=site_key)
         others = {m: [v for s, v in matrix[m].items() if s != m] for m in models}
         self.data["cross_site"] = {

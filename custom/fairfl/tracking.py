@@ -19,7 +19,13 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 TB_RECEIVER = "nvflare.app_opt.tracking.tb.tb_receiver.TBAnalyticsReceiver"
-MLFLOW_RECEIVER = "nvflare.app_opt.tracking.mlflow.mlflow_receiver.MLflowReceiver"
+# NVFlare's MLflowReceiver with the URI checked again on the server that runs it (a job written by hand could name any)
+MLFLOW_RECEIVER = "fairfl.flare.mlflow_receiver.CheckedMLflowReceiver"
+# receivers that send what the server records elsewhere, at a job's word: never on an allow-list (kits.allow_listed)
+UNCHECKED_RECEIVERS = (
+    "nvflare.app_opt.tracking.mlflow.mlflow_receiver.MLflowReceiver",
+    "nvflare.app_opt.tracking.wandb.wandb_receiver.WandBReceiver",
+)
 TB_FOLDER = "tb_events"  # in the server's run folder, one subfolder per site
 # NVFlare's MLflowReceiver without a tracking_uri writes a SQLite store here, in the server's run folder (MLflow 3
 # refuses its old file store, ./mlruns, unless told to)

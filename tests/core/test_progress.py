@@ -233,7 +233,7 @@ def test_fairfl_run_with_mlflow_runs_a_job_copy_with_nvflares_receiver_and_print
         components = json.load(f)["components"]
     assert ran[0] == workspace + "_job" and [(c["path"], c["args"].get("tracking_uri", "-")) for c in components] == [
         ("nvflare.app_opt.tracking.tb.tb_receiver.TBAnalyticsReceiver", "-"),
-        ("nvflare.app_opt.tracking.mlflow.mlflow_receiver.MLflowReceiver", None),
+        ("fairfl.flare.mlflow_receiver.CheckedMLflowReceiver", None),
     ]
     # a tracking server's URI instead; an empty one is refused before anything runs
     argv = ["run", job, "-w", workspace, "--force", "--quiet", "--mlflow", "http://127.0.0.1:5000"]

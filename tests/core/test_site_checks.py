@@ -264,13 +264,29 @@ def test_a_huge_but_finite_cross_site_model_is_never_sent_to_the_other_sites():
     models[3].params = {k: (v + 1e30 if v.dtype.kind == "f" else v) for k, v in models[3].params.items()}
     controller._ask_models = lambda *args: models
     sent = []
-    controller.ask = lambda round_num, task, model, targets: sent.append(model.params) or [
-        answer(s, {}, metrics={"dice": 0.5}) for s in targets
-    ]
+    controller.ask = lambda round_num, task, model, targets: (
+        sent.append(model.params) or [answer(s, {}, metrics={"dice": 0.5}) for s in targets]
+    )
     record = controller._cross_site(2, state0)
     assert set(record["matrix"]) == {"site-1", "site-2", "site-3"} and len(sent) == 3
     assert "cross-site model: update norm" in record["rejected"]["site-4"]
     assert all(np.abs(v).max() < 1e3 for params in sent for v in params.values() if v.dtype.kind == "f")
+
+
+def test_a_site_that_keeps_its_model_at_home_is_recorded_as_declining_not_failing():
+    controller = make(DittoController, cross_site_eval=True)
+    state0 = initial_state(controller.model_spec(), 0)
+    models = [answer(s, honest_params(state0, i)) for i, s in enumerate(SITES) if s != "site-2"]
+
+    def ask_models(*args):  # site-2's FAIRFL_SHARE_OWN_MODEL is 0: it answers TASK_UNSUPPORTED
+        controller.failed.update({"site-2": ReturnCode.TASK_UNSUPPORTED, "site-4": ReturnCode.EXECUTION_EXCEPTION})
+        return [m for m in models if m.meta["client_name"] != "site-4"]
+
+    controller._ask_models = ask_models
+    controller.ask = lambda round_num, task, model, targets: [answer(s, {}, metrics={"dice": 0.5}) for s in targets]
+    record = controller._cross_site(2, state0)
+    assert record["declined"] == ["site-2"] and record["failed"] == {"site-4": ReturnCode.EXECUTION_EXCEPTION}
+    assert set(record["matrix"]) == {"site-1", "site-3"} and "site-2" in record["matrix"]["site-1"]
 
 
 def test_a_trimmed_mean_says_what_it_trimmed_and_is_refused_where_it_cannot_trim():

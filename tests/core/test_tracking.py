@@ -24,7 +24,7 @@ def test_every_job_has_nvflares_tensorboard_receiver_and_the_allow_list_adds_onl
         with open(os.path.join(REPO, "jobs", job, SERVER_CONFIG)) as f:
             assert json.load(f)["components"] == [tensorboard_receiver()], job
     assert tensorboard_receiver() == {"id": "tb_receiver", "path": TB_RECEIVER, "args": {"tb_folder": "tb_events"}}
-    assert [p for p in ALLOW_LIST if not p.startswith("fairfl.")] == [TB_RECEIVER, MLFLOW_RECEIVER]
+    assert [p for p in ALLOW_LIST if not p.startswith("fairfl.")] == [TB_RECEIVER] and MLFLOW_RECEIVER in ALLOW_LIST
 
 
 def test_with_mlflow_adds_one_receiver_and_refuses_a_second_or_a_bad_uri():
@@ -143,3 +143,24 @@ def test_fairfl_run_and_the_recipe_refuse_a_tracking_uri_before_anything_runs(mo
     assert sorted(os.listdir(tmp_path)) == []  # no job copy, no workspace: the simulator never started
     with pytest.raises(ValueError, match="scheme 'databricks' is not allowed"):
         FairflRecipe("fedavg", mlflow="databricks://profile")
+
+
+def test_a_job_written_by_hand_cannot_name_an_unchecked_receiver_or_send_metrics_elsewhere(monkeypatch):
+    # fairfl run checks the URI when it writes the job; a job written by hand is checked by the receiver itself, on
+    # the server, and NVFlare's own MLflow and W&B receivers are on no allow-list fairfl writes
+    from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
+
+    from fairfl.deploy.kits import allow_listed
+    from fairfl.flare.mlflow_receiver import CheckedMLflowReceiver
+
+    assert set(tracking.UNCHECKED_RECEIVERS) <= set(DEFAULT_CLASS_ALLOW_LIST)  # NVFlare's default admits them
+    allowed = allow_listed({})["class_allow_list"]
+    assert not set(tracking.UNCHECKED_RECEIVERS) & set(allowed) and MLFLOW_RECEIVER in allowed
+    monkeypatch.delenv(tracking.MLFLOW_HOSTS_ENV, raising=False)
+    monkeypatch.delenv(tracking.MLFLOW_PATHS_ENV, raising=False)
+    for where in ("tracking_uri", "artifact_location"):
+        for uri in ("https://collector.example.com", "databricks", "file:///tmp/elsewhere"):
+            with pytest.raises(ValueError, match="MLflow tracking URI"):
+                CheckedMLflowReceiver(**{where: uri})
+    assert CheckedMLflowReceiver(tracking_uri="http://127.0.0.1:5000").tracking_uri == "http://127.0.0.1:5000"
+    assert CheckedMLflowReceiver().tracking_uri is None  # the store in the server's run folder

@@ -35,6 +35,7 @@ from fairfl.deploy import admin
 from fairfl.deploy.kits import AUTHORIZATION, complete_kits
 from fairfl.flare.components import ALLOW_LIST, components, dotted_path
 from fairfl.simulate import nvflare_command
+from fairfl.tracking import UNCHECKED_RECEIVERS
 
 from conftest import JOBS, REPO, make_job
 
@@ -206,7 +207,9 @@ def test_complete_kits_allow_lists_our_classes_keeps_gpus_locks_keys_and_never_o
     for site, gpus, mem in (("site-1", 1, 16), ("site-3", 2, 24)):
         resources = json.loads((prod / site / "local" / "resources.json").read_text())
         assert resources["class_list_enforcement_mode"] == "enforce"
-        assert set(resources["class_allow_list"]) == set(DEFAULT_CLASS_ALLOW_LIST) | set(ALLOW_LIST)
+        assert set(resources["class_allow_list"]) == set(DEFAULT_CLASS_ALLOW_LIST) - set(UNCHECKED_RECEIVERS) | set(
+            ALLOW_LIST
+        )
         assert not [e for e in resources["class_allow_list"] if e.startswith("fairfl.") and e not in ALLOW_LIST]
         manager = next(c for c in resources["components"] if c["id"] == "resource_manager")
         assert (manager["args"]["num_of_gpus"], manager["args"]["mem_per_gpu_in_GiB"]) == (gpus, mem)
@@ -262,7 +265,7 @@ def test_complete_kits_allow_lists_our_classes_keeps_gpus_locks_keys_and_never_o
     complete_kits(str(prod))
     merged = json.loads((prod / "site-3" / "local" / "resources.json").read_text())
     assert next(c for c in merged["components"] if c["id"] == "resource_manager")["args"]["mem_per_gpu_in_GiB"] == 40
-    assert set(merged["class_allow_list"]) == {*own["class_allow_list"], *ALLOW_LIST}
+    assert set(merged["class_allow_list"]) == {*own["class_allow_list"], *ALLOW_LIST} - set(UNCHECKED_RECEIVERS)
     merged["class_list_enforcement_mode"] = "disabled"  # a setting completing would change: refused
     (prod / "site-3" / "local" / "resources.json").write_text(json.dumps(merged))
     with pytest.raises(FileExistsError, match="site-3/local/resources.json"):

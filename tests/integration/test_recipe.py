@@ -16,6 +16,7 @@ from fairfl.flare.components import ALLOW_LIST
 from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG, customize_job
 from fairfl.recipe import FairflRecipe, _workspace_problem, allow_fairfl_classes, main
 from fairfl.results import SIMULATOR_RESULTS
+from fairfl.tracking import UNCHECKED_RECEIVERS
 
 from conftest import JOBS, TINY_CLIENT, TINY_SERVER
 
@@ -145,7 +146,9 @@ def test_sim_env_workspace_allow_lists_our_classes_and_nvflare_keeps_them(tmp_pa
     SimEnv._ensure_default_component_policy(str(tmp_path / "ws"))  # SimEnv.deploy runs it after the recipe's
     allowed = read(tmp_path / "ws" / "local", "resources.json")["class_allow_list"]
     assert path == str(tmp_path / "ws" / "local" / "resources.json")
-    assert allowed == list(dict.fromkeys([*DEFAULT_CLASS_ALLOW_LIST, *ALLOW_LIST]))  # NVFlare's has the receivers
+    # NVFlare's defaults but its MLflow and W&B receivers (a job could name any destination), then ours
+    defaults = [c for c in DEFAULT_CLASS_ALLOW_LIST if c not in UNCHECKED_RECEIVERS]
+    assert allowed == list(dict.fromkeys([*defaults, *ALLOW_LIST]))
 
     # a workspace's own settings and entries are kept; made from resources.json.default when that is all there is
     local = tmp_path / "own" / "local"

@@ -157,12 +157,21 @@ def test_solo_evaluates_own_models_on_a_data_root(tmp_path, cache_dir):
 def test_faulty_sites_are_rejected_every_round_and_the_global_model_stays_finite(tmp_path, cache_dir):
     # one run, four broken or malicious sites among honest site-1 and site-6: site-2 sends NaN weights, site-3
     # string metrics (train and validate), site-4 a tensor of the wrong shape, site-5 a finite but huge update and
-    # evaluation scores of 7. MLflow is on: what it and TensorBoard record is checked against results.json
+    # evaluation scores of 7; site-2's evaluations also carry metric names MLflow refuses (../x), after which NVFlare's
+    # MLflow receiver used to drop every later site's records. MLflow is on: what it and TensorBoard record is checked
+    # against results.json
     broken = {"site-2": "nan", "site-3": "string_metric", "site-4": "shape", "site-5": "huge_update"}
     fault = {
         "task_result_filters": [
             {"tasks": ["train"], "filters": [corrupt(site, mode) for site, mode in broken.items()]},
-            {"tasks": ["validate"], "filters": [corrupt("site-3", "string_metric"), corrupt("site-5", "out_of_range")]},
+            {
+                "tasks": ["validate"],
+                "filters": [
+                    corrupt("site-2", "path_metric"),
+                    corrupt("site-3", "string_metric"),
+                    corrupt("site-5", "out_of_range"),
+                ],
+            },
         ]
     }
     job = make_job("fedavg", str(tmp_path / "job"), client_extra=fault, mlflow=True)
@@ -176,12 +185,13 @@ def test_faulty_sites_are_rejected_every_round_and_the_global_model_stays_finite
         assert set(record["rejected"]) == set(broken)
         assert "no valid metric train_" in record["rejected"]["site-3"]
         assert "times the round's median" in record["rejected"]["site-5"]
-        assert all("evaluation: " in record["rejected"][site] for site in ("site-3", "site-5"))
+        assert all("evaluation: " in record["rejected"][site] for site in ("site-2", "site-3", "site-5"))
+        assert "metric name '../x'" in record["rejected"]["site-2"]
         assert set(record["weights"]) == {"site-1", "site-6"}
         assert set(record["train"]["site-3"]) == set()  # a string is not a metric
         assert set(record["train"]["site-5"]) == {"train_loss", "train_seconds"}
     final = results["final"]
-    assert set(final["per_site"]) == {"site-1", "site-2", "site-4", "site-6"}  # a string or a Dice of 7 is no score
+    assert set(final["per_site"]) == {"site-1", "site-4", "site-6"}  # a string, a Dice of 7 or a path is no score
     assert all(math.isfinite(v["dice"]) for v in final["per_site"].values())
     # the trackers show the accepted numbers: site-5's training metrics, never its scores; nothing of site-3
     run_dir, sites = os.path.dirname(sim.results_path), tuple(f"site-{k}" for k in range(1, 7))

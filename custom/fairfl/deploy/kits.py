@@ -33,6 +33,7 @@ from pathlib import Path
 from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
 
 from fairfl.files import write_json_atomic
+from fairfl.tracking import UNCHECKED_RECEIVERS
 
 OWN_PACKAGE = "fairfl."
 RESOURCES, AUTHORIZATION_FILE = "resources.json", "authorization.json"  # in a kit's local/
@@ -107,8 +108,9 @@ def allow_listed(resources: dict) -> dict:
     NVFlare 2.9 admits a path equal to an entry or starting with the entry plus '.' (an entry ending in '.'
     is a package prefix), then imports everything before the path's last '.' as a module: so an exact class
     entry admits that class only. Any other entry reaching into our package (`fairfl.`, from earlier versions,
-    or `fairfl.flare.`) is removed: it would let a job call any function of the package. The list in the file
-    replaces NVFlare's default, so the defaults stay in it."""
+    or `fairfl.flare.`) is removed: it would let a job call any function of the package; so are NVFlare's MLflow
+    and W&B receivers (`UNCHECKED_RECEIVERS`: a job could name any destination). The list in the file replaces
+    NVFlare's default, so the other defaults stay in it."""
     from fairfl.flare.components import ALLOW_LIST
 
     listed = resources.get("class_allow_list") or list(DEFAULT_CLASS_ALLOW_LIST)
@@ -116,7 +118,9 @@ def allow_listed(resources: dict) -> dict:
         raise ValueError(f"class_allow_list must be a list of dotted paths, got {listed!r}")
     if "*" in listed:
         raise ValueError("class_allow_list is '*' (every class allowed); refusing to narrow it silently")
-    kept = [entry for entry in listed if not entry.startswith(OWN_PACKAGE)]
+    # NVFlare's MLflow and W&B receivers would send every site's metrics wherever a job says: fairfl's checked
+    # receiver replaces the first (fairfl.flare.mlflow_receiver)
+    kept = [entry for entry in listed if not entry.startswith(OWN_PACKAGE) and entry not in UNCHECKED_RECEIVERS]
     return {
         **resources,
         "class_list_enforcement_mode": "enforce",
@@ -220,12 +224,13 @@ def restrict_folder(folder: str) -> None:
 
 def _overrides(site, ours) -> bool:
     """Whether writing `ours` over the site's `site` would change or remove a value the site set (adding keys,
-    or entries to a list of names, changes nothing the site set)."""
+    or entries to a list of names, changes nothing the site set; nor does dropping NVFlare's unchecked receivers,
+    which came with NVFlare's default list, not from the site)."""
     if isinstance(site, dict) and isinstance(ours, dict):
         return any(key not in ours or _overrides(value, ours[key]) for key, value in site.items())
     if isinstance(site, list) and isinstance(ours, list):
         if all(isinstance(entry, str) for entry in site + ours):
-            return not set(site) <= set(ours)
+            return not set(site) - set(UNCHECKED_RECEIVERS) <= set(ours)
         return len(site) != len(ours) or any(map(_overrides, site, ours))
     return site != ours
 

@@ -19,7 +19,7 @@ import time
 from typing import NamedTuple
 
 from nvflare.apis.analytix import ANALYTIC_EVENT_TYPE, AnalyticsDataType
-from nvflare.apis.fl_constant import FedEventHeader, ReservedKey
+from nvflare.apis.fl_constant import FedEventHeader, ReservedKey, ReturnCode
 from nvflare.apis.utils.analytix_utils import create_analytic_dxo
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.widgets.convert_to_fed_event import FED_EVENT_PREFIX
@@ -411,8 +411,9 @@ class FairRoundController(Checkpointing, TaskFanOut):
         """Cross-site evaluation (`cross_site_eval`) after the last round: every federation site returns the model it
         is scored with (`validate` with SUBMIT_MODEL), screened like a trained model (every tensor of the network,
         finite, its distance from the global model within `max_update_ratio` of the others'); each accepted one is
-        sent to every site, which scores it as it is (as a held-out site scores the global model). Returns
-        {"matrix": {model's site: {test site: main metric}}, "rejected", "absent", "failed"} (ResultsLog.cross_site)."""
+        sent to every site, which scores it as it is (as a held-out site scores the global model). A site whose own
+        setting keeps its model at home is recorded under `declined`. Returns {"matrix": {model's site: {test site:
+        main metric}}, "rejected", "absent", "failed", "declined"} (ResultsLog.cross_site)."""
         self.absent, self.failed, rejected = [], {}, {}
         meta = {**self.task_meta, protocol.EVALUATE: self.evaluate, protocol.SUBMIT_MODEL: True}
         model = self.task_model(round_num, self._scored_params(global_state), meta)
@@ -426,6 +427,12 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 self.reject(round_num, site, f"cross-site model: {problem}", rejected, "cross-site model")
             else:
                 states[site] = state
+        # a site whose own setting keeps its model at home (FAIRFL_SHARE_OWN_MODEL) answers TASK_UNSUPPORTED: it
+        # declined, it did not fail; it still scores the others' models
+        declined = sorted((s for s, rc in self.failed.items() if rc == ReturnCode.TASK_UNSUPPORTED), key=site_key)
+        for site in declined:
+            del self.failed[site]
+            self.info(f"{site} keeps its own model at home (its FAIRFL_SHARE_OWN_MODEL): not cross-evaluated")
         # bounded like an update before it reaches the other sites: a model far further from the global model than
         # the others' (1e30 weights are finite) is not sent on
         norms = {s: distance(state, reference) for s, state in states.items()}
@@ -446,7 +453,13 @@ class FairRoundController(Checkpointing, TaskFanOut):
                     )
                 else:
                     matrix.setdefault(owner, {})[site] = metrics[self.metric]
-        return {"matrix": matrix, "rejected": rejected, "absent": list(self.absent), "failed": dict(self.failed)}
+        return {
+            "matrix": matrix,
+            "rejected": rejected,
+            "absent": list(self.absent),
+            "failed": dict(self.failed),
+            "declined": declined,
+        }
 
     def task_model(self, round_num, params: dict, meta: dict) -> FLModel:
         """What a task of round `round_num` sends: the full `params` ({} for none) and `meta`."""
