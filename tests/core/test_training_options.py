@@ -61,7 +61,8 @@ def test_sgd_is_a_plain_gradient_step_and_adam_the_default():
 def test_bad_optimiser_settings_are_named(bad, word):
     assert word in check_optimizer_settings(bad)
     if bad is not None:  # the same refusal as a job argument
-        with pytest.raises(ValueError, match="local_optimizer"):
+        argument = {"name": "local_optimizer", "momentum": "momentum", "keep_state": "keep_optimizer_state"}[word]
+        with pytest.raises(ValueError, match=f"FairRoundController: {argument} must be"):
             FairRoundController(
                 local_optimizer=bad["name"], momentum=bad["momentum"], keep_optimizer_state=bad["keep_state"], **TINY
             )
