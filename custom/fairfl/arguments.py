@@ -12,12 +12,10 @@ checks that the two agree."""
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from fairfl.data.builtin import BUILTIN_DATASETS, MAX_TEST_SCALE, check_test_scale
+from fairfl.kinds import Boolean, Checked, Integer, ListOf, Nullable, OneOf, Pattern, Real, Text, shown
 from fairfl.names import safe_name
 from fairfl.presets import PRESETS
 from fairfl.quorum import check_min_clients
@@ -32,149 +30,6 @@ MAX_PROXIMAL_WEIGHT = 1000.0  # FedProx's mu and Ditto's lambda a site accepts (
 MAX_SEARCH_DISTANCE = 10.0  # SALT's rho a site accepts (fairfl.methods.fedism.client)
 
 
-# --- kinds: what values an argument takes; str() says it in words --------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Integer:
-    low: int
-    high: int
-
-    def allows(self, value) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and self.low <= value <= self.high
-
-    def __str__(self):
-        return f"an integer in [{self.low}, {self.high}]"
-
-
-@dataclasses.dataclass(frozen=True)
-class Real:
-    """A finite number (an int too, never a bool) in [low, high], either end open."""
-
-    low: float
-    high: float
-    low_open: bool = False
-    high_open: bool = False
-
-    def allows(self, value) -> bool:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return False
-        try:
-            number = float(value)
-        except OverflowError:  # an int beyond float's range
-            return False
-        return (
-            math.isfinite(number)
-            and (self.low < number if self.low_open else self.low <= number)
-            and (number < self.high if self.high_open else number <= self.high)
-        )
-
-    def __str__(self):
-        return (
-            f"a finite number in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
-            f"{')' if self.high_open else ']'}"
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class Boolean:
-    def allows(self, value) -> bool:
-        return isinstance(value, bool)
-
-    def __str__(self):
-        return "true or false"
-
-
-@dataclasses.dataclass(frozen=True)
-class OneOf:
-    choices: tuple
-
-    def allows(self, value) -> bool:
-        return isinstance(value, str) and value in self.choices
-
-    def __str__(self):
-        return "one of " + ", ".join(json.dumps(c) for c in self.choices)
-
-
-@dataclasses.dataclass(frozen=True)
-class Text:
-    """A string (a path, a free text) of at most `longest` characters, without NUL."""
-
-    longest: int = 4096
-
-    def allows(self, value) -> bool:
-        return isinstance(value, str) and len(value) <= self.longest and "\0" not in value
-
-    def __str__(self):
-        return f"a string of at most {self.longest} characters"
-
-
-@dataclasses.dataclass(frozen=True)
-class Pattern:
-    regex: str
-    what: str
-
-    def allows(self, value) -> bool:
-        return isinstance(value, str) and re.fullmatch(self.regex, value) is not None
-
-    def __str__(self):
-        return self.what
-
-
-@dataclasses.dataclass(frozen=True)
-class Checked:
-    """What `function` accepts: it raises ValueError (or TypeError) for anything else (a rule kept elsewhere, e.g.
-    fairfl.quorum.check_min_clients)."""
-
-    function: Callable
-    what: str
-
-    def allows(self, value) -> bool:
-        try:
-            self.function(value)
-        except (TypeError, ValueError):
-            return False
-        return True
-
-    def __str__(self):
-        return self.what
-
-
-@dataclasses.dataclass(frozen=True)
-class Nullable:
-    kind: object
-
-    def allows(self, value) -> bool:
-        return value is None or self.kind.allows(value)
-
-    def __str__(self):
-        return f"null or {self.kind}"
-
-
-@dataclasses.dataclass(frozen=True)
-class ListOf:
-    """A list of `shortest` to `longest` items of kind `item`; `distinct`: no item twice; `increasing`: each above the
-    one before."""
-
-    item: object
-    shortest: int
-    longest: int
-    distinct: bool = False
-    increasing: bool = False
-
-    def allows(self, value) -> bool:
-        if not isinstance(value, (list, tuple)) or not self.shortest <= len(value) <= self.longest:
-            return False
-        if not all(self.item.allows(v) for v in value):
-            return False
-        if self.distinct and len(set(value)) != len(value):
-            return False
-        return not self.increasing or all(a < b for a, b in zip(value, value[1:]))
-
-    def __str__(self):
-        count = f"{self.shortest}" if self.shortest == self.longest else f"{self.shortest} to {self.longest}"
-        extra = ", all different" * self.distinct + ", increasing" * self.increasing
-        return f"a list of {count} items, each {self.item}{extra}"
-
-
 @dataclasses.dataclass(frozen=True)
 class Argument:
     """One argument of a component: its name, kind, default and meaning (one line in the docs' tables)."""
@@ -185,16 +40,11 @@ class Argument:
     doc: str
 
 
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def problem(argument: Argument, value) -> str | None:
     """Why `value` cannot be `argument`, naming it, or None."""
     if argument.kind.allows(value):
         return None
-    return f"{argument.name} must be {argument.kind}, got {_shown(value)}"
+    return f"{argument.name} must be {argument.kind}, got {shown(value)}"
 
 
 def with_defaults(arguments: tuple, **defaults) -> tuple:
@@ -362,7 +212,8 @@ ROUND = (
         "trim_fraction",
         Real(0, 0.5, high_open=True),
         0.2,
-        "trimmed_mean drops floor(trim_fraction * K) of the K values at each end, per coordinate",
+        "trimmed_mean drops floor(trim_fraction * K) of the K values at each end, per coordinate, but at least one "
+        "from 3 sites on (fairfl.aggregation.trim_count); a run with fewer than 3 training sites is refused",
     ),
     # fairfl.training.OPTIMIZERS; the momentum a site accepts (check_optimizer_settings)
     Argument(
@@ -715,7 +566,7 @@ def check_all(component, args: Mapping) -> dict:
     naming the component and every bad argument (TypeError for a name it does not have, as Python's own)."""
     arguments = declared(component)
     if not isinstance(args, Mapping):
-        raise TypeError(f"{_short(component)}: its arguments must be an object, got {_shown(args)}")
+        raise TypeError(f"{_short(component)}: its arguments must be an object, got {shown(args)}")
     unknown = [name for name in args if name not in arguments]
     if unknown:
         raise TypeError(_unknown(component, unknown))

@@ -31,6 +31,7 @@ from fairfl.paired import FAILS, HOLDS, INCONCLUSIVE, Interval, mean_interval, p
 from fairfl.report import _avg_std, _label, _mean_sd, _name, _scores, _site_key, make_report
 from fairfl.results import SIMULATOR_RESULTS
 from fairfl.simulate import run_unless_finished
+from fairfl.text import markdown_text
 
 REPO = JOBS.parent
 
@@ -244,7 +245,7 @@ def claims_markdown(checked: list) -> list[str]:
             "",
         ]
         sites = sorted({s for c in missed for s in c["per_site_difference"]}, key=_site_key)
-        lines += ["| claim | " + " | ".join(sites) + " |", "|---|" + "---:|" * len(sites)]
+        lines += ["| claim | " + " | ".join(map(markdown_text, sites)) + " |", "|---|" + "---:|" * len(sites)]
         for c in missed:
             lines.append(
                 f"| {c['claim']} | "
@@ -310,7 +311,7 @@ def summary_markdown(summary: dict, reports: dict) -> str:
             "rounds and then the seeds (Fed-LWR: its layer weights, first averaged over the layers; FedAvg: "
             "its share of the training samples).",
             "",
-            "| method | " + " | ".join(sites) + " |",
+            "| method | " + " | ".join(map(markdown_text, sites)) + " |",
             "|---|" + "---:|" * len(sites),
         ]
         lines += [

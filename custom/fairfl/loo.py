@@ -23,13 +23,24 @@ import numpy as np
 
 from fairfl.fairness import normalise_abs
 from fairfl.files import write_json_atomic
+from fairfl.kinds import ListOf, MappingOf, Real, Record, Text, shown
 from fairfl.progress import QUIET
 from fairfl.simulate import run_unless_finished
+from fairfl.text import markdown_text
 
 LOO_FILE = "loo.json"
 FULL_RUN = "full"
 # settings that differ between the runs on purpose; everything else in their configs must be the same
 VARIES = ("exclude_sites",)
+# what the tables read of a loo.json (`load_loo`): the mean of the metric (0..1) with every site and without each
+_MEAN = Record({"mean": Real(0.0, 1.0)}, optional={"per_site": MappingOf(Real(0.0, 1.0), "site names")})
+LOO_FIELDS = {
+    "sites": ListOf(Text(200), 1, 100_000),
+    "metric": Text(100),
+    "full": _MEAN,
+    "without": MappingOf(_MEAN, "site names"),
+    "marginal": MappingOf(Real(-1.0, 1.0), "site names"),
+}
 
 
 def final_scores(results: dict, metric: str, sites: list, who: str) -> dict:
@@ -93,10 +104,18 @@ def load_loo(path) -> dict:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"{path}: not a readable leave-one-out file ({e})") from e
-    required = ("sites", "metric", "full", "without", "marginal")
-    missing = [k for k in required if not isinstance(data, dict) or k not in data]
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a leave-one-out file (a {type(data).__name__}, not an object)")
+    missing = [k for k in LOO_FIELDS if k not in data]
     if missing:
         raise ValueError(f"{path}: leave-one-out file lacks {', '.join(missing)}")
+    for key, kind in LOO_FIELDS.items():  # a file another centre sends: every field the tables read, checked
+        problem = kind.problem(data[key])
+        if problem:
+            raise ValueError(f"{path}: {key} {problem}")
+    unscored = [s for s in data["marginal"] if s not in data["without"]]
+    if unscored:
+        raise ValueError(f"{path}: marginal names sites without a run left out: {', '.join(map(shown, unscored))}")
     return {**data, "file": str(path)}
 
 
@@ -105,15 +124,16 @@ def marginal_table(loo: dict) -> str:
     sites = list(loo["marginal"])
     marginal = np.array([loo["marginal"][s] for s in sites])
     shares = [f"{v:+.3f}" for v in normalise_abs(marginal)] if marginal.any() else ["–"] * len(sites)
+    metric = markdown_text(loo["metric"])
     rows = [
-        [f"mean {loo['metric']} without the site (%)", *(f"{100 * loo['without'][s]['mean']:.2f}" for s in sites)],
+        [f"mean {metric} without the site (%)", *(f"{100 * loo['without'][s]['mean']:.2f}" for s in sites)],
         ["marginal value (points)", *(f"{100 * v:+.2f}" for v in marginal)],
         ["normalised: marginal / sum of absolute marginals", *shares],
     ]
     lines = [
-        f"Full federation: mean {loo['metric']} {100 * loo['full']['mean']:.2f}% over {len(loo['sites'])} sites.",
+        f"Full federation: mean {metric} {100 * loo['full']['mean']:.2f}% over {len(loo['sites'])} sites.",
         "",
-        "| | " + " | ".join(sites) + " |",
+        "| | " + " | ".join(map(markdown_text, sites)) + " |",
         "|---|" + "---:|" * len(sites),
     ]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])

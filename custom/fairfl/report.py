@@ -27,6 +27,7 @@ from fairfl.fairness import contribution_agreement, normalise_abs, performance_f
 from fairfl.loo import load_loo, marginal_table
 from fairfl.methods import display_name
 from fairfl.results import GLOBAL_PREFIX, RESULTS_FILE, SIMULATOR_RESULTS, read_results
+from fairfl.text import csv_text, markdown_text
 
 METHOD_ORDER = ("solo", "fedavg")  # then the others alphabetically
 METRIC_LABEL = {
@@ -172,18 +173,6 @@ def _by_method(runs) -> dict[str, list[dict]]:
     return groups
 
 
-# a name from a results file shown literally in markdown: no HTML tag or entity, link, image, code span or math, no
-# table cell split (every other character stays as it is, so site-1, fedce_sum and paths read as they are)
-MARKDOWN_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", **{c: "\\" + c for c in "\\`*[]|$"}}
-
-
-def _md(value) -> str:
-    """`value`, a name from a results file (site, method, seed, file, metric), as markdown text that shows it as it is,
-    wherever it goes (table cell, heading, note, caption): `MARKDOWN_ESCAPES`, and control characters and line
-    breaks as spaces (no new row or block)."""
-    return "".join(MARKDOWN_ESCAPES.get(c, c if c.isprintable() else " ") for c in str(value))
-
-
 def _display_name(group: str) -> str:
     """Display name of a method, or of a group "method (variant)", as text (figures)."""
     method, sep, variant = group.partition(" (")
@@ -191,8 +180,8 @@ def _display_name(group: str) -> str:
 
 
 def _name(group: str) -> str:
-    """`_display_name` as markdown (`_md`)."""
-    return _md(_display_name(group))
+    """`_display_name` as markdown (`markdown_text`)."""
+    return markdown_text(_display_name(group))
 
 
 def _metric_label(metric: str) -> str:
@@ -204,8 +193,8 @@ def _metric_label(metric: str) -> str:
 
 
 def _label(metric: str) -> str:
-    """`_metric_label` as markdown (`_md`)."""
-    return _md(_metric_label(metric))
+    """`_metric_label` as markdown (`markdown_text`)."""
+    return markdown_text(_metric_label(metric))
 
 
 # ---------------------------------------------------------------- table and CSV
@@ -218,8 +207,8 @@ def _finished(runs, metric) -> list[dict]:
 
 def _notes(runs, metric) -> list[str]:
     notes = [
-        f"Note: skipped {_md(r['file'])} ({_name(_group(r))}, seed {r['seed']}): "
-        + ("no final evaluation (the run did not finish)." if not r["final"] else f"no final {_md(metric)}.")
+        f"Note: skipped {markdown_text(r['file'])} ({_name(_group(r))}, seed {r['seed']}): "
+        + ("no final evaluation (the run did not finish)." if not r["final"] else f"no final {markdown_text(metric)}.")
         for r in runs
         if not _scores(r["final"], metric)
     ]
@@ -268,7 +257,7 @@ def paper_table(runs, metric=None) -> str:
     best_avg = max(round(row[-2][0], 2) for row in rows.values())
     best_std = min(round(row[-1][0], 2) for row in rows.values())
     with_seeds = any(len(g) > 1 for g in groups.values())
-    header = ["Method", *map(_md, sites), "Avg.", "Std."] + (["Seeds"] if with_seeds else [])
+    header = ["Method", *map(markdown_text, sites), "Avg.", "Std."] + (["Seeds"] if with_seeds else [])
     lines = _markdown(
         header,
         (
@@ -285,16 +274,6 @@ def paper_table(runs, metric=None) -> str:
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
-# a spreadsheet runs a cell starting with one of these as a formula (OWASP, CSV injection)
-CSV_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
-def _csv_text(value):
-    """`value`, a name from a results file, as a CSV cell a spreadsheet shows as text and never runs: a string
-    starting with CSV_FORMULA_START gets a leading `'`, as OWASP advises; anything else is kept."""
-    return "'" + value if isinstance(value, str) and value.startswith(CSV_FORMULA_START) else value
-
-
 def write_csv(runs, path, metric=None) -> Path:
     """One row per (method, seed, site) with the final metric in percent, plus rows for mean, std and worst."""
     metric = _metric(runs, metric)
@@ -307,8 +286,7 @@ def write_csv(runs, path, metric=None) -> Path:
             rows = [*scores.items(), ("mean", avg), ("std", std), ("worst", min(scores.values()))]
             names = [run["method"], _variant(run).strip(" ()"), run["seed"]]  # once a run, not once a site
             writer.writerows(
-                [*map(_csv_text, [*names, site, metric]), f"{value:.4f}", _csv_text(run["file"])]
-                for site, value in rows
+                [*map(csv_text, [*names, site, metric]), f"{value:.4f}", csv_text(run["file"])] for site, value in rows
             )
     return Path(path)
 
@@ -415,14 +393,16 @@ def personal_global_table(runs, metric=None) -> tuple[str, dict]:
         both = [set(p) & set(g) for p, g in zip(scores["personal"], scores["global"])]
         for run, own, shared in zip(group, scores["personal"], both):
             if set(own) - shared:
-                missing = ", ".join(map(_md, sorted(set(own) - shared, key=_site_key)))
-                notes.append(f"Note: {_md(run['file'])} has no global-model score for {missing}: left out of its Avg.")
+                missing = ", ".join(map(markdown_text, sorted(set(own) - shared, key=_site_key)))
+                notes.append(
+                    f"Note: {markdown_text(run['file'])} has no global-model score for {missing}: left out of its Avg."
+                )
         for model in ("personal", "global"):
             cells = {site: _mean_sd(p[site] for p in scores[model] if site in p) for site in sites}
             cells.update(_summary_stats(group, [{s: p[s] for s in b} for p, b in zip(scores[model], both)]))
             stats.setdefault(key, {})[model] = cells
             rows.append([_name(key), f"{model} model", *(_cell(cells[c]) for c in [*sites, "mean", "std", "worst"])])
-    header = ["Method", "Scored with", *map(_md, sites), *(h for h, _ in SUMMARY_COLUMNS)]
+    header = ["Method", "Scored with", *map(markdown_text, sites), *(h for h, _ in SUMMARY_COLUMNS)]
     return "\n".join(_markdown(header, rows) + ([""] + notes if notes else [])), stats
 
 
@@ -455,7 +435,7 @@ def held_out_table(runs, metric=None) -> tuple[str, dict]:
         rows.append(
             [
                 _name(key),
-                ", ".join(map(_md, held_out)),
+                ", ".join(map(markdown_text, held_out)),
                 *(_cell(part[k]) for part in (federation, outside) for _, k in SUMMARY_COLUMNS),
             ]
         )
@@ -650,7 +630,7 @@ def contribution_table(runs) -> tuple[str, dict]:
                     str(len(group)),
                 ]
             )
-    lines = _markdown(["Method", "estimate", *map(_md, sites), "seeds"], rows)
+    lines = _markdown(["Method", "estimate", *map(markdown_text, sites), "seeds"], rows)
     if any(free_riders(group[0]) for group in groups.values()):
         lines += ["", "† free rider (trains on one image repeated; should earn almost nothing)."]
     return "\n".join(lines), stats
@@ -701,7 +681,7 @@ def contribution_agreement_table(runs, loo: dict) -> tuple[str, dict]:
             if not set(sites) <= set(mean):
                 notes.append(
                     f"Note: {_name(key)} is not compared: it has no {what} for "
-                    f"{', '.join(map(_md, sorted(set(sites) - set(mean), key=_site_key)))}."
+                    f"{', '.join(map(markdown_text, sorted(set(sites) - set(mean), key=_site_key)))}."
                 )
                 continue
             values = {s: mean[s] for s in sites}
@@ -735,7 +715,7 @@ def contribution_agreement_table(runs, loo: dict) -> tuple[str, dict]:
             "Per site, each vector divided by the sum of its absolute values (what the distance compares):",
             "",
             *_markdown(
-                ["", *map(_md, sites)],
+                ["", *map(markdown_text, sites)],
                 [
                     [label, *(f"{v:+.3f}" for v in values)]
                     for label, values in {"leave-one-out": loo_shares, **shares}.items()
@@ -1058,7 +1038,7 @@ def _describe(run) -> str:
     evaluated = sum(1 for r in rounds if r.get("per_site"))
     rejected = sum(len(r.get("rejected") or {}) for r in rounds)
     return (
-        f"- {_md(run['file'])}: {_name(_group(run))}, seed {run['seed']}, {len(rounds)} rounds "
+        f"- {markdown_text(run['file'])}: {_name(_group(run))}, seed {run['seed']}, {len(rounds)} rounds "
         f"({evaluated} evaluated), {seconds:.1f} s, {rejected} rejected site update(s)"
         + ("" if run["final"] else ", **not finished**")
     )
@@ -1176,14 +1156,14 @@ def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> d
         )
     for run in runs:
         captions[plot_layer_weights(run, _run_figure(out, "layer_weights", run, captions))] = (
-            f"{_name(_group(run))} layer weights by site, seed {run['seed']} ({_md(run['file'])})"
+            f"{_name(_group(run))} layer weights by site, seed {run['seed']} ({markdown_text(run['file'])})"
         )
         captions[plot_cross_site(run, _run_figure(out, "cross_site", run, captions))] = (
             f"{_name(_group(run))}, seed {run['seed']}: cross-site evaluation, each site's own model (rows) scored "
-            f"on every site's test split (columns), in %; outlined: the model's own site ({_md(run['file'])})"
+            f"on every site's test split (columns), in %; outlined: the model's own site ({markdown_text(run['file'])})"
         )
     captions.pop(None, None)
-    subject = _md(dataset or ", ".join(sorted({r.get("task", "?") for r in runs})))
+    subject = markdown_text(dataset or ", ".join(sorted({r.get("task", "?") for r in runs})))
     lines = [
         f"# fairfl report: {subject}, {_label(metric)}",
         "",
@@ -1220,13 +1200,13 @@ def make_report(paths, out_dir, metric=None, loo=None, final: str = "last") -> d
         lines += [
             "## Contribution estimates against leave-one-out",
             "",
-            "Leave-one-out marginal values (job "
-            f"{_md(loo.get('job', '?'))}): the drop of the federation's mean {_md(loo['metric'])} over all sites when "
-            "the site is left out of training (it is still evaluated).",
+            f"Leave-one-out marginal values (job {markdown_text(loo.get('job', '?'))}): the drop of the federation's "
+            f"mean {markdown_text(loo['metric'])} over all sites when the site is left out of training (it is still "
+            "evaluated).",
             "",
             marginal_table(loo),
             "",
-            AGREEMENT_TEXT.format(file=_md(loo["file"])),
+            AGREEMENT_TEXT.format(file=markdown_text(loo["file"])),
             "",
             agreement_table,
             "",

@@ -8,10 +8,10 @@ What is checked: the returned model (tensors: keys, shapes, dtype kinds, finiten
 training-set size (`samples_problem`: a positive int, at most a cap and at most what the site declared in its first
 round), the size of the update against the round's other sites (`norm_outliers`), training and evaluation metrics
 (`metrics_problem`: names, finite numbers, evaluation scores in [0, 1]), and the methods' reports: every field a
-method's server reads from an answer is declared by the method (`FairRoundController.answer_fields`) as a `Number`
-(losses, sharpness and errors at most MAX_REPORTED) or a `Record` of them (SAGA's sharpness report, Fed-LWR's CKA
-per layer), and `answer_problem` checks them all before the method sees the answer. How much any one site can
-weigh is bounded separately (`fairfl.aggregation.cap_shares`)."""
+method's server reads from an answer is declared by the method (`FairRoundController.answer_fields`) as a kind
+(fairfl.kinds): a `Real` (losses, sharpness and errors at most MAX_REPORTED) or a `Record` of them (SAGA's sharpness
+report, Fed-LWR's CKA per layer), and `answer_problem` checks them all before the method sees the answer. How much
+any one site can weigh is bounded separately (`fairfl.aggregation.cap_shares`)."""
 
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ import posixpath
 import re
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from fairfl.kinds import Kind, Real, Record, shown
 
 CKA_TOLERANCE = 1e-6  # rounding allowed outside [0, 1] by check_cka
 MAX_REPORTED = 1e6  # a self-reported loss, sharpness or error above this is not a measurement of these networks
@@ -34,86 +35,23 @@ METRIC_NAME = re.compile(r"[\w\-. :/]+")  # what MLflow accepts as a metric name
 
 
 def number_problem(value, what: str, low: float = 0.0, high: float = float("inf")) -> str | None:
-    """Why a site's reported number cannot be used (not a real finite number in [low, high]), or None."""
-    if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, (bool, np.bool_)):
-        return f"no valid {what} ({_short(value)}): not a number"
-    try:
-        number = float(value)
-    except OverflowError:  # an int beyond float's range (10**400)
-        return f"no valid {what} (an integer of {len(str(abs(int(value))))} digits): outside [{low:g}, {high:g}]"
-    if not math.isfinite(number):
-        return f"no valid {what} ({_short(value)}): not finite"
-    if not low <= number <= high:
-        return f"no valid {what} ({_short(value)}): outside [{low:g}, {high:g}]"
-    return None
+    """Why a site's reported number cannot be used ("metric dice is 2.0, expected a finite number in [0, 1]": not a
+    real finite number in [low, high]), or None."""
+    problem = Real(low, high).problem(value)
+    return f"{what} {problem}" if problem else None
 
 
-@dataclass(frozen=True)
-class Number:
-    """A number a site reports: a real, finite number in [low, high] (a bool is not a number)."""
-
-    low: float = 0.0
-    high: float = MAX_REPORTED
-
-    def problem(self, value, what: str) -> str | None:
-        return number_problem(value, what, self.low, self.high)
-
-    def example(self) -> float:
-        """An honest value (the tests build answers from the declarations)."""
-        return min(max(0.5, self.low), self.high)
-
-    def leaves(self, path: tuple = ()):
-        """(path inside the answer's field, Number) of every number in it: here, the number itself."""
-        yield path, self
-
-
-@dataclass(frozen=True)
-class Record:
-    """A mapping a site reports: every field of `fields` present and valid, the `optional` ones valid where present,
-    no other field."""
-
-    fields: Mapping[str, Number]
-    optional: Mapping[str, Number] = field(default_factory=dict)
-
-    def problem(self, value, what: str) -> str | None:
-        if not isinstance(value, Mapping):
-            return f"{what} is a {type(value).__name__}, not a mapping"
-        missing = [k for k in self.fields if value.get(k) is None]
-        if missing:
-            return f"{_list(missing)} missing from the {what}"
-        unknown = [k for k in value if k not in self.fields and k not in self.optional]
-        if unknown:
-            return f"the {what} has unknown fields: {_list(unknown)}"
-        for key, value_of in value.items():
-            problem = {**self.optional, **self.fields}[key].problem(value_of, f"{what} {key}")
-            if problem:
-                return problem
-        return None
-
-    def example(self) -> dict:
-        return {k: f.example() for k, f in {**self.fields, **self.optional}.items()}
-
-    def leaves(self, path: tuple = ()):
-        for key, schema in {**self.fields, **self.optional}.items():
-            yield from schema.leaves((*path, key))
-
-
-def answer_problem(fields: Mapping[str, Number | Record], meta) -> str | None:
-    """Why an answer's `meta` lacks or holds an unusable value of a field a method's server reads ({meta key: Number
-    or Record}, the method's `answer_fields`), or None: every field is checked before the method sees the answer."""
+def answer_problem(fields: Mapping[str, Kind], meta) -> str | None:
+    """Why an answer's `meta` lacks or holds an unusable value of a field a method's server reads ({meta key: kind},
+    the method's `answer_fields`), or None: every field is checked before the method sees the answer."""
     meta = meta if isinstance(meta, Mapping) else {}
-    for key, schema in fields.items():
+    for key, kind in fields.items():
         if meta.get(key) is None:
             return f"no {key} in the answer"
-        problem = schema.problem(meta[key], key)
+        problem = kind.problem(meta[key])
         if problem:
-            return problem
+            return f"{key} {problem}"
     return None
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _kind(t: torch.Tensor) -> str:
@@ -137,7 +75,7 @@ def tensor_state(params) -> tuple[dict | None, str | None]:
     state = {}
     for name, value in params.items():
         if not isinstance(name, str):
-            return None, f"a tensor name is a {type(name).__name__}: {_short(name)}"
+            return None, f"a tensor name is a {type(name).__name__}: {shown(name)}"
         try:
             array = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
         except (TypeError, ValueError, RuntimeError) as e:
@@ -177,19 +115,20 @@ def check_site_state(state: Mapping, reference: Mapping[str, torch.Tensor]) -> s
 def cka_report(layers: Iterable[str]) -> Record:
     """Fed-LWR's CKA report {layer: CKA(local, anchor)}: every layer of `layers` (and no other), each a finite number
     in [0, 1], allowing CKA_TOLERANCE of rounding (`lwr_layer_weights` clamps it away)."""
-    return Record({name: Number(-CKA_TOLERANCE, 1.0 + CKA_TOLERANCE) for name in layers})
+    return Record({name: Real(-CKA_TOLERANCE, 1.0 + CKA_TOLERANCE) for name in layers})
 
 
 def check_cka(cka: Mapping, layers: Iterable[str]) -> str | None:
     """Why a site's CKA report {layer: value} is unusable (`cka_report`), or None if it is fine."""
-    return cka_report(layers).problem(cka, "CKA")
+    problem = cka_report(layers).problem(cka)
+    return f"CKA {problem}" if problem else None
 
 
 def samples_problem(num_samples, declared: int | None, cap: int) -> str | None:
     """Why a site's training-set size cannot weigh its model: not a positive int, above `cap`, or above what the
     site `declared` in its first round (a site cannot grow its weight by claiming more data later)."""
     if isinstance(num_samples, (bool, np.bool_)) or not isinstance(num_samples, (int, np.integer)) or num_samples <= 0:
-        return f"invalid num_samples {_short(num_samples)}"
+        return f"invalid num_samples {shown(num_samples)}"
     if num_samples > cap:
         return f"num_samples {num_samples} above max_samples {cap}"
     if declared is not None and num_samples > declared:
@@ -209,11 +148,11 @@ def metrics_problem(metrics, low: float = -MAX_REPORTED, high: float = MAX_REPOR
         return f"{len(metrics)} metrics, more than {MAX_METRICS}"
     for name, value in metrics.items():
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
-            return f"metric name {_short(name)} is not a string of 1 to {MAX_NAME} characters"
+            return f"metric name {shown(name)} is not a string of 1 to {MAX_NAME} characters"
         if not METRIC_NAME.fullmatch(name):
-            return f"metric name {_short(name)} has characters other than letters, digits and _-. :/"
+            return f"metric name {shown(name)} has characters other than letters, digits and _-. :/"
         if not is_plain_path(name):
-            return f"metric name {_short(name)} is absolute, holds '..' or '//', or is not in its plain form"
+            return f"metric name {shown(name)} is absolute, holds '..' or '//', or is not in its plain form"
         problem = number_problem(value, f"metric {name}", low, high)
         if problem:
             return problem

@@ -199,12 +199,12 @@ def test_check_cka_catches_bad_reports():
     assert check_cka(good, layers) is None
     assert check_cka({**good, "0": 1.0 + 1e-7}, layers) is None  # rounding is tolerated
     assert check_cka({**good, "0": -1e-7}, layers) is None
-    assert "outside" in check_cka({**good, "0": 1.1}, layers)
-    assert "outside" in check_cka({**good, "3": -0.2}, layers)
-    assert "nan" in check_cka({**good, "1": float("nan")}, layers)
-    assert "inf" in check_cka({**good, "1": float("inf")}, layers)
+    assert check_cka({**good, "0": 1.1}, layers) == "CKA 0 is 1.1, expected a finite number in [-1e-06, 1]"
+    assert "CKA 3 is -0.2, expected" in check_cka({**good, "3": -0.2}, layers)
+    assert "CKA 1 is nan, expected" in check_cka({**good, "1": float("nan")}, layers)
+    assert "CKA 1 is inf, expected" in check_cka({**good, "1": float("inf")}, layers)
     missing = {k: v for k, v in good.items() if k != "3"}
-    assert "missing" in check_cka(missing, layers) and "3" in check_cka(missing, layers)
-    assert "unknown" in check_cka({**good, "9": 0.5}, layers)
-    assert "not a number" in check_cka({**good, "0": "high"}, layers)
+    assert check_cka(missing, layers) == "CKA lacks 3"
+    assert "unknown fields: 9" in check_cka({**good, "9": 0.5}, layers)
+    assert "CKA 0 is 'high', expected" in check_cka({**good, "0": "high"}, layers)
     assert check_cka([0.5, 0.5, 0.5], layers) is not None

@@ -328,7 +328,10 @@ def huge_jpeg(root):  # classification: only the header was read before training
     return path, "classification"
 
 
-@pytest.mark.parametrize("make_files", [huge_nifti_pair, huge_png_pair, huge_jpeg])
+HUGE_IMAGES = [huge_nifti_pair, huge_png_pair, huge_jpeg]
+
+
+@pytest.mark.parametrize("make_files", HUGE_IMAGES)
 def test_an_image_declaring_a_huge_size_is_refused_from_its_header_before_any_pixel_is_read(tmp_path, make_files):
     root = tmp_path / "data"
     bad_file, task = make_files(root)

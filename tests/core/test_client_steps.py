@@ -25,8 +25,9 @@ import fairfl.methods.steps as steps_module
 from fairfl.errors import DataError
 from fairfl.flare import protocol
 from fairfl.flare.executor import TASK_FIELDS, FairflExecutor
+from fairfl.kinds import Boolean, Integer
 from fairfl.methods import CLIENT_STEPS
-from fairfl.methods.steps import ClientStep, Number, Switch, TaskSteps, declared_fields, problems, registered_steps
+from fairfl.methods.steps import ClientStep, TaskSteps, declared_fields, problems, registered_steps
 from fairfl.models import initial_state
 
 from conftest import segmentation_task_meta
@@ -224,17 +225,24 @@ def nothing_done(run, state_dir) -> bool:
     return run.executor._datalist is None and not os.listdir(state_dir)
 
 
+def hostile_task_cases() -> list:
+    """(who reads it, meta key, hostile value) of every declared task field, but the honest pairs."""
+    return [
+        (reader, key, value)
+        for key, (reader, field) in task_fields().items()
+        for value in HOSTILE
+        if (key, repr(value)) not in HONEST and not (isinstance(field, Boolean) and value is True)
+    ]
+
+
 def test_every_declared_task_field_refuses_each_hostile_value_naming_the_field_before_training(site, caplog):
     run, state_dir = site
     failures = []
-    for key, (reader, field) in task_fields().items():
-        for value in HOSTILE:
-            if (key, repr(value)) in HONEST or (isinstance(field, Switch) and value is True):
-                continue
-            code, log = answered(run, caplog, {**META, key: value})
-            named = re.search(rf"site-2.*task field {key} ", log)
-            if code != ReturnCode.BAD_TASK_DATA or not named or not nothing_done(run, state_dir):
-                failures.append(f"{reader} {key}={value!r}: {code}, named {bool(named)}")
+    for reader, key, value in hostile_task_cases():
+        code, log = answered(run, caplog, {**META, key: value})
+        named = re.search(rf"site-2.*task field {key} ", log)
+        if code != ReturnCode.BAD_TASK_DATA or not named or not nothing_done(run, state_dir):
+            failures.append(f"{reader} {key}={value!r}: {code}, named {bool(named)}")
     assert not failures, "\n".join(failures)
 
 
@@ -258,7 +266,7 @@ def test_the_declarations_cover_every_key_the_server_sends_and_agree():
     assert sent - checked_elsewhere - set(task_fields()) == set()
     assert declared_fields() == {k: f for k, (_, f) in task_fields().items() if k not in TASK_FIELDS}
     with pytest.raises(ValueError, match="declare task field 'prox_mu' differently"):
-        declared_fields((*registered_steps(), type("Other", (ClientStep,), {"fields": {protocol.PROX_MU: Switch()}})))
+        declared_fields((*registered_steps(), type("Other", (ClientStep,), {"fields": {protocol.PROX_MU: Boolean()}})))
 
 
 def test_honest_settings_at_their_bounds_are_accepted():
@@ -280,7 +288,7 @@ def test_honest_settings_at_their_bounds_are_accepted():
         any(text in line for line in found)
         for text in ("ditto_lambda is 1000.001, expected a finite number in [0, 1000]", "['site-1'] is 1.5", "mix_grid")
     )
-    assert Number(0, 10, integer=True).problem(10**5000).startswith("is an integer of 16610 bits")
+    assert Integer(0, 10).problem(10**5000).startswith("is an integer of 16610 bits")
     assert "more than the 101" in problems({protocol.MIX_GRID: [i / 200 for i in range(201)]})[0]
 
 

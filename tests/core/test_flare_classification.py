@@ -72,7 +72,7 @@ def test_null_settings_take_the_task_defaults_and_set_ones_are_kept(monkeypatch)
 def test_number_problem():
     assert number_problem(0.5, "loss") is None and number_problem(0, "loss", 0.0, 1.0) is None
     for bad in (None, True, float("nan"), float("inf"), -0.1, "1", [1.0]):
-        assert "no valid loss" in number_problem(bad, "loss")
+        assert number_problem(bad, "loss").startswith("loss is ")
     assert number_problem(1.5, "error", 0.0, 1.0)
 
 

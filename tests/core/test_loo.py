@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -122,6 +123,44 @@ def fake_simulator(monkeypatch):
 
     monkeypatch.setattr(simulate, "run_simulator", run)
     return calls
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"marginal": {"site-1": "0.1"}}, "marginal ['site-1'] is '0.1', expected a finite number in [-1, 1]"),
+        ({"marginal": [0.1]}, "marginal is [0.1], expected an object of site names"),
+        ({"full": {"mean": None}}, "full lacks mean"),
+        ({"without": {"site-1": {"mean": 7}}}, "without ['site-1'] mean is 7, expected a finite number in [0, 1]"),
+        ({"sites": "site-1"}, "sites is 'site-1', expected a list"),
+        ({"metric": ["dice"]}, "metric is ['dice'], expected a string"),
+        ({"marginal": {"site-9": 0.1}}, "marginal names sites without a run left out: 'site-9'"),
+    ],
+)
+def test_a_leave_one_out_file_of_another_centre_is_checked_field_by_field(tmp_path, change, problem):
+    # it used to end in a traceback in the middle of the report (a string marginal, a list, a missing mean)
+    data = {**loo.marginal_values(results(FULL), without_runs()), **change}
+    (tmp_path / "loo.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError) as error:
+        loo.load_loo(tmp_path)
+    assert str(error.value) == f"{tmp_path / 'loo.json'}: {problem}" or problem in str(error.value), str(error.value)
+
+
+def test_site_names_and_the_metric_of_a_leave_one_out_file_are_text_in_markdown(tmp_path):
+    data = loo.marginal_values(results(FULL), without_runs())
+    hostile = {"site-1": "<img src=x onerror=alert(1)>", "site-2": "a|b", "site-3": "[x](javascript:alert(1))"}
+    data = {
+        **data,
+        "metric": "dice<script>",
+        "sites": [hostile[s] for s in data["sites"]],
+        "without": {hostile[s]: v for s, v in data["without"].items()},
+        "marginal": {hostile[s]: v for s, v in data["marginal"].items()},
+    }
+    (tmp_path / "loo.json").write_text(json.dumps(data))
+    table = loo.marginal_table(loo.load_loo(tmp_path))
+    assert "<img" not in table and "<script>" not in table and not re.search(r"(?<!\\)\[", table)  # no link
+    assert "&lt;img src=x onerror=alert(1)&gt;" in table and "a\\|b" in table and "\\[x\\](javascript" in table
+    assert len(table.splitlines()[2].split(" | ")) == 4  # the header row: one cell per site, none split
 
 
 def test_run_leave_one_out_resumes(tmp_path, fake_simulator):

@@ -148,14 +148,14 @@ def test_a_field_of_the_wrong_kind_is_an_error_naming_the_file_and_the_field(tmp
     assert err.startswith(f"fairfl report: {results}: ") and problem in err and "Traceback" not in err, err
 
 
-@pytest.mark.parametrize(
-    "text, problem",
-    [
-        ("[" * 100_000 + "]" * 100_000, "not a readable results file (RecursionError"),
-        ("[1, 2]", "not a results file (a list, not an object)"),
-        ('{"schema": 1, "sites": NaN', "not a readable results file (JSONDecodeError"),
-    ],
-)
+NOT_RESULTS = [
+    ("[" * 100_000 + "]" * 100_000, "not a readable results file (RecursionError"),
+    ("[1, 2]", "not a results file (a list, not an object)"),
+    ('{"schema": 1, "sites": NaN', "not a readable results file (JSONDecodeError"),
+]
+
+
+@pytest.mark.parametrize("text, problem", NOT_RESULTS)
 def test_a_file_that_is_no_results_object_is_an_error_naming_it(tmp_path, capsys, text, problem):
     results = tmp_path / "results.json"
     results.write_text(text)

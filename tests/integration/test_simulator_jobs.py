@@ -183,7 +183,7 @@ def test_faulty_sites_are_rejected_every_round_and_the_global_model_stays_finite
     assert len(results["rounds"]) == 2 and "stopped" not in results
     for record in results["rounds"]:  # every round is evaluated (eval_every 1)
         assert set(record["rejected"]) == set(broken)
-        assert "no valid metric train_" in record["rejected"]["site-3"]
+        assert "metric train_" in record["rejected"]["site-3"]
         assert "times the round's median" in record["rejected"]["site-5"]
         assert all("evaluation: " in record["rejected"][site] for site in ("site-2", "site-3", "site-5"))
         assert "metric name '../x'" in record["rejected"]["site-2"]
@@ -251,7 +251,7 @@ def test_fedce_contributions_free_rider_and_a_site_with_a_bad_leave_one_out_erro
     first, *later = results["rounds"]
     assert "contributions" not in first and set(first["weights"]) == set(sites)  # round 0 is FedAvg
     for record in later:  # site-2's NaN leave-one-out error keeps it out of rounds 1 and 2
-        assert set(record["rejected"]) == {"site-2"} and "leave-one-out" in record["rejected"]["site-2"]
+        assert set(record["rejected"]) == {"site-2"} and "loo_error" in record["rejected"]["site-2"]
         check_contributions(record, ["site-1", "site-3", "site-4"])
         assert set(record["weights"]) == {"site-1", "site-3", "site-4"}
         for terms in record["contribution_terms"].values():
@@ -378,7 +378,7 @@ def test_fedism_plus_on_skin_with_a_site_sending_nan_sharpness(tmp_path, cache_d
     check_classification(results, "fedismplus_s", sites)
     for round_num, record in enumerate(results["rounds"]):
         assert record["rho"] == pytest.approx(0.1 * ((round_num + 1) / 2) ** 0.5)
-        assert set(record["rejected"]) == {"site-2"} and record["rejected"]["site-2"].startswith("sharpness")
+        assert set(record["rejected"]) == {"site-2"} and record["rejected"]["site-2"].startswith("sharpness ")
         assert set(record["weights"]) == set(record["sharpness"]) == {"site-1", "site-3", "site-4"}
         assert sum(record["weights"].values()) == pytest.approx(1.0)
         for site, report in record["sharpness"].items():

@@ -511,7 +511,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
         return cap_shares(weights, self.max_share)
 
     def answer_fields(self, task_name: str, round_num: int) -> dict:
-        """{meta key: fairfl.site_checks.Number or Record} of every field the method's server reads from a site's
+        """{meta key: a kind of fairfl.kinds, Real or Record} of every field the method's server reads from a site's
         answer to `task_name` in round `round_num` (FedISM+: the sharpness report; FedCE: the leave-one-out error).
         The round loop checks them all before the method sees an answer (`answer_problem`): a site whose field is
         missing or unusable is rejected for the round, naming the field. None by default."""

@@ -36,8 +36,9 @@ from fairfl.data.loaders import make_loader
 from fairfl.errors import DataError
 from fairfl.flare import protocol
 from fairfl.flare.site_state import keep_version, kept_model_versions, kept_versions, newest_before
+from fairfl.kinds import Boolean, Integer, OneOf
 from fairfl.methods.fedlwr.cka import layerwise_cka
-from fairfl.methods.steps import Choice, Number, StepContext, Switch, TaskSteps, field_problems
+from fairfl.methods.steps import StepContext, TaskSteps, field_problems
 from fairfl.methods.steps import problems as step_problems
 from fairfl.models import build_model, check_model_spec, is_int_in, load_numpy_state, state_to_numpy
 from fairfl.presets import apply_preset
@@ -66,12 +67,12 @@ MAX_SITES = 1000  # the most built-in sites a server may ask a site to generate
 MAX_ROUND = 10**6  # the highest round number a task may carry (it names the site's kept files' rounds)
 # the task meta keys this executor reads itself (the methods' steps declare theirs: fairfl.methods.steps)
 TASK_FIELDS = {
-    protocol.TASK: Choice((SEGMENTATION, CLASSIFICATION)),
-    protocol.START_FROM: Choice((protocol.FROM_GLOBAL, protocol.FROM_LOCAL)),
-    protocol.EVALUATE: Choice((protocol.FROM_GLOBAL, protocol.FROM_LOCAL, protocol.FROM_PERSONAL)),
-    protocol.SEND_PARAMS: Switch(),
-    protocol.SCORE_GLOBAL: Switch(),
-    protocol.SUBMIT_MODEL: Switch(),
+    protocol.TASK: OneOf((SEGMENTATION, CLASSIFICATION)),
+    protocol.START_FROM: OneOf((protocol.FROM_GLOBAL, protocol.FROM_LOCAL)),
+    protocol.EVALUATE: OneOf((protocol.FROM_GLOBAL, protocol.FROM_LOCAL, protocol.FROM_PERSONAL)),
+    protocol.SEND_PARAMS: Boolean(),
+    protocol.SCORE_GLOBAL: Boolean(),
+    protocol.SUBMIT_MODEL: Boolean(),
 }
 
 
@@ -291,7 +292,7 @@ class FairflExecutor(Executor):
         """The task's round (a whole number: it seeds and names the site's kept files) and its weights: none, or every
         tensor of the task's network with its shape, finite (a NaN trained on would poison the site's own models
         too); else bad task data naming the tensor. The network is built on torch's meta device: nothing allocated."""
-        problem = None if task.current_round is None else Number(0, MAX_ROUND, integer=True).problem(task.current_round)
+        problem = None if task.current_round is None else Integer(0, MAX_ROUND).problem(task.current_round)
         if problem:
             raise DataError(site, "the server's task", f"round {problem}")
         if task.params is None or (isinstance(task.params, dict) and not task.params):

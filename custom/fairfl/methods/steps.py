@@ -16,20 +16,20 @@ per task by the server's meta (`applies`). A task runs, in this order:
 
 Steps add reply meta (`ctx.reply`) and metrics (`ctx.metrics`). Every phase runs the applying steps in the registry's
 order (fairfl.methods.CLIENT_STEPS). Each step declares the task meta keys it reads and what each value must be
-(`fields`: `Number`, `Switch`, `Choice`, `Shares`, `Checked`); the site checks every declared key a task carries,
-whether or not it switches the step on, before anything is built (`problems`). This module imports neither torch nor
-FLARE."""
+(`fields`, of the kinds of fairfl.kinds: `Real`, `Boolean`, `OneOf`, `MappingOf`, `Checked`); the site checks every
+declared key a task carries, whether or not it switches the step on, before anything is built (`problems`). This
+module imports neither torch nor FLARE."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import math
-import numbers
 import time
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Callable, ClassVar
+
+from fairfl.kinds import Kind
 
 
 @dataclass
@@ -64,96 +64,11 @@ class StepContext:
         self.metrics[key] = self.metrics.get(key, 0.0) + time.time() - started
 
 
-def shown(value) -> str:
-    """A value of the server's task as a message shows it: its repr, cut to 60 characters."""
-    try:
-        text = repr(value)
-    except ValueError:  # an integer beyond Python's 4300 digits of text
-        return f"an integer of {value.bit_length()} bits"
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-class Field:
-    """What the value of one task meta key a step reads must be."""
-
-    def problem(self, value) -> str | None:
-        """Why `value` cannot be used, as "is nan, expected ...", or None."""
-        raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class Number(Field):
-    """A real number (not a bool) in [low, high], finite; with `integer`, a whole number."""
-
-    low: float
-    high: float
-    integer: bool = False
-
-    def problem(self, value) -> str | None:
-        kind = numbers.Integral if self.integer else numbers.Real
-        if isinstance(value, kind) and not isinstance(value, bool):  # ints compare exactly, however large
-            if (isinstance(value, numbers.Integral) or math.isfinite(value)) and self.low <= value <= self.high:
-                return None
-        expected, low, high = (
-            ("an integer", int(self.low), int(self.high))
-            if self.integer
-            else ("a finite number", f"{self.low:g}", f"{self.high:g}")
-        )
-        return f"is {shown(value)}, expected {expected} in [{low}, {high}]"
-
-
-@dataclass(frozen=True)
-class Switch(Field):
-    """true or false."""
-
-    def problem(self, value) -> str | None:
-        return None if isinstance(value, bool) else f"is {shown(value)}, expected true or false"
-
-
-@dataclass(frozen=True)
-class Choice(Field):
-    """One of `values`."""
-
-    values: tuple
-
-    def problem(self, value) -> str | None:
-        if isinstance(value, str) and value in self.values:
-            return None
-        return f"is {shown(value)}, expected one of {', '.join(map(str, self.values))}"
-
-
-@dataclass(frozen=True)
-class Shares(Field):
-    """An object of site names to numbers in [0, 1] (FedCE's weights of the global model)."""
-
-    def problem(self, value) -> str | None:
-        expected = "expected an object of site names to numbers in [0, 1]"
-        if not isinstance(value, dict) or not all(isinstance(site, str) for site in value):
-            return f"is {shown(value)}, {expected}"
-        share = Number(0.0, 1.0)
-        for site, weight in value.items():
-            problem = share.problem(weight)
-            if problem:
-                return f"[{shown(site)}] {problem}"
-        return None
-
-
-@dataclass(frozen=True)
-class Checked(Field):
-    """A value a method's own check (`check(value) -> why not, or None`) judges, such as FedNPR's settings."""
-
-    check: Callable[[Any], str | None]
-
-    def problem(self, value) -> str | None:
-        problem = self.check(value)
-        return f"is not usable: {problem}" if problem else None
-
-
 class ClientStep:
     """One method's client side. A new instance serves one task, so a step may keep what it needs between phases."""
 
     replaces_loss = False  # True: `loss` ignores the loss it is given (runs before steps that add a term)
-    fields: ClassVar[dict[str, Field]] = {}  # the task meta keys this step reads, and what each must be
+    fields: ClassVar[dict[str, Kind]] = {}  # the task meta keys this step reads, and what each must be
 
     @classmethod
     def applies(cls, meta: dict) -> bool:
@@ -202,8 +117,8 @@ def applying(meta: dict, classes: tuple[type[ClientStep], ...] | None = None) ->
     return [cls for cls in (registered_steps() if classes is None else classes) if cls.applies(meta)]
 
 
-def declared_fields(classes: tuple[type[ClientStep], ...] | None = None) -> dict[str, Field]:
-    """{meta key: Field} of every step (default: the registry's); two steps reading one key must agree on it."""
+def declared_fields(classes: tuple[type[ClientStep], ...] | None = None) -> dict[str, Kind]:
+    """{meta key: Kind} of every step (default: the registry's); two steps reading one key must agree on it."""
     found = {}
     for cls in registered_steps() if classes is None else classes:
         for key, field_ in cls.fields.items():
@@ -212,7 +127,7 @@ def declared_fields(classes: tuple[type[ClientStep], ...] | None = None) -> dict
     return found
 
 
-def field_problems(meta: dict, fields: dict[str, Field]) -> list[str]:
+def field_problems(meta: dict, fields: dict[str, Kind]) -> list[str]:
     """ "<key> is nan, expected ..." for every key of `fields` that `meta` carries with a value it cannot use."""
     found = []
     for key, field_ in fields.items():

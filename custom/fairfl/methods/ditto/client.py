@@ -8,8 +8,9 @@ import copy
 
 from fairfl.flare import protocol
 from fairfl.flare.site_state import keep_version, kept_model_versions
+from fairfl.kinds import Real
 from fairfl.methods.fedprox.client import MAX_PROXIMAL_WEIGHT, with_proximal_term
-from fairfl.methods.steps import ClientStep, Number, StepContext
+from fairfl.methods.steps import ClientStep, StepContext
 from fairfl.models import build_model
 from fairfl.training import TrainSettings, train_local
 
@@ -53,7 +54,7 @@ class PersonalTraining(ClientStep):
     server died after this site's answer but before its checkpoint), the repeat starts where the first try did, so
     the run matches one that never stopped. For that the site keeps the previous round's model as well."""
 
-    fields = {protocol.DITTO_LAMBDA: Number(0.0, MAX_PROXIMAL_WEIGHT)}
+    fields = {protocol.DITTO_LAMBDA: Real(0.0, MAX_PROXIMAL_WEIGHT)}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from fairfl.flare import protocol
+from fairfl.kinds import Boolean
 from fairfl.methods.local_parts import KeepPartLocal
-from fairfl.methods.steps import Switch
 from fairfl.models import norm_state_keys
 
 
@@ -13,5 +13,5 @@ class LocalNorm(KeepPartLocal):
     them, and they are left out of what the site sends back."""
 
     meta_key = protocol.LOCAL_NORM
-    fields = {meta_key: Switch()}
+    fields = {meta_key: Boolean()}
     part_keys = staticmethod(norm_state_keys)

@@ -8,8 +8,9 @@ import os
 from nvflare.app_opt.pt.fedce import PTFedCEHelper
 
 from fairfl.flare import protocol
+from fairfl.kinds import MappingOf, Real
 from fairfl.methods.fedce.contribution import leave_one_out_error
-from fairfl.methods.steps import ClientStep, Shares, StepContext
+from fairfl.methods.steps import ClientStep, StepContext
 from fairfl.models import build_model, load_numpy_state
 
 FULL_WEIGHT = 1.0 - 1e-6  # a site with this share of the global model is all of it: nothing is left without it
@@ -32,7 +33,7 @@ class LeaveOneOutError(ClientStep):
     validation split; None when it cannot be built (the server then leaves this site out of the round). Its seconds
     are probe_seconds."""
 
-    fields = {protocol.LOO_WEIGHTS: Shares()}
+    fields = {protocol.LOO_WEIGHTS: MappingOf(Real(0.0, 1.0), "site names")}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
+from fairfl.kinds import Real
 from fairfl.methods.fedce.contribution import (
     ContributionState,
     flatten,
     gradient_terms,
 )
 from fairfl.models import state_to_torch, trainable_names
-from fairfl.site_checks import Number
 
 
 class FedCEController(FairRoundController):
@@ -45,7 +45,7 @@ class FedCEController(FairRoundController):
     def answer_fields(self, task_name, round_num) -> dict:
         """From round 1 on, every train answer carries the leave-one-out error, a number in [0, 1]."""
         if task_name == protocol.TASK_TRAIN and self.contribution.weights:
-            return {protocol.LOO_ERROR: Number(0.0, 1.0)}
+            return {protocol.LOO_ERROR: Real(0.0, 1.0)}
         return {}
 
     def aggregate(self, round_num, global_state, updates, rejected):

@@ -4,9 +4,10 @@ that the site's own validation split favours (fairfl.methods.fedfloor.mixing).""
 from __future__ import annotations
 
 from fairfl.flare import protocol
+from fairfl.kinds import Checked
 from fairfl.methods.ditto.client import PersonalEvaluation
 from fairfl.methods.fedfloor.mixing import check_grid, choose_alpha, mix_states
-from fairfl.methods.steps import Checked, StepContext
+from fairfl.methods.steps import StepContext
 
 MAX_GRID = 101  # alphas a site scores on its validation split in one task (0, 0.01, ..., 1): one pass each
 
@@ -25,7 +26,7 @@ class ValidatedMix(PersonalEvaluation):
     validation split, and the test split scores the best (metric mix_alpha). Before the site has a personal model it
     is scored with the model sent (mix_alpha 0). Runs before Ditto's PersonalEvaluation, which it replaces."""
 
-    fields = {protocol.MIX_GRID: Checked(grid_problem)}
+    fields = {protocol.MIX_GRID: Checked(grid_problem, "FedFloor's grid of mixes", reports=True)}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:

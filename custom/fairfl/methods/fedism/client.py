@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 from fairfl.flare import protocol
+from fairfl.kinds import Boolean, Real
 from fairfl.methods.fedism.sharpness import GSAM_ALPHA, dataset_loss, measure_sharpness, train_salt
-from fairfl.methods.steps import ClientStep, Number, StepContext, Switch
+from fairfl.methods.steps import ClientStep, StepContext
 from fairfl.training import segmentation_loss
 
 MAX_SEARCH_DISTANCE = 10.0  # the largest rho a site accepts: 100 times the papers' largest (0.1)
@@ -19,7 +20,7 @@ class ProbeModelSent(ClientStep):
     mode over the whole unaugmented training split. Classification measures plain cross-entropy, as the FFL4MIA code
     does: the model's loss on the site's data, not the prior-adjusted training objective. Reports probe_seconds."""
 
-    fields = {protocol.SHARPNESS_RHO: Number(0.0, MAX_SEARCH_DISTANCE), protocol.MEASURE_LOSS: Switch()}
+    fields = {protocol.SHARPNESS_RHO: Real(0.0, MAX_SEARCH_DISTANCE), protocol.MEASURE_LOSS: Boolean()}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:
@@ -50,7 +51,7 @@ class SALTTraining(ClientStep):
     """FedISM(+): trains with GSAM at meta[SALT_RHO] and alpha meta[SALT_ALPHA] (default GSAM_ALPHA; GSAM's alpha
     weighs the surrogate gap against the loss, in [0, 1])."""
 
-    fields = {protocol.SALT_RHO: Number(0.0, MAX_SEARCH_DISTANCE), protocol.SALT_ALPHA: Number(0.0, 1.0)}
+    fields = {protocol.SALT_RHO: Real(0.0, MAX_SEARCH_DISTANCE), protocol.SALT_ALPHA: Real(0.0, 1.0)}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:

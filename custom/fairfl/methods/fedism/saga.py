@@ -24,8 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from fairfl.kinds import Real, Record
 from fairfl.methods.fedce.contribution import normalise
-from fairfl.site_checks import MAX_REPORTED, MAX_SAMPLES, Number, Record
+from fairfl.site_checks import MAX_REPORTED, MAX_SAMPLES
 
 VARIANTS = {"S": "sharpness", "L": "perturbed_loss"}  # the report key each variant weights by
 Q = 2.0  # the paper's defaults (the authors' code uses q = 1)
@@ -42,12 +43,12 @@ def check_variant(variant: str) -> str:
 # or records: each a real finite number of magnitude at most MAX_REPORTED; a sharpness may be a little below 0
 SHARPNESS_REPORT = Record(
     fields={
-        "loss": Number(0.0, MAX_REPORTED),
-        "perturbed_loss": Number(0.0, MAX_REPORTED),
-        "sharpness": Number(-MAX_REPORTED, MAX_REPORTED),
-        "grad_norm": Number(0.0, MAX_REPORTED),
+        "loss": Real(0.0, MAX_REPORTED),
+        "perturbed_loss": Real(0.0, MAX_REPORTED),
+        "sharpness": Real(-MAX_REPORTED, MAX_REPORTED),
+        "grad_norm": Real(0.0, MAX_REPORTED),
     },
-    optional={"rho": Number(0.0, MAX_REPORTED), "samples": Number(0.0, float(MAX_SAMPLES))},
+    optional={"rho": Real(0.0, MAX_REPORTED), "samples": Real(0.0, float(MAX_SAMPLES))},
 )
 
 
@@ -57,7 +58,8 @@ def check_report(report, variant: str) -> str | None:
     checked and a string in another field ended the job). A negative sharpness is accepted and counts as 0 (see
     `saga_weights`)."""
     check_variant(variant)
-    return SHARPNESS_REPORT.problem(report, "sharpness report")
+    problem = SHARPNESS_REPORT.problem(report)
+    return f"sharpness report {problem}" if problem else None
 
 
 def saga_weights(values: dict, q: float = Q) -> dict:

@@ -4,9 +4,10 @@ classifier head, which trains and is evaluated at the site but never leaves it."
 from __future__ import annotations
 
 from fairfl.flare import protocol
+from fairfl.kinds import Boolean, Checked
 from fairfl.methods.fednpr.npr import check_npr_settings, class_prototypes, extract_features, fednpr_objective
 from fairfl.methods.local_parts import KeepPartLocal
-from fairfl.methods.steps import Checked, ClientStep, StepContext, Switch
+from fairfl.methods.steps import ClientStep, StepContext
 from fairfl.models import head_state_keys
 from fairfl.training import mixed_precision
 
@@ -18,7 +19,7 @@ class NPRObjective(ClientStep):
     npr_grad_ratio."""
 
     replaces_loss = True
-    fields = {protocol.NPR: Checked(check_npr_settings)}
+    fields = {protocol.NPR: Checked(check_npr_settings, "FedNPR's settings", reports=True)}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:
@@ -58,5 +59,5 @@ class PersonalHead(KeepPartLocal):
     training and evaluation alike), and the head is left out of what the site sends back."""
 
     meta_key = protocol.PERSONAL_HEAD
-    fields = {meta_key: Switch()}
+    fields = {meta_key: Boolean()}
     part_keys = staticmethod(head_state_keys)

@@ -7,7 +7,8 @@ import copy
 from nvflare.app_opt.pt.fedproxloss import PTFedProxLoss
 
 from fairfl.flare import protocol
-from fairfl.methods.steps import ClientStep, Number, StepContext
+from fairfl.kinds import Real
+from fairfl.methods.steps import ClientStep, StepContext
 
 # the largest mu (FedProx) or lambda (Ditto) a site accepts: far above what is tuned (FedProx's grid: 0.001 to 1)
 MAX_PROXIMAL_WEIGHT = 1000.0
@@ -24,7 +25,7 @@ def with_proximal_term(loss_fn, model, mu: float, reference=None):
 class ProximalTerm(ClientStep):
     """Adds (mu / 2) ||w - w_sent||^2, mu = meta[PROX_MU], to whatever the local loss is (FedNPR's as well)."""
 
-    fields = {protocol.PROX_MU: Number(0.0, MAX_PROXIMAL_WEIGHT)}
+    fields = {protocol.PROX_MU: Real(0.0, MAX_PROXIMAL_WEIGHT)}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
+from fairfl.kinds import Real
 from fairfl.methods.qfedavg.qffl import lipschitz_from_lr, qffl_aggregate, round_lr
 from fairfl.models import state_to_numpy, state_to_torch, trainable_names
-from fairfl.site_checks import MAX_REPORTED, Number
+from fairfl.site_checks import MAX_REPORTED
 
 
 class QFedAvgController(FairRoundController):
@@ -41,8 +42,8 @@ class QFedAvgController(FairRoundController):
         """Every train answer carries the loss of the model sent and, when L = 1 / lr, the site's learning rate."""
         if task_name != protocol.TASK_TRAIN:
             return {}
-        loss = {protocol.GLOBAL_LOSS: Number(0.0, MAX_REPORTED)}
-        return {**loss, protocol.LR: Number(1e-12, 1e6)} if self.lipschitz is None else loss
+        loss = {protocol.GLOBAL_LOSS: Real(0.0, MAX_REPORTED)}
+        return {**loss, protocol.LR: Real(1e-12, 1e6)} if self.lipschitz is None else loss
 
     def aggregate(self, round_num, global_state, updates, rejected):
         losses = {s: float(updates[s].meta[protocol.GLOBAL_LOSS]) for s in sorted(updates)}  # checked: answer_fields

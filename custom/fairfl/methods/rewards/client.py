@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from fairfl.flare import protocol
-from fairfl.methods.steps import ClientStep, StepContext, Switch
+from fairfl.kinds import Boolean
+from fairfl.methods.steps import ClientStep, StepContext
 
 
 class ValidateTrained(ClientStep):
     """Replies VAL_METRIC: Dice (classification: balanced accuracy) of the trained model; None when NaN."""
 
-    fields = {protocol.VALIDATE_TRAINED: Switch()}
+    fields = {protocol.VALIDATE_TRAINED: Boolean()}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:

@@ -23,6 +23,7 @@ from fairfl.aggregation import robust_average
 from fairfl.files import save_atomic
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
+from fairfl.kinds import Real
 from fairfl.methods.fedce.contribution import normalise
 from fairfl.methods.rewards.reward import (
     apply_threshold,
@@ -37,7 +38,6 @@ from fairfl.methods.rewards.reward import (
     weighted_update,
 )
 from fairfl.models import state_to_numpy, state_to_torch
-from fairfl.site_checks import Number
 
 SITE_MODELS_FILE = "site_models.pt"
 
@@ -130,7 +130,7 @@ class CFFLController(RewardController):
 
     def answer_fields(self, task_name, round_num) -> dict:
         """Every train answer carries the trained model's validation score, a number in [0, 1]."""
-        return {protocol.VAL_METRIC: Number(0.0, 1.0)} if task_name == protocol.TASK_TRAIN else {}
+        return {protocol.VAL_METRIC: Real(0.0, 1.0)} if task_name == protocol.TASK_TRAIN else {}
 
     def reward(self, round_num, deltas, updates, rejected):
         metrics = {s: float(updates[s].meta[protocol.VAL_METRIC]) for s in sorted(updates) if s not in self.removed}

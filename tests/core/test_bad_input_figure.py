@@ -1,0 +1,96 @@
+"""The bad-input figure of docs/deployment.md ("Security model"), counted here from the tests' own case tables, never
+by hand: each category's number is how many hostile inputs its tests try, each of which they require to end in a
+clear error naming the file, field or argument, or in the site rejected for the round with the job alive. A change of
+a table that is not carried into the docs fails here, with the table to paste."""
+
+import os
+
+import test_answer_fuzzer
+import test_arguments
+import test_bad_inputs
+import test_client_steps
+import test_dashboard_passwords
+import test_report_inputs
+import test_site_checks
+import test_tracking
+
+from fairfl.methods import VARIANTS
+
+from conftest import REPO
+
+START, END = "<!-- bad-input figure: tests/core/test_bad_input_figure.py -->", "<!-- end of the bad-input figure -->"
+
+
+def categories(tmp_path) -> list:
+    """[(what was tried, how many, the tests that try them)]."""
+    fuzzed = sum(len(test_answer_fuzzer.fuzzed_cases(name, tmp_path)[2]) for name in VARIANTS)
+    return [
+        (
+            "data files, datalists, site settings and configurations at a site; command-line arguments",
+            len(test_bad_inputs.DATA_CASES)
+            + len(test_bad_inputs.SITE_CASES)
+            + len(test_bad_inputs.CONFIG_CASES)
+            + len(test_bad_inputs.CLI_CASES)
+            + len(test_bad_inputs.HUGE_IMAGES),
+            "`tests/core/test_bad_inputs.py`",
+        ),
+        (
+            "a method setting the server sends a site, each hostile value in each declared task field",
+            len(test_client_steps.hostile_task_cases()),
+            "`tests/core/test_client_steps.py`",
+        ),
+        (
+            "job arguments, at every component and at `fairfl run --set`",
+            len(test_arguments.CONSTRUCTOR_CASES),
+            "`tests/core/test_arguments.py`",
+        ),
+        (
+            "a site's answer: chosen hostile models, sample counts and metrics",
+            len(test_site_checks.TRAIN_CASES) + len(test_site_checks.EVAL_CASES) + len(test_site_checks.GLOBAL_CASES),
+            "`tests/core/test_site_checks.py`",
+        ),
+        (
+            f"a site's answer: 10 hostile values in every field the server reads, for each of the {len(VARIANTS)} "
+            "method variants",
+            fuzzed,
+            "`tests/core/test_answer_fuzzer.py`",
+        ),
+        (
+            "results files other centres send (`fairfl report`): hostile names and fields of the wrong kind",
+            len(test_report_inputs.HOSTILE_SITES)
+            + len(test_report_inputs.WRONG_TYPES)
+            + len(test_report_inputs.NOT_RESULTS)
+            + 1,  # a mean of the last rounds of the wrong kind
+            "`tests/core/test_report_inputs.py`",
+        ),
+        (
+            "the server's MLflow tracking URI; the dashboard's admin password",
+            len(test_tracking.REFUSED) + len(test_dashboard_passwords.WEAK),
+            "`tests/core/test_tracking.py`, `tests/core/test_dashboard_passwords.py`",
+        ),
+    ]
+
+
+def figure(rows) -> str:
+    lines = [
+        START,
+        "| hostile inputs | tried | handled | tests |",
+        "|---|---|---|---|",
+        *(f"| {what} | {count} | {count} | {where} |" for what, count, where in rows),
+        f"| all | {sum(c for _, c, _ in rows)} | {sum(c for _, c, _ in rows)} | |",
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def test_the_bad_input_figure_in_the_docs_is_the_one_the_tests_count(tmp_path):
+    with open(os.path.join(REPO, "docs", "deployment.md")) as f:
+        text = f.read()
+    rows = categories(tmp_path)
+    expected = figure(rows)
+    assert START in text and END in text, f"docs/deployment.md lacks the figure; paste:\n{expected}"
+    shown = START + text.split(START, 1)[1].split(END, 1)[0] + END
+    assert shown == expected, f"docs/deployment.md's figure is stale; paste:\n{expected}"
+    total = sum(count for _, count, _ in rows)
+    with open(os.path.join(REPO, "README.md")) as f:
+        assert f"The tests try {total} hostile inputs" in f.read(), f"README.md: the total is {total}"
