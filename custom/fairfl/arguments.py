@@ -28,6 +28,7 @@ MAX_SEED = 2**32 - 1  # numpy's seeds
 MAX_FACTOR = 1e6  # weights, exponents and temperatures above this only overflow
 MAX_PROXIMAL_WEIGHT = 1000.0  # FedProx's mu and Ditto's lambda a site accepts (fairfl.methods.fedprox.client)
 MAX_SEARCH_DISTANCE = 10.0  # SALT's rho a site accepts (fairfl.methods.fedism.client)
+MIN_LR = 1e-12  # a site's lr, and the lr the q-FedAvg server accepts from a site (L = 1 / lr)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,13 @@ def problem(argument: Argument, value) -> str | None:
     if argument.kind.allows(value):
         return None
     return f"{argument.name} must be {argument.kind}, got {shown(value)}"
+
+
+def check_update_ratio(value) -> None:
+    """0 (no check) or a finite number in [1, MAX_FACTOR]: a ratio below 1 would reject every site, the median one
+    included, as an outlier of the round's median."""
+    if not (Real(1, MAX_FACTOR).allows(value) or (Real(0, 0).allows(value))):
+        raise ValueError(f"max_update_ratio must be 0 or in [1, {MAX_FACTOR:g}], got {shown(value)}")
 
 
 def with_defaults(arguments: tuple, **defaults) -> tuple:
@@ -185,10 +193,10 @@ ROUND = (
     ),
     Argument(
         "max_update_ratio",
-        Real(0, MAX_FACTOR),
+        Checked(check_update_ratio, "0 (no check) or a finite number in [1, 1e+06]"),
         10.0,
         "a site whose update (its trained model minus the model it started from) has a norm more than this many "
-        "times the round's median is rejected for the round; 0 = no check",
+        "times the round's median is rejected for the round; 0 = no check (below 1 every site would be an outlier)",
     ),
     Argument(
         "max_share",
@@ -316,7 +324,7 @@ FEDISM = (  # fairfl.methods.fedism.sharpness.RHO_MAX, TAU, GSAM_ALPHA; saga.VAR
     Argument(
         "variant", OneOf(("S", "L")), "S", 'SAGA\'s weights: "S" (sharpness, Eq. 16) or "L" (perturbed loss, Eq. 17)'
     ),
-    Argument("q", Real(0, 100), 2.0, "exponent of SAGA's weights (the paper: 2)"),
+    Argument("q", Real(0, 100, low_open=True), 2.0, "exponent of SAGA's weights (the paper: 2; Eq. 16 needs q > 0)"),
     Argument(
         "beta",
         Real(0, 1, low_open=True),
@@ -418,7 +426,7 @@ EXECUTOR = (
     ),
     Argument(
         "lr",
-        Nullable(Real(0, 10, low_open=True)),
+        Nullable(Real(MIN_LR, 10)),
         None,
         "learning rate of the local optimiser; null = the task's (segmentation 1e-3, classification 3e-4)",
     ),

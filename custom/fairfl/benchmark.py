@@ -28,8 +28,8 @@ from fairfl.data.builtin import BUILTIN_DATASETS, builtin_dataset
 from fairfl.jobconfig import JOBS, parse_assignments
 from fairfl.methods import FAMILY_METRICS, VARIANTS, family_claims, family_methods, variant_job
 from fairfl.paired import FAILS, HOLDS, INCONCLUSIVE, Interval, mean_interval, paired_differences
-from fairfl.report import _avg_std, _label, _mean_sd, _name, _scores, _site_key, make_report
-from fairfl.results import SIMULATOR_RESULTS
+from fairfl.report import _avg_std, _label, _mean_sd, _name, _scores, make_report
+from fairfl.results import SIMULATOR_RESULTS, site_key
 from fairfl.simulate import run_unless_finished
 from fairfl.text import markdown_text
 
@@ -76,7 +76,7 @@ def final_stat(run: dict, metric: str, statistic: str) -> float | None:
 
 def per_site_mean(runs: list, metric: str) -> dict:
     """{site: final metric (%) averaged over the runs (seeds)}."""
-    sites = sorted({s for r in runs for s in _scores(r.get("final"), metric)}, key=_site_key)
+    sites = sorted({s for r in runs for s in _scores(r.get("final"), metric)}, key=site_key)
     return {
         s: statistics.mean(_scores(r["final"], metric)[s] for r in runs if s in _scores(r["final"], metric))
         for s in sites
@@ -144,7 +144,7 @@ def test_split_errors(runs_by_method: dict, metric: str) -> dict:
             for site, values in ((run.get("final") or {}).get("per_site") or {}).items():
                 if isinstance(values.get(f"{metric}_se"), (int, float)):
                     errors.setdefault(site, []).append(100 * values[f"{metric}_se"])
-    return {site: statistics.mean(v) for site, v in sorted(errors.items(), key=lambda item: _site_key(item[0]))}
+    return {site: statistics.mean(v) for site, v in sorted(errors.items(), key=lambda item: site_key(item[0]))}
 
 
 def mean_weights(runs: list) -> dict:
@@ -169,7 +169,7 @@ def mean_weights(runs: list) -> dict:
                     sums.setdefault(site, []).append(share)
         if sums:
             per_run.append({site: statistics.mean(v) for site, v in sums.items()})
-    sites = sorted({s for r in per_run for s in r}, key=_site_key)
+    sites = sorted({s for r in per_run for s in r}, key=site_key)
     return {site: statistics.mean(r[site] for r in per_run if site in r) for site in sites}
 
 
@@ -244,7 +244,7 @@ def claims_markdown(checked: list) -> list[str]:
             "points, mean over seeds; for a Std. claim the site's own metric):",
             "",
         ]
-        sites = sorted({s for c in missed for s in c["per_site_difference"]}, key=_site_key)
+        sites = sorted({s for c in missed for s in c["per_site_difference"]}, key=site_key)
         lines += ["| claim | " + " | ".join(map(markdown_text, sites)) + " |", "|---|" + "---:|" * len(sites)]
         for c in missed:
             lines.append(
@@ -303,7 +303,7 @@ def summary_markdown(summary: dict, reports: dict) -> str:
             lines += [f"## {title}", "", first["tables"][key], ""]
     weights = {m: w for m, w in (summary.get("mean_weights") or {}).items() if w}
     if weights:
-        sites = sorted({s for w in weights.values() for s in w}, key=_site_key)
+        sites = sorted({s for w in weights.values() for s in w}, key=site_key)
         lines += [
             "## Aggregation weight per site",
             "",

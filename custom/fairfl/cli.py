@@ -300,22 +300,28 @@ def _leave_one_out(args) -> int:
 
 def _export_job(args) -> int:
     """Copy a job without its BYOC marker folders, for sites that forbid bring-your-own-code."""
+    from fairfl.files import read_json
     from fairfl.jobconfig import check_job
 
     if os.path.exists(args.out):
         print(f"{args.out} exists; not overwriting", file=sys.stderr)
         return 1
-    try:
+    meta_path = os.path.join(args.job, "meta.json")
+    try:  # all checked before anything is copied: a retry finds no half-written folder
         check_job(args.job)
+        try:
+            meta = read_json(meta_path)
+        except ValueError as e:
+            raise ValueError(f"{meta_path}: {e}") from None
+        if not isinstance(meta, dict):
+            raise ValueError(f"{meta_path}: not a JSON object")
     except ValueError as e:
         print(f"fairfl export-job: error: {e}", file=sys.stderr)
         return 2
     shutil.copytree(args.job, args.out, ignore=shutil.ignore_patterns("custom", "__pycache__"))
     if args.gpus is not None:  # every site's resource manager must lend this many GPUs before the job starts
-        meta_path = os.path.join(args.out, "meta.json")
-        meta = json.load(open(meta_path))
         meta["resource_spec"] = {"@default": {"num_of_gpus": args.gpus}}
-        with open(meta_path, "w") as f:
+        with open(os.path.join(args.out, "meta.json"), "w") as f:
             json.dump(meta, f, indent=2)
     print(f"exported {args.job} -> {args.out} (no app/custom: sites need `fairfl provision-complete`)")
     return 0

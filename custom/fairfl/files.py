@@ -82,3 +82,26 @@ def write_json_atomic(path: str, data, indent: int = 1) -> None:
     """`data` as JSON (NaN/Inf written as null), atomically."""
     text = json.dumps(json_safe(data), indent=indent, allow_nan=False)
     write_atomic(path, lambda f: f.write(text), mode="w")
+
+
+def parse_json(text: str):
+    """`json.loads(text)`, every way it can fail a ValueError: a file another party writes may nest `[[[...` deeper
+    than Python's parser recurses (a RecursionError, not a ValueError)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
+
+
+def read_json(path):
+    """The JSON content of the file `path`; any way it cannot be read or parsed is a ValueError saying why (the caller
+    names the file and the party)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read it ({type(e).__name__}: {e})") from None
+    try:
+        return parse_json(text)
+    except ValueError as e:
+        raise ValueError(f"not valid JSON ({e})") from None

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from fairfl.arguments import check_all, declared, defaults, moved_settings
+from fairfl.files import parse_json, read_json
 from fairfl.tracking import with_mlflow
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs"  # the job folders of a fairfl checkout (fairfl make-jobs)
@@ -29,8 +30,9 @@ def component_arguments(component) -> dict:
 def _fairfl_components(config: dict):
     """The fairfl components of a config: server workflows and client executors (entries of another shape are
     NVFlare's to refuse)."""
-    entries = [w for w in config.get("workflows", []) if isinstance(w, dict)]
-    entries += [e.get("executor") for e in config.get("executors", []) if isinstance(e, dict)]
+    workflows, executors = (config.get(key) for key in ("workflows", "executors"))
+    entries = [w for w in workflows if isinstance(w, dict)] if isinstance(workflows, list) else []
+    entries += [e.get("executor") for e in executors if isinstance(e, dict)] if isinstance(executors, list) else []
     for entry in entries:
         if isinstance(entry, dict) and str(entry.get("path", "")).startswith("fairfl."):
             yield entry
@@ -40,11 +42,23 @@ def job_arguments(job: str) -> dict:
     """{argument: value} of every fairfl component of `job` (server and client configs; the client's win on a
     name both have)."""
     arguments = {}
-    for name in (SERVER_CONFIG, CLIENT_CONFIG):
-        with open(os.path.join(job, name)) as f:
-            for component in _fairfl_components(json.load(f)):
-                arguments.update(component.get("args", {}))
+    for config in read_configs(job).values():
+        for component in _fairfl_components(config):
+            arguments.update(component.get("args", {}))
     return arguments
+
+
+def config_problem(config: dict) -> str | None:
+    """Why a job config (a JSON object) has not the shape NVFlare and fairfl read, or None: its component lists must
+    be lists of objects and a fairfl component's `args` an object (a job folder is untrusted input)."""
+    for key in ("workflows", "executors", "components", "task_result_filters", "task_data_filters"):
+        value = config.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(entry, dict) for entry in value):
+            return f"{key} must be a list of objects"
+    for component in _fairfl_components(config):
+        if not isinstance(component.get("args", {}), dict):
+            return f"the args of {component.get('path')} must be an object"
+    return None
 
 
 def is_job_copy(folder: str) -> bool:
@@ -142,12 +156,14 @@ def read_configs(job: str) -> dict:
     for name in (SERVER_CONFIG, CLIENT_CONFIG):
         path = os.path.join(job, name)
         try:
-            with open(path) as f:
-                configs[name] = json.load(f)
-        except (OSError, ValueError) as e:
+            configs[name] = read_json(path)
+        except ValueError as e:
             raise ValueError(f"job {job}: {name}: {e}") from None
         if not isinstance(configs[name], dict):
             raise ValueError(f"job {job}: {name} is not a JSON object")
+        problem = config_problem(configs[name])
+        if problem:
+            raise ValueError(f"job {job}: {name}: {problem}")
     return configs
 
 
@@ -167,7 +183,7 @@ def parse_assignments(items: list[str]) -> dict:
         if not sep or not key:
             raise ValueError(f"expected key=value, got {item!r}")
         try:
-            result[key] = json.loads(value)
-        except json.JSONDecodeError:
+            result[key] = parse_json(value)
+        except ValueError:
             result[key] = value
     return result

@@ -15,14 +15,13 @@ simulator (resumable) and writes `loo.json`, which `fairfl report --loo` compare
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 
 from fairfl.fairness import normalise_abs
-from fairfl.files import write_json_atomic
+from fairfl.files import read_json, write_json_atomic
 from fairfl.kinds import ListOf, MappingOf, Real, Record, Text, shown
 from fairfl.progress import QUIET
 from fairfl.simulate import run_unless_finished
@@ -101,8 +100,8 @@ def load_loo(path) -> dict:
     if path.is_dir():
         path = path / LOO_FILE
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+        data = read_json(path)
+    except ValueError as e:
         raise ValueError(f"{path}: not a readable leave-one-out file ({e})") from e
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a leave-one-out file (a {type(data).__name__}, not an object)")
@@ -113,6 +112,8 @@ def load_loo(path) -> dict:
         problem = kind.problem(data[key])
         if problem:
             raise ValueError(f"{path}: {key} {problem}")
+    if not data["marginal"]:
+        raise ValueError(f"{path}: marginal names no site")
     unscored = [s for s in data["marginal"] if s not in data["without"]]
     if unscored:
         raise ValueError(f"{path}: marginal names sites without a run left out: {', '.join(map(shown, unscored))}")

@@ -80,7 +80,7 @@ def check_model_spec(spec, max_parameters: int, whose: str = "this site's") -> s
     if not isinstance(spec, dict):
         return f"must be an object, got {type(spec).__name__}"
     name = spec.get("name", "unet")
-    if name not in DEFAULTS:
+    if not isinstance(name, str) or name not in DEFAULTS:
         return f"name {name!r} is not one of {', '.join(DEFAULTS)}"
     unknown = set(spec) - {"name", "in_channels", "num_classes"} - SPEC_KEYS[name]
     if unknown:

@@ -26,7 +26,7 @@ import numpy as np
 from fairfl.fairness import contribution_agreement, normalise_abs, performance_fairness, summarize
 from fairfl.loo import load_loo, marginal_table
 from fairfl.methods import display_name
-from fairfl.results import GLOBAL_PREFIX, RESULTS_FILE, SIMULATOR_RESULTS, read_results
+from fairfl.results import GLOBAL_PREFIX, RESULTS_FILE, SIMULATOR_RESULTS, read_results, site_key
 from fairfl.text import csv_text, markdown_text
 
 METHOD_ORDER = ("solo", "fedavg")  # then the others alphabetically
@@ -126,13 +126,9 @@ def _mean_sd(values) -> tuple[float, float | None] | None:
     return float(values.mean()), float(values.std(ddof=1)) if values.size > 1 else None
 
 
-def _site_key(site: str):
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", site)]
-
-
 def _sites(runs) -> list[str]:
     found = {s for r in runs for s in list(r["sites"]) + list((r["final"] or {}).get("per_site") or {})}
-    return sorted(found, key=_site_key)
+    return sorted(found, key=site_key)
 
 
 def _variant(run) -> str:
@@ -383,7 +379,7 @@ def personal_global_table(runs, metric=None) -> tuple[str, dict]:
     }
     if not groups:
         return "", {}
-    sites = sorted({s for g in groups.values() for r in g for s in _federation_scores(r, metric)}, key=_site_key)
+    sites = sorted({s for g in groups.values() for r in g for s in _federation_scores(r, metric)}, key=site_key)
     stats, rows, notes = {}, [], []
     for key, group in groups.items():
         scores = {
@@ -393,7 +389,7 @@ def personal_global_table(runs, metric=None) -> tuple[str, dict]:
         both = [set(p) & set(g) for p, g in zip(scores["personal"], scores["global"])]
         for run, own, shared in zip(group, scores["personal"], both):
             if set(own) - shared:
-                missing = ", ".join(map(markdown_text, sorted(set(own) - shared, key=_site_key)))
+                missing = ", ".join(map(markdown_text, sorted(set(own) - shared, key=site_key)))
                 notes.append(
                     f"Note: {markdown_text(run['file'])} has no global-model score for {missing}: left out of its Avg."
                 )
@@ -456,7 +452,7 @@ HELD_OUT_TEXT = (
 
 def _mean_per_site(dicts) -> dict:
     """{site: mean over the dicts that have it} of per-site values, e.g. one dict per seed."""
-    sites = sorted({s for d in dicts for s in d}, key=_site_key)
+    sites = sorted({s for d in dicts for s in d}, key=site_key)
     return {s: float(np.mean([d[s] for d in dicts if s in d])) for s in sites}
 
 
@@ -541,7 +537,7 @@ def free_riders(run) -> list:
         for site, metrics in (record.get("train") or {}).items()
         if (metrics or {}).get("free_rider")
     }
-    return sorted(reported | set((run.get("config") or {}).get("free_riders") or []), key=_site_key)
+    return sorted(reported | set((run.get("config") or {}).get("free_riders") or []), key=site_key)
 
 
 def region_metrics(runs, metric) -> list[str]:
@@ -669,7 +665,7 @@ def contribution_agreement_table(runs, loo: dict) -> tuple[str, dict]:
     the leave-one-out file valued. Runs that left sites out themselves are not compared.
     Returns (markdown: the agreement table and the per-site shares, {group: {what: statistics + "seeds"}})."""
     marginal = loo["marginal"]
-    sites = sorted(marginal, key=_site_key)
+    sites = sorted(marginal, key=site_key)
     stats, shares, notes = {}, {}, []
     for key, group in _by_method([r for r in runs if r["final"] and not _left_out(r)]).items():
         per_what = {}
@@ -681,7 +677,7 @@ def contribution_agreement_table(runs, loo: dict) -> tuple[str, dict]:
             if not set(sites) <= set(mean):
                 notes.append(
                     f"Note: {_name(key)} is not compared: it has no {what} for "
-                    f"{', '.join(map(markdown_text, sorted(set(sites) - set(mean), key=_site_key)))}."
+                    f"{', '.join(map(markdown_text, sorted(set(sites) - set(mean), key=site_key)))}."
                 )
                 continue
             values = {s: mean[s] for s in sites}
@@ -913,7 +909,7 @@ def plot_layer_weights(run, path) -> Path | None:
     if not records:
         return None
     layers = list(dict.fromkeys(layer for _, lw in records for layer in lw))  # network order
-    sites = sorted({s for _, lw in records for w in lw.values() for s in w}, key=_site_key)
+    sites = sorted({s for _, lw in records for w in lw.values() for s in w}, key=site_key)
     grids = [np.array([[lw.get(layer, {}).get(s, np.nan) for s in sites] for layer in layers]) for _, lw in records]
     final, mean = grids[-1], np.nanmean(grids, axis=0)
     uniform = 1.0 / len(sites)
@@ -963,8 +959,8 @@ def plot_cross_site(run, path) -> Path | None:
     matrix = cross.get("matrix") if isinstance(cross, dict) else None
     if not isinstance(matrix, dict) or not matrix or not all(isinstance(row, dict) for row in matrix.values()):
         return None
-    models = sorted(matrix, key=_site_key)
-    sites = sorted({s for row in matrix.values() for s in row}, key=_site_key)
+    models = sorted(matrix, key=site_key)
+    sites = sorted({s for row in matrix.values() for s in row}, key=site_key)
     grid = np.array([[100.0 * v if _is_number(v := matrix[m].get(s)) else np.nan for s in sites] for m in models])
     fig = _figure(figsize=(_extent(len(sites), 0.8, 2.5), _extent(len(models), 0.5, 1.5)))
     ax = fig.subplots()
@@ -1011,7 +1007,7 @@ def plot_contributions(group: list[dict], path, title: str) -> Path | None:
     free = set(free_riders(group[0]))
     fig = _figure(figsize=(7.5, 4))
     ax = fig.subplots()
-    for i, site in enumerate(sorted(per_site, key=_site_key)):
+    for i, site in enumerate(sorted(per_site, key=site_key)):
         x = sorted(per_site[site])
         style = (
             dict(color="black", ls="--", lw=2.4, label=f"{site} (free rider)")

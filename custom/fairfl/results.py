@@ -22,8 +22,9 @@ GLOBAL_PREFIX = "global_"
 
 
 def site_key(site: str) -> list:
-    """Sort key of site names in natural order: site-2 before site-10."""
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", site)]
+    """Sort key of site names in natural order: site-2 before site-10 (a run of decimal digits is a number; a
+    superscript or other digit-like character, which int() refuses, stays text)."""
+    return [int(t) if t.isdecimal() else t for t in re.split(r"(\d+)", site)]
 
 
 class ResultsLog:
@@ -165,8 +166,11 @@ class Record(NamedTuple):  # a JSON object with these optional fields (others un
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a key named .key in an error; any other ["key"]
 NUMBER = "a number"  # an int or a float, not true/false, small enough for a float
 ANY = "anything"
+COUNT = "a whole number"  # an int in [0, MAX_COUNT]: round numbers and counts the figures plot
+MAX_COUNT = 10**9
+SHARE = "a share"  # a number in [0, 1]: weights and contributions
 SCORES = MapOf(MapOf(Nullable(NUMBER)))  # {site: {metric: value}}; null: a NaN as the server writes it
-WEIGHTS = MapOf(NUMBER)  # {site: weight}
+WEIGHTS = MapOf(SHARE)  # {site: weight}
 SCORED = {"per_site": SCORES}  # an evaluated record's fields the report reads
 CONTRIBUTIONS = {"contributions": WEIGHTS, "contribution_terms": MapOf(MapOf(Nullable(NUMBER)))}
 RESULTS_SCHEMA = Record(
@@ -191,7 +195,7 @@ RESULTS_SCHEMA = Record(
         "rounds": ListOf(
             Record(
                 {
-                    "round": int,
+                    "round": COUNT,
                     "seconds": NUMBER,
                     **SCORED,
                     "train": MapOf(Nullable(MapOf(ANY))),
@@ -203,12 +207,24 @@ RESULTS_SCHEMA = Record(
                 required=("round",),
             )
         ),
+        "cross_site": Nullable(
+            Record(
+                {
+                    "models": ListOf(str),
+                    "sites": ListOf(str),
+                    "matrix": MapOf(MapOf(Nullable(NUMBER))),
+                    "own": MapOf(Nullable(NUMBER)),
+                    "on_others": MapOf(Nullable(NUMBER)),
+                },
+                required=("matrix",),
+            )
+        ),
         "final": Nullable(
             Record(
                 {
                     **SCORED,
                     **CONTRIBUTIONS,
-                    "mean_of_last": Record({"rounds": ListOf(int), "asked": int, **SCORED}, ("rounds", "asked")),
+                    "mean_of_last": Record({"rounds": ListOf(COUNT), "asked": COUNT, **SCORED}, ("rounds", "asked")),
                 }
             )
         ),
@@ -265,11 +281,15 @@ def _check(value, spec, name: str, where: str) -> None:
             for key, field in spec.fields.items():
                 if key in value:
                     _check(value[key], field, name, f"{where}.{key}" if where else key)
-    elif spec is NUMBER:
+    elif spec in (NUMBER, SHARE, COUNT):
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise ValueError(f"{name}: {where} is {_kind(value)}, not a number")
-        if isinstance(value, int) and not math.isfinite(_as_float(value)):
-            raise ValueError(f"{name}: {where} is {_kind(value)}, a number too large for a float")
+        if not math.isfinite(_as_float(value)):  # NaN and Infinity literals, or an int beyond a float
+            raise ValueError(f"{name}: {where} is {_kind(value)}, not a finite number")
+        if spec is SHARE and not 0 <= value <= 1:
+            raise ValueError(f"{name}: {where} is {_kind(value)}, not a share in [0, 1]")
+        if spec is COUNT and (not isinstance(value, int) or not 0 <= value <= MAX_COUNT):
+            raise ValueError(f"{name}: {where} is {_kind(value)}, not a whole number in [0, {MAX_COUNT}]")
     elif spec is not ANY and (not isinstance(value, spec) or isinstance(value, bool)):
         raise ValueError(f"{name}: {where} is {_kind(value)}, not {WANTED[spec]}")
 

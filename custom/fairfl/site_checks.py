@@ -4,7 +4,7 @@ A site's answer is untrusted input. Every function here returns why a value cann
 naming the field), or None; the round loop (`fairfl.flare.engine.FairRoundController`) rejects a site with
 a reason for that round, logs it and records it under `rejected` in results.json, and goes on with the others.
 
-What is checked: the returned model (tensors: keys, shapes, dtype kinds, finiteness; `check_site_state`), the
+What is checked: the returned model (tensors: keys, shapes, dtypes, finiteness; `check_site_state`), the
 training-set size (`samples_problem`: a positive int, at most a cap and at most what the site declared in its first
 round), the size of the update against the round's other sites (`norm_outliers`), training and evaluation metrics
 (`metrics_problem`: names, finite numbers, evaluation scores in [0, 1]), and the methods' reports: every field a
@@ -88,7 +88,7 @@ def check_site_state(state: Mapping, reference: Mapping[str, torch.Tensor]) -> s
     """Why a site's state dict cannot be aggregated with `reference`'s, or None if it can.
 
     Checks, in this order: missing keys, unexpected keys, then per key in the reference's
-    order: a tensor, the same shape, the same dtype kind (float/integer/bool/complex), and
+    order: a tensor, the same shape, the same dtype (float32 is not float16: the aggregate would take it), and
     finite values. The reason names the first offending key, e.g. "NaN in conv1.weight".
     """
     missing = [k for k in reference if k not in state]
@@ -103,8 +103,8 @@ def check_site_state(state: Mapping, reference: Mapping[str, torch.Tensor]) -> s
             return f"{key} is a {type(t).__name__}, not a tensor"
         if t.shape != ref.shape:
             return f"shape mismatch for {key}: got {tuple(t.shape)}, expected {tuple(ref.shape)}"
-        if _kind(t) != _kind(ref):
-            return f"dtype mismatch for {key}: got {t.dtype} ({_kind(t)}), expected {_kind(ref)}"
+        if t.dtype != ref.dtype:  # exactly: the aggregate takes the first site's dtype (float16 would overflow it)
+            return f"dtype mismatch for {key}: got {t.dtype} ({_kind(t)}), expected {ref.dtype} ({_kind(ref)})"
     for key in reference:
         t = state[key]
         if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):

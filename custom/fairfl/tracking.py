@@ -90,6 +90,8 @@ def check_tracking_uri(uri: str, environ=None) -> str:
             f"{where}: scheme {scheme!r} is not allowed; use http(s) to a host in the server's {MLFLOW_HOSTS_ENV}, "
             f"file: or sqlite: in a folder of its {MLFLOW_PATHS_ENV}, or none (mlflow.db in the run folder)"
         )
+    if "%" in path:  # SQLAlchemy and MLflow decode it after this check: %2e%2e would climb out of the folder
+        raise ValueError(f"{where}: a percent-encoded path; write it plainly")
     if not os.path.isabs(path):  # "databricks" too: MLflow reads that name as its scheme
         raise ValueError(
             f"{where}: neither an absolute path nor an allowed URI (http(s)://host:port, file:///folder, "

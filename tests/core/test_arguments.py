@@ -26,7 +26,7 @@ HOSTILE = {
     ("fedavg", "num_rounds"): ["20", 0, -5, 10**6, 2.5, True],
     ("fedavg", "eval_every"): ["5", -1, 0, None],
     ("fedavg", "image_size"): ["64", 0, 100_000, 8, 64.0],
-    ("fedavg", "lr"): ["1e-3", NAN, 0, -1, INF, 100],
+    ("fedavg", "lr"): ["1e-3", NAN, 0, -1, INF, 100, 1e-13],  # below the lr the q-FedAvg server accepts
     ("fedavg", "batch_size"): ["8", 0, -1, 10**6],
     ("fedavg", "loader_workers"): ["2", -1, 100_000],
     ("fedavg", "device"): [0, "gpu", "cuda:x", "cuda:99999", "cuda:-1"],
@@ -37,12 +37,12 @@ HOSTILE = {
     ("fedavg", "local_epochs"): ["1", 0, 10**9, -1],
     ("fedavg", "local_steps"): ["10", -1, 10**9],
     ("fedavg", "momentum"): ["0.9", 5, 1.0, -0.1, NAN],
-    ("fedavg", "max_update_ratio"): ["10", -1, NAN, INF],
+    ("fedavg", "max_update_ratio"): ["10", -1, NAN, INF, 0.5, 1e-300],  # below 1: every site an outlier
     ("fedavg", "trim_fraction"): ["0.2", NAN, 0.5, -0.1],
     ("ditto", "ditto_lambda"): ["0.1", -1, NAN, INF],
     ("fedfloor", "ditto_lambda"): [-1, NAN],
     ("fedism_plus", "rho_max"): ["0.1", -1, NAN, 100],
-    ("fedism_plus", "q"): ["2", -1, NAN, 1000],
+    ("fedism_plus", "q"): ["2", -1, NAN, 1000, 0],  # Eq. 16 needs q > 0: it ended the first aggregation
     ("qfedavg", "q"): ["1", -1, NAN, 1000],
     ("fedism_plus", "beta"): ["0.5", 0, 2, NAN],
     ("cgsv", "beta"): ["1", 0, -1, NAN, INF],

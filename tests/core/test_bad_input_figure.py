@@ -10,6 +10,8 @@ import test_arguments
 import test_bad_inputs
 import test_client_steps
 import test_dashboard_passwords
+import test_jobs_config
+import test_loo
 import test_report_inputs
 import test_site_checks
 import test_tracking
@@ -40,9 +42,11 @@ def categories(tmp_path) -> list:
             "`tests/core/test_client_steps.py`",
         ),
         (
-            "job arguments, at every component and at `fairfl run --set`",
-            len(test_arguments.CONSTRUCTOR_CASES),
-            "`tests/core/test_arguments.py`",
+            "job arguments, at every component and at `fairfl run --set`; job configuration files of the wrong shape",
+            len(test_arguments.CONSTRUCTOR_CASES)
+            + len(test_jobs_config.BAD_JOB_CONFIGS)
+            + len(test_jobs_config.BAD_META),
+            "`tests/core/test_arguments.py`, `tests/core/test_jobs_config.py`",
         ),
         (
             "a site's answer: chosen hostile models, sample counts and metrics",
@@ -56,12 +60,15 @@ def categories(tmp_path) -> list:
             "`tests/core/test_answer_fuzzer.py`",
         ),
         (
-            "results files other centres send (`fairfl report`): hostile names and fields of the wrong kind",
+            "results and leave-one-out files other centres send (`fairfl report`): hostile names, fields of the "
+            "wrong kind",
             len(test_report_inputs.HOSTILE_SITES)
             + len(test_report_inputs.WRONG_TYPES)
             + len(test_report_inputs.NOT_RESULTS)
-            + 1,  # a mean of the last rounds of the wrong kind
-            "`tests/core/test_report_inputs.py`",
+            + 1  # a mean of the last rounds of the wrong kind
+            + len(test_loo.BAD_LOO_FILES)
+            + 2,  # a loo.json nested too deep; one with hostile site names
+            "`tests/core/test_report_inputs.py`, `tests/core/test_loo.py`",
         ),
         (
             "the server's MLflow tracking URI; the dashboard's admin password",

@@ -244,6 +244,9 @@ DATA_CASES = {
     "dataset.json is a list": rewrite("dataset.json", "[1, 2]"),
     "dataset.json regions out of class range": rewrite("dataset.json", '{"regions": {"disc": [1, 7]}}'),
     "dataset.json corrupted_sites not names": rewrite("dataset.json", '{"corrupted_sites": "site-1"}'),
+    # nested deeper than Python's JSON parser recurses: a RecursionError, not a ValueError, before
+    "datalist nested 100000 deep": rewrite(f"{SITE}.json", "[" * 100_000 + "]" * 100_000),
+    "dataset.json nested 100000 deep": rewrite("dataset.json", '{"regions": ' + "[" * 100_000 + "]" * 100_000 + "}"),
 }
 
 
@@ -450,6 +453,15 @@ def test_grey_alpha_image_is_read_as_grey_and_a_link_inside_the_root_is_fine(tmp
 
 
 # --------------------------------------------------------------------------- configuration and server tasks
+def model_spec_check(spec):
+    """The network of a server task, checked as a site checks it before anything is built."""
+
+    def attempt(tmp_path):
+        FairflExecutor._check_task(SITE, {protocol.MODEL_SPEC: spec})
+
+    return attempt
+
+
 def executor_task(meta_changes):
     """A site asked for built-in data by a server task with hostile meta."""
 
@@ -531,6 +543,8 @@ CONFIG_CASES = {
     "server task num_sites huge": (executor_task({protocol.NUM_SITES: 10**9}), "num_sites"),
     "server task num_sites 0": (executor_task({protocol.NUM_SITES: 0}), "num_sites"),
     "server task dataset a path": (executor_task({protocol.DATASET: "../../x"}), "../../x"),
+    "server task dataset a list": (executor_task({protocol.DATASET: ["x"]}), "dataset"),
+    "server task model name a list": (model_spec_check({"name": ["unet"]}), "name ['unet']"),
     **{
         f"server task test_scale {bad!r}": (executor_task({protocol.TEST_SCALE: bad}), "test_scale")
         for bad in (1e9, -1, "3", float("nan"), True, None)

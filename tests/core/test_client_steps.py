@@ -199,9 +199,9 @@ def test_the_registry_names_step_classes_in_the_units_and_imports_without_torch(
 
 
 # ------------------------------------------------------------------------------------ what the server sends
-HOSTILE = (math.nan, math.inf, -1e9, 1e9, "x", [1], {}, None, True)
+HOSTILE = (math.nan, math.inf, -1e9, 1e9, "x", "../x", [1], {}, None, True)
 # (field, hostile value) pairs that are honest settings: the grid of Ditto itself, FedCE's weights without this site
-HONEST = {(protocol.MIX_GRID, "[1]"), (protocol.LOO_WEIGHTS, "{}")}
+HONEST = {(protocol.MIX_GRID, "[1]"), (protocol.LOO_WEIGHTS, "{}"), (protocol.RUN_NAME, "'x'")}
 
 
 def task_fields():
@@ -255,12 +255,10 @@ def test_the_declarations_cover_every_key_the_server_sends_and_agree():
     }
     checked_elsewhere = {  # tests/core/test_bad_inputs.py CONFIG_CASES
         protocol.MODEL_SPEC,
-        protocol.DATASET,
         protocol.NUM_SITES,
         protocol.DATA_SEED,
         protocol.TEST_SCALE,
         protocol.HELD_OUT,
-        protocol.RUN_NAME,
         protocol.OPTIMIZER,
     }
     assert sent - checked_elsewhere - set(task_fields()) == set()

@@ -14,6 +14,7 @@ WEAK = [
     "1qaz2wsx3edc!Q",  # a keyboard walk down the columns
     "Qazwsxedc123!",
     "Qwertyuiop1!" * 10,  # longer than zxcvbn reads: judged by its first 72 characters
+    "ｐａｓｓｗｏｒｄ!2468Ａ",  # full-width letters: read as the ASCII they show
 ]
 PASSPHRASES = [
     "velvet quarry mantis ledger",  # four random words: lower case and spaces only

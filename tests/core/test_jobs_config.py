@@ -4,13 +4,15 @@ import glob
 import importlib
 import json
 import os
+import shutil
 
 import pytest
 
+from fairfl import cli
 from fairfl.jobconfig import SERVER_CONFIG, customize_job, parse_assignments
 from fairfl.presets import PRESETS, apply_preset, resolve_preset
 
-from conftest import JOBS
+from conftest import JOBS, REPO
 
 JOB_NAMES = sorted(os.listdir(JOBS))
 
@@ -119,3 +121,46 @@ def test_paper_preset_overrides_named_keys_and_environment_wins(monkeypatch):
     monkeypatch.setenv("FAIRFL_PRESET", "nope")
     with pytest.raises(ValueError, match="nope"):
         resolve_preset()
+
+
+BAD_JOB_CONFIGS = [
+    ({"workflows": 5}, "config_fed_server.json: workflows must be a list of objects"),
+    ({"workflows": [7]}, "config_fed_server.json: workflows must be a list of objects"),
+    (
+        {"workflows": [{"id": "c", "path": "fairfl.methods.fedavg.controller.FedAvgController", "args": [1]}]},
+        "the args of fairfl.methods.fedavg.controller.FedAvgController must be an object",
+    ),
+    ({"workflows": "[" * 100_000 + "]" * 100_000}, "nested too deeply"),
+]
+
+
+@pytest.mark.parametrize("server, problem", BAD_JOB_CONFIGS)
+def test_a_job_config_of_the_wrong_shape_is_refused_naming_the_file_before_anything_runs(
+    tmp_path, capsys, server, problem
+):
+    # each of these ended `fairfl run` in a traceback (an int is not iterable; args.setdefault on a list; recursion)
+    job = tmp_path / "job"
+    shutil.copytree(os.path.join(REPO, "jobs", "fedavg"), job)
+    config = job / SERVER_CONFIG
+    raw = server["workflows"] if isinstance(server["workflows"], str) else None
+    config.write_text('{"workflows": ' + raw + "}" if raw else json.dumps({**json.loads(config.read_text()), **server}))
+    for argv in (
+        ["run", str(job), "-w", str(tmp_path / "ws"), "--set", "num_rounds=3"],
+        ["export-job", str(job), str(tmp_path / "out")],
+    ):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert problem in err and "Traceback" not in err, err
+    assert not (tmp_path / "ws").exists() and not (tmp_path / "out").exists()
+
+
+BAD_META = ["[]", "{", "[" * 100_000 + "]" * 100_000]
+
+
+@pytest.mark.parametrize("meta", BAD_META)
+def test_export_job_checks_meta_json_before_it_copies_anything(tmp_path, capsys, meta):
+    job = tmp_path / "job"
+    shutil.copytree(os.path.join(REPO, "jobs", "fedavg"), job)
+    (job / "meta.json").write_text(meta)
+    assert cli.main(["export-job", str(job), str(tmp_path / "out"), "--gpus", "1"]) == 2
+    assert "meta.json" in capsys.readouterr().err and not (tmp_path / "out").exists()

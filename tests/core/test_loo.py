@@ -125,18 +125,19 @@ def fake_simulator(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize(
-    "change, problem",
-    [
-        ({"marginal": {"site-1": "0.1"}}, "marginal ['site-1'] is '0.1', expected a finite number in [-1, 1]"),
-        ({"marginal": [0.1]}, "marginal is [0.1], expected an object of site names"),
-        ({"full": {"mean": None}}, "full lacks mean"),
-        ({"without": {"site-1": {"mean": 7}}}, "without ['site-1'] mean is 7, expected a finite number in [0, 1]"),
-        ({"sites": "site-1"}, "sites is 'site-1', expected a list"),
-        ({"metric": ["dice"]}, "metric is ['dice'], expected a string"),
-        ({"marginal": {"site-9": 0.1}}, "marginal names sites without a run left out: 'site-9'"),
-    ],
-)
+BAD_LOO_FILES = [
+    ({"marginal": {"site-1": "0.1"}}, "marginal ['site-1'] is '0.1', expected a finite number in [-1, 1]"),
+    ({"marginal": [0.1]}, "marginal is [0.1], expected an object of site names"),
+    ({"full": {"mean": None}}, "full lacks mean"),
+    ({"without": {"site-1": {"mean": 7}}}, "without ['site-1'] mean is 7, expected a finite number in [0, 1]"),
+    ({"sites": "site-1"}, "sites is 'site-1', expected a list"),
+    ({"metric": ["dice"]}, "metric is ['dice'], expected a string"),
+    ({"marginal": {"site-9": 0.1}}, "marginal names sites without a run left out: 'site-9'"),
+    ({"marginal": {}, "without": {}}, "marginal names no site"),
+]
+
+
+@pytest.mark.parametrize("change, problem", BAD_LOO_FILES)
 def test_a_leave_one_out_file_of_another_centre_is_checked_field_by_field(tmp_path, change, problem):
     # it used to end in a traceback in the middle of the report (a string marginal, a list, a missing mean)
     data = {**loo.marginal_values(results(FULL), without_runs()), **change}
@@ -144,6 +145,12 @@ def test_a_leave_one_out_file_of_another_centre_is_checked_field_by_field(tmp_pa
     with pytest.raises(ValueError) as error:
         loo.load_loo(tmp_path)
     assert str(error.value) == f"{tmp_path / 'loo.json'}: {problem}" or problem in str(error.value), str(error.value)
+
+
+def test_a_leave_one_out_file_nested_too_deep_is_an_error_naming_it(tmp_path):
+    (tmp_path / "loo.json").write_text("[" * 100_000 + "]" * 100_000)  # a RecursionError in the parser, before
+    with pytest.raises(ValueError, match="loo.json: not a readable leave-one-out file .*nested too deeply"):
+        loo.load_loo(tmp_path)
 
 
 def test_site_names_and_the_metric_of_a_leave_one_out_file_are_text_in_markdown(tmp_path):

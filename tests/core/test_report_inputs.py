@@ -117,7 +117,7 @@ WRONG_TYPES = [
     (
         ("final", "per_site", "site-1", "dice"),
         10**400,
-        "dice is the number 10000000000000000000..., a number too large",
+        "dice is the number 10000000000000000000..., not a finite number",
     ),
     (("final", "per_site"), [], "final.per_site is a list, not an object"),
     (("final", "per_site", "site-3"), 0.7, 'final.per_site["site-3"] is the number 0.7, not an object'),
@@ -137,6 +137,18 @@ WRONG_TYPES = [
     (("config",), [], "config is a list, not an object"),
     (("config", "exclude_sites"), "site-1", "config.exclude_sites is a string, not a list"),
     (("config", "free_riders"), [1], "config.free_riders[0] is the number 1, not a string"),
+    # each of these ended the report in a traceback in its figures
+    (("rounds", 0, "round"), 2**70, "rounds[0].round is the number 11805916207174113034..., not a whole number"),
+    (("rounds", 0, "seconds"), float("inf"), "rounds[0].seconds is the number inf, not a finite number"),
+    (("rounds", 2, "layer_weights", "model.0.residual", "site-2"), float("nan"), '["site-2"] is the number nan, not'),
+    (
+        ("rounds", 2, "layer_weights", "model.0.residual", "site-2"),
+        1e308,
+        '["site-2"] is the number 1e+308, not a share',
+    ),
+    (("cross_site",), {"matrix": {"site-1": {"site-1": 10**400}}}, 'cross_site.matrix["site-1"]["site-1"] is the'),
+    (("cross_site",), {"matrix": []}, "cross_site.matrix is a list, not an object"),
+    (("cross_site",), {"models": ["site-1"]}, "cross_site lacks matrix"),
 ]
 
 

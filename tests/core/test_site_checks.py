@@ -137,6 +137,9 @@ TRAIN_CASES = [
     ("extra tensor", {"params": with_extra_key}, "unexpected keys"),
     ("wrong shape", {"params": with_tensor(0, lambda v: v[:-1])}, "shape"),
     ("integer tensor for a float one", {"params": with_tensor(0, lambda v: v.astype(np.int64))}, "dtype"),
+    # the aggregate takes the first site's dtype: a float16 model would quantise (and at 65504 overflow) everyone's
+    ("a float16 model", {"params": lambda p: {k: v.astype(np.float16) for k, v in p.items()}}, "float16"),
+    ("a float64 tensor", {"params": with_tensor(1, lambda v: v.astype(np.float64))}, "float64"),
     ("tensor of strings", {"params": with_tensor(0, lambda v: np.array(["x"] * v.size))}, "numeric"),
     ("model a string", {"params": "weights.pt"}, "not a mapping"),
     ("num_samples 10**18", {"num_samples": 10**18}, "max_samples"),
@@ -299,6 +302,16 @@ def test_a_site_that_keeps_its_model_at_home_is_recorded_as_declining_not_failin
     record = controller._cross_site(2, state0)
     assert record["declined"] == ["site-2"] and record["failed"] == {"site-4": ReturnCode.EXECUTION_EXCEPTION}
     assert set(record["matrix"]) == {"site-1", "site-3"} and "site-2" in record["matrix"]["site-1"]
+
+
+def test_an_aggregate_that_is_not_finite_never_becomes_the_global_model():
+    controller = make()
+    state0 = initial_state(controller.model_spec(), 0)
+    overflowed = {k: np.full_like(v, np.inf) if v.dtype.kind == "f" else v for k, v in state0.items()}
+    extras = {}
+    assert controller._usable_aggregate(3, overflowed, state0, extras) is state0
+    assert extras["global_model_kept"].startswith("Inf in ")
+    assert controller._usable_aggregate(3, dict(state0), state0, {}) == state0
 
 
 def test_a_trimmed_mean_says_what_it_trimmed_and_is_refused_where_it_cannot_trim():

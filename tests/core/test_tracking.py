@@ -97,6 +97,8 @@ REFUSED = {
     "file:///etc/mlruns": "/etc/mlruns is not inside a folder",
     "/etc/mlruns": "/etc/mlruns is not inside a folder",
     "file://evil.example.org/mlruns": "neither an absolute path",
+    "sqlite:////tmp/allowed/%2e%2e/escaped.db": "a percent-encoded path",  # decoded later, past the check
+    "file:///tmp/allowed/%2e%2e/escaped": "a percent-encoded path",
 }
 
 

@@ -65,7 +65,7 @@ BUILTIN_DATASETS = {
 
 
 def builtin_dataset(name: str) -> BuiltinDataset:
-    if name not in BUILTIN_DATASETS:
+    if not isinstance(name, str) or name not in BUILTIN_DATASETS:
         raise ValueError(f"unknown built-in dataset {name!r}; choose one of {sorted(BUILTIN_DATASETS)}")
     return BUILTIN_DATASETS[name]
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from fairfl.errors import DataError
+from fairfl.files import read_json
 from fairfl.names import safe_name
 from fairfl.site_settings import (
     ALLOW_ABSOLUTE_PATHS_ENV,
@@ -85,9 +86,9 @@ def load_datalist(
             f"the site allows that only with {ALLOW_ABSOLUTE_PATHS_ENV}=1",
         )
     try:
-        datalist = json.loads(datalist_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise DataError(site, datalist_path, f"datalist is not valid JSON: {err}") from err
+        datalist = read_json(datalist_path)
+    except ValueError as err:
+        raise DataError(site, datalist_path, f"datalist: {err}") from None
     if not isinstance(datalist, dict):
         raise DataError(site, datalist_path, "datalist must be a JSON object with keys " + ", ".join(SPLITS))
 
@@ -286,9 +287,9 @@ def load_dataset_info(data_root: str | Path, site: str, num_classes: int) -> dic
     if not path.exists():
         return {}
     try:
-        info = json.loads(path.read_text())
-    except (OSError, ValueError) as err:  # JSON and Unicode errors are ValueErrors
-        raise DataError(site, path, f"not valid JSON: {err}") from err
+        info = read_json(path)
+    except ValueError as err:
+        raise DataError(site, path, str(err)) from None
     if not isinstance(info, dict):
         raise DataError(site, path, "must be a JSON object")
     regions, corrupted = info.get("regions"), info.get("corrupted_sites") or []

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import unicodedata
 
 from fairfl.deploy.kits import restrict_folder
 
@@ -105,6 +106,8 @@ def password_problem(password: str, email: str = "", org: str = "") -> str | Non
     passwords, keyboard walks such as Qwertyuiop1!, words with a year)."""
     if not password.isprintable():
         return "it holds control characters"
+    # judged as the letters it shows: full-width and other compatibility forms (ｐａｓｓｗｏｒｄ) read as their ASCII
+    password = unicodedata.normalize("NFKC", password)
     if len(password) < MIN_PASSWORD_LENGTH:
         return f"it has {len(password)} characters; use at least {MIN_PASSWORD_LENGTH}"
     kinds = sum(

@@ -132,7 +132,7 @@ def _read_json(path: str):
     try:
         with open(path) as f:
             return json.load(f)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None  # not JSON: differs from anything we write
 
 

@@ -214,8 +214,9 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 return
             extras, step_started = {}, time.time()
             if updates or self.start_from == protocol.FROM_LOCAL:
-                global_state, extras = self.aggregate_round(round_num, global_state, updates, rejected)
+                new_state, extras = self.aggregate_round(round_num, global_state, updates, rejected)
                 extras.update(self._robust_record(len(updates)))
+                global_state = self._usable_aggregate(round_num, new_state, global_state, extras)
             else:
                 self.error(f"round {round_num}: no acceptable site result; the global model is kept unchanged")
             phases["server_step"] = time.time() - step_started  # aggregation, with any task of the method's own
@@ -355,6 +356,17 @@ class FairRoundController(Checkpointing, TaskFanOut):
         return self.start_from == protocol.FROM_GLOBAL and (
             self.evaluate == protocol.FROM_PERSONAL or bool(self.local_keys())
         )
+
+    def _usable_aggregate(self, round_num, new_state, global_state, extras: dict):
+        """`new_state`, or `global_state` when the aggregate is not the network or not finite (the last line of
+        defence: every answer was screened, but a method's arithmetic could still overflow): then the round's
+        `global_model_kept` says why."""
+        problem = check_site_state(state_to_torch(new_state), state_to_torch(global_state))
+        if not problem:
+            return new_state
+        self.error(f"round {round_num}: the aggregate is unusable ({problem}); the global model is kept")
+        extras["global_model_kept"] = problem
+        return global_state
 
     def _robust_record(self, num_updates: int) -> dict:
         """The round's `robust` field with `robust_aggregation`: the statistic and over how many sites; a trimmed mean

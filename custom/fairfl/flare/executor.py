@@ -28,7 +28,7 @@ from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from fairfl.arguments import check_all
 from fairfl.classification import LogitAdjustedCrossEntropy, class_counts, evaluate_classification
-from fairfl.data.builtin import builtin_dataset, check_test_scale, ensure_builtin
+from fairfl.data.builtin import BUILTIN_DATASETS, builtin_dataset, check_test_scale, ensure_builtin
 from fairfl.data.classification_sites import CORRUPTED_SPLIT
 from fairfl.data.datalist import load_datalist, load_dataset_info
 from fairfl.data.free_rider import free_rider_datalist
@@ -36,11 +36,12 @@ from fairfl.data.loaders import make_loader
 from fairfl.errors import DataError
 from fairfl.flare import protocol
 from fairfl.flare.site_state import keep_version, kept_model_versions, kept_versions, newest_before
-from fairfl.kinds import Boolean, Integer, OneOf
+from fairfl.kinds import Boolean, Checked, Integer, OneOf
 from fairfl.methods.fedlwr.cka import layerwise_cka
 from fairfl.methods.steps import StepContext, TaskSteps, field_problems
 from fairfl.methods.steps import problems as step_problems
 from fairfl.models import build_model, check_model_spec, is_int_in, load_numpy_state, state_to_numpy
+from fairfl.names import safe_name
 from fairfl.presets import apply_preset
 from fairfl.results import GLOBAL_PREFIX
 from fairfl.site_checks import check_site_state, tensor_state
@@ -73,6 +74,8 @@ TASK_FIELDS = {
     protocol.SEND_PARAMS: Boolean(),
     protocol.SCORE_GLOBAL: Boolean(),
     protocol.SUBMIT_MODEL: Boolean(),
+    protocol.DATASET: OneOf(tuple(BUILTIN_DATASETS)),
+    protocol.RUN_NAME: Checked(lambda value: safe_name(value, protocol.RUN_NAME), "a safe name (a folder at the site)"),
 }
 
 

@@ -204,3 +204,11 @@ def test_fedce_controller_rejects_a_site_without_a_leave_one_out_error():
     assert set(rejected) == {"site-2"} and "no loo_error" in rejected["site-2"]
     assert set(extras["weights"]) == {"site-1", "site-3"} and c.contribution.weights["site-2"] == 0.0
     assert sum(extras["contributions"].values()) == pytest.approx(1.0)
+
+
+def test_identical_updates_give_gradient_terms_of_zero_never_below():
+    # parallel updates (identical data or training): 1 - cos rounded to -2e-16 ended the job in normalise
+    update = torch.randn(1000, generator=torch.Generator().manual_seed(0), dtype=torch.float32) * 1e-3  # -1.2e-7
+    terms = gradient_terms({s: update.clone() for s in ("a", "b", "c")}, {"a": 1.0, "b": 1.0, "c": 1.0})
+    assert all(0.0 <= t <= 1e-6 for t in terms.values()), terms
+    assert sum(normalise(terms).values()) == pytest.approx(1.0)

@@ -44,7 +44,9 @@ def gradient_terms(updates: dict, prior: dict) -> dict:
         elif float(rest.norm()) <= 1e-12 * float(updates[s].norm()):
             terms[s] = 1.0
         else:
-            terms[s] = 1.0 - float(torch.nn.functional.cosine_similarity(updates[s], rest, dim=0))
+            # a cosine's rounding may exceed 1 for parallel updates (1 - cos = -2e-16): clamped into [0, 2]
+            cosine = float(torch.nn.functional.cosine_similarity(updates[s], rest, dim=0))
+            terms[s] = min(max(1.0 - cosine, 0.0), 2.0)
     return terms
 
 

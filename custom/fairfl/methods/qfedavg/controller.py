@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fairfl.arguments import MIN_LR
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
 from fairfl.kinds import Real
@@ -43,7 +44,7 @@ class QFedAvgController(FairRoundController):
         if task_name != protocol.TASK_TRAIN:
             return {}
         loss = {protocol.GLOBAL_LOSS: Real(0.0, MAX_REPORTED)}
-        return {**loss, protocol.LR: Real(1e-12, 1e6)} if self.lipschitz is None else loss
+        return {**loss, protocol.LR: Real(MIN_LR, 1e6)} if self.lipschitz is None else loss
 
     def aggregate(self, round_num, global_state, updates, rejected):
         losses = {s: float(updates[s].meta[protocol.GLOBAL_LOSS]) for s in sorted(updates)}  # checked: answer_fields
