@@ -27,7 +27,8 @@ from nvflare.job_config.api import FedJob
 from nvflare.recipe import SimEnv
 from nvflare.recipe.spec import Recipe, _peek_recipe_args
 
-from fairfl.jobconfig import CLIENT_CONFIG, JOBS, SERVER_CONFIG, set_arguments
+from fairfl.files import parse_json
+from fairfl.jobconfig import CLIENT_CONFIG, JOBS, SERVER_CONFIG, config_problem, set_arguments
 from fairfl.simulate import RECIPE_SITE_ERRORS
 from fairfl.tracking import with_mlflow
 
@@ -51,12 +52,21 @@ def job_folder(job: str) -> Path:
 
 def _read_object(path) -> dict:
     try:
-        data = json.loads(Path(path).read_text())
+        data = parse_json(Path(path).read_text())  # a folder's job is untrusted: no RecursionError out of it either
     except (OSError, ValueError) as e:
         raise ValueError(f"{path}: {e}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} is not a JSON object")
     return data
+
+
+def _read_config(path) -> dict:
+    """A job folder's app config, of the shape `fairfl run` checks too (fairfl.jobconfig.config_problem)."""
+    config = _read_object(path)
+    problem = config_problem(config)
+    if problem:
+        raise ValueError(f"{path}: {problem}")
+    return config
 
 
 def job_configuration(job: str) -> tuple[dict, dict, dict]:
@@ -70,7 +80,7 @@ def job_configuration(job: str) -> tuple[dict, dict, dict]:
         configs = job_configs(JOBS[job])
         return tuple(configs[name] for name in (SERVER_CONFIG, CLIENT_CONFIG, META))
     folder = job_folder(job)
-    return tuple(_read_object(folder / name) for name in (SERVER_CONFIG, CLIENT_CONFIG, META))
+    return _read_config(folder / SERVER_CONFIG), _read_config(folder / CLIENT_CONFIG), _read_object(folder / META)
 
 
 def with_arguments(job: str, server: dict, client: dict, arguments: dict) -> tuple[dict, dict]:

@@ -82,6 +82,12 @@ def job_with_meta(tmp_path, **meta) -> str:
     return folder
 
 
+def job_with_server_text(tmp_path, text) -> str:
+    folder = customize_job(os.path.join(JOBS, "fedavg"), str(tmp_path / "job"))
+    (Path(folder) / SERVER_CONFIG).write_text(text)
+    return folder
+
+
 def job_with_meta_text(tmp_path, text) -> str:
     folder = customize_job(os.path.join(JOBS, "fedavg"), str(tmp_path / "job"))
     (Path(folder) / "meta.json").write_text(text)
@@ -97,6 +103,8 @@ def job_with_meta_text(tmp_path, text) -> str:
         (lambda tmp: job_with_meta(tmp, name="../up"), "meta.json: name must start with a letter or digit"),
         (lambda tmp: job_with_meta(tmp, min_clients=0), "meta.json"),
         (lambda tmp: job_with_meta_text(tmp, "{not json"), "meta.json: Expecting property name"),
+        (lambda tmp: job_with_meta_text(tmp, "[" * 100_000 + "]" * 100_000), "meta.json: JSON nested too deeply"),
+        (lambda tmp: job_with_server_text(tmp, '{"workflows": 5}'), "workflows must be a list of objects"),
     ],
 )
 def test_a_missing_or_broken_job_is_refused_naming_it(tmp_path, job, message):
