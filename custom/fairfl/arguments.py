@@ -14,8 +14,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from fairfl.argument import MAX_FACTOR, Argument
 from fairfl.data.builtin import BUILTIN_DATASETS, MAX_TEST_SCALE, check_test_scale
 from fairfl.kinds import Boolean, Checked, Integer, ListOf, Nullable, OneOf, Pattern, Real, Text, shown
+from fairfl.methods.fedlwr.arguments import FEDLWR
 from fairfl.names import safe_name
 from fairfl.presets import PRESETS
 from fairfl.quorum import check_min_clients
@@ -25,20 +27,9 @@ MIN_IMAGE_SIZE = 16  # the smallest image the networks take (the U-Net halves it
 MAX_ROUNDS = 100_000
 MAX_SECONDS = 30 * 24 * 3600  # a month: any longer wait is a mistake, not a setting
 MAX_SEED = 2**32 - 1  # numpy's seeds
-MAX_FACTOR = 1e6  # weights, exponents and temperatures above this only overflow
 MAX_PROXIMAL_WEIGHT = 1000.0  # FedProx's mu and Ditto's lambda a site accepts (fairfl.methods.fedprox.client)
 MAX_SEARCH_DISTANCE = 10.0  # SALT's rho a site accepts (fairfl.methods.fedism.client)
 MIN_LR = 1e-12  # a site's lr, and the lr the q-FedAvg server accepts from a site (L = 1 / lr)
-
-
-@dataclasses.dataclass(frozen=True)
-class Argument:
-    """One argument of a component: its name, kind, default and meaning (one line in the docs' tables)."""
-
-    name: str
-    kind: object
-    default: object
-    doc: str
 
 
 def problem(argument: Argument, value) -> str | None:
@@ -297,15 +288,6 @@ FEDCE = (  # fairfl.methods.fedce.contribution.COMBINE_MODES
         OneOf(("sum", "product")),
         "sum",
         '"sum" (FedCE (Sum.), Gamma^s) or "product" (FedCE (Multi.), Gamma^m)',
-    ),
-)
-FEDLWR = (
-    Argument(
-        "cka_clip",
-        Nullable(ListOf(Real(0, 1), 2, 2, increasing=True)),
-        None,
-        "[low, high] to clip CKA to before Eq. 5 (the authors' code: [1e-4, 0.99]); null = no clip, as in the paper's "
-        "equations",
     ),
 )
 FEDISM = (  # fairfl.methods.fedism.sharpness.RHO_MAX, TAU, GSAM_ALPHA; saga.VARIANTS, Q, BETA

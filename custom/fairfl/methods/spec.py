@@ -101,6 +101,20 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class ControllerArguments:
+    """What a method's controller takes besides the round's arguments, which every controller takes
+    (fairfl.arguments.ROUND): `own`, listed after the round's in its job files, and `defaults`, the defaults it
+    changes of either (Fed-LWR weighs its sites uniformly). A unit declares them in `fairfl.methods.<name>.arguments`
+    as CONTROLLERS, {controller class path: ControllerArguments}."""
+
+    own: tuple = ()
+    defaults: Mapping = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "defaults", _frozen(self.defaults))
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """A method unit (`fairfl/methods/<name>/`): its documentation page (under docs/), its jobs, variants and
     claims."""
