@@ -1,91 +1,10 @@
-import json
+"""pytest's fixtures and hooks for the whole suite; the plain helpers the tests import are in helpers.py."""
+
 import os
-from pathlib import Path
 
 import pytest
 
-from fairfl.jobconfig import customize_job
-from fairfl.tracking import TB_FOLDER
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JOBS = os.path.join(REPO, "jobs")
-
-# Small enough for CI on 2 cores, large enough that training really runs.
-TINY_SERVER = {"num_rounds": 2, "eval_every": 1, "model_channels": [8, 16, 32], "model_strides": [2, 2]}
-TINY_CLIENT = {"image_size": 32, "synthetic_size_scale": 0.5, "cka_max_samples": 16}
-
-
-def segmentation_task_meta(spec: dict) -> dict:
-    """The meta of a server's task to a site of the built-in prostate data (3 sites), training and evaluating the
-    model sent (the executor's tests)."""
-    from fairfl.flare import protocol
-
-    return {
-        protocol.MODEL_SPEC: spec,
-        protocol.DATASET: "prostate",
-        protocol.TASK: "segmentation",
-        protocol.NUM_SITES: 3,
-        protocol.DATA_SEED: 0,
-        protocol.START_FROM: protocol.FROM_GLOBAL,
-        protocol.EVALUATE: protocol.FROM_GLOBAL,
-    }
-
-
-def make_job(
-    name: str, dst: str, server: dict = None, client: dict = None, client_extra: dict = None, mlflow=False
-) -> str:
-    """jobs/<name> copied to dst with tiny settings (plus any overrides; mlflow as `fairfl run --mlflow`); the repo's
-    job stays untouched."""
-    args = {**TINY_SERVER, **TINY_CLIENT, **(server or {}), **(client or {})}
-    return customize_job(os.path.join(JOBS, name), dst, args, client_config=client_extra, mlflow=mlflow)
-
-
-def screened(controller, round_num, updates, rejected) -> dict:
-    """`updates` ({site: SiteUpdate}) without the sites whose answer the round loop would reject for a field the
-    method reads (`answer_problem`), which go to `rejected`: for tests that call a controller's `aggregate`
-    directly, as the round loop does only after screening."""
-    from fairfl.flare import protocol
-
-    kept = {}
-    for site, update in updates.items():
-        problem = controller.answer_problem(protocol.TASK_TRAIN, round_num, update.meta)
-        if problem:
-            rejected[site] = problem
-        else:
-            kept[site] = update
-    return kept
-
-
-def recorded(results, site):
-    """{metric: {round: value}} of `site` in results.json: its accepted training and evaluation metrics."""
-    found = {}
-    for record in results["rounds"]:
-        for part in ("train", "per_site"):
-            for name, value in (record.get(part) or {}).get(site, {}).items():
-                found.setdefault(name, {})[record["round"]] = value
-    return found
-
-
-def tensorboard_scalars(run_dir, site):
-    """{tag: {step: value}} that TensorBoard shows for `site` (tb_events/<site>/; {} when there is none)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    folder = os.path.join(run_dir, TB_FOLDER, site)
-    if not os.path.isdir(folder):
-        return {}
-    events = EventAccumulator(folder)
-    events.Reload()
-    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
-
-
-def check_tracking(run_dir, results, sites):
-    """TensorBoard shows exactly what results.json records, per site, metric (tag) and round (step): accepted
-    numbers only (TensorBoard keeps 32-bit floats)."""
-    assert set(os.listdir(os.path.join(run_dir, TB_FOLDER))) == {s for s in sites if recorded(results, s)}
-    for site in sites:
-        shown, expected = tensorboard_scalars(run_dir, site), recorded(results, site)
-        assert shown == {name: pytest.approx(steps, rel=1e-6) for name, steps in expected.items()}, site
-
+from helpers import make_job
 
 # Fixtures that start one federation or run for several tests: pytest-xdist keeps each one's tests on one worker
 # (--dist loadgroup), so it is set up once, not once per worker.
@@ -138,41 +57,3 @@ def tiny_fedavg_run(tmp_path_factory, cache_dir):
     )
     run.progress_lines = printed
     return run
-
-
-def extra_test_entries(base: Path, scaled: Path) -> dict:
-    """What a test_scale > 1 added to each site's datalist (`scaled`, against `base`: the same data at test_scale 1),
-    after asserting that it added nothing else: the same splits, the training and validation entries unchanged, each
-    test split (testing, testing_corrupted) keeping its entries in front, and every file those name byte for byte the
-    same; the added entries name new files, absent from `base`. Returns {site: {split: the added entries}}."""
-    added = {}
-    for path in sorted(Path(base).glob("site-*.json")):
-        before, after = json.loads(path.read_text()), json.loads((Path(scaled) / path.name).read_text())
-        assert list(before) == list(after), path.name
-        for split, entries in before.items():
-            assert after[split][: len(entries)] == entries, (path.name, split)
-            grown = after[split][len(entries) :]
-            assert not grown or split.startswith("testing"), (path.name, split)
-            for entry in entries:
-                for file in (entry["image"], entry["label"]):
-                    if isinstance(file, str):
-                        assert (base / file).read_bytes() == (scaled / file).read_bytes(), file
-            new_files = [e["image"] for e in grown] + [e["label"] for e in grown if isinstance(e["label"], str)]
-            assert len(set(new_files)) == len(new_files), (path.name, split)
-            assert all((scaled / f).is_file() and not (base / f).exists() for f in new_files), (path.name, split)
-            added.setdefault(path.stem, {})[split] = grown
-    return added
-
-
-def generated_at_test_scales(name: str, test_scale: float, cache: Path, **settings) -> tuple[Path, Path, dict]:
-    """The built-in dataset `name` at test_scale 1 and at `test_scale` (ensure_builtin, cached in `cache`), checked:
-    the second cache folder is the first's name plus `-t<test_scale>`, dataset.json records test_scale (nothing at 1),
-    and `extra_test_entries` holds. Returns the two roots and what the larger test_scale added."""
-    from fairfl.data.builtin import ensure_builtin
-
-    base = ensure_builtin(name, cache_dir=cache, **settings)
-    scaled = ensure_builtin(name, cache_dir=cache, test_scale=test_scale, **settings)
-    assert scaled.name == f"{base.name}-t{float(test_scale)!r}"
-    parameters = [json.loads((root / "dataset.json").read_text())["parameters"] for root in (base, scaled)]
-    assert "test_scale" not in parameters[0] and parameters[1]["test_scale"] == test_scale
-    return base, scaled, extra_test_entries(base, scaled)

@@ -206,7 +206,7 @@ def test_a_site_missing_from_one_round_is_left_out_of_it_and_counted_again_when_
 def test_every_method_page_says_what_the_method_does_with_a_site_missing_from_a_round():
     from fairfl.methods import UNITS
 
-    from conftest import REPO
+    from helpers import REPO
 
     for page in sorted({unit.doc for unit in UNITS}):
         with open(os.path.join(REPO, "docs", page)) as f:

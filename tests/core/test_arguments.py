@@ -17,7 +17,7 @@ import torch
 from fairfl import cli
 from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG
 
-from conftest import JOBS, REPO
+from helpers import JOBS, REPO
 
 NAN, INF = float("nan"), float("inf")
 # (job, argument) -> hostile values: a value of the wrong kind first, then values out of range. Every argument of every

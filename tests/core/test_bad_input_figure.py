@@ -18,7 +18,7 @@ import test_tracking
 
 from fairfl.methods import VARIANTS
 
-from conftest import REPO
+from helpers import REPO
 
 START, END = "<!-- bad-input figure: tests/core/test_bad_input_figure.py -->", "<!-- end of the bad-input figure -->"
 

@@ -27,7 +27,7 @@ from fairfl.errors import DataError
 from fairfl.flare import protocol
 from fairfl.flare.executor import FairflExecutor
 
-from conftest import REPO
+from helpers import REPO
 
 SITE = "site-1"
 SHAPE = (8, 8)

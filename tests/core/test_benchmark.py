@@ -23,7 +23,7 @@ from fairfl.cli import main as cli_main
 from fairfl.methods import VARIANTS, Claim
 from fairfl.paired import Interval, mean_interval, paired_differences, paired_interval, verdict
 
-from conftest import REPO, TINY_CLIENT, TINY_SERVER
+from helpers import REPO, TINY_CLIENT, TINY_SERVER
 
 
 def run_record(method, seed, per_site: dict, metric="dice"):

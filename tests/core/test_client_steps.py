@@ -30,7 +30,7 @@ from fairfl.methods import CLIENT_STEPS
 from fairfl.methods.steps import ClientStep, TaskSteps, declared_fields, problems, registered_steps
 from fairfl.models import initial_state
 
-from conftest import segmentation_task_meta
+from helpers import segmentation_task_meta
 
 SPEC = {"name": "unet", "in_channels": 1, "num_classes": 3, "channels": [8, 16, 32], "strides": [2, 2]}
 META = segmentation_task_meta(SPEC)

@@ -12,7 +12,7 @@ from fairfl.benchmark import LINK, documentation_files
 from fairfl.jobconfig import component_arguments, job_arguments
 from fairfl.methods import UNITS
 
-from conftest import REPO
+from helpers import REPO
 
 # docs/methods/<page>.md -> the jobs it documents, from the method units' specs
 METHOD_PAGES = {}

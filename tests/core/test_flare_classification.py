@@ -21,7 +21,7 @@ from fairfl.models import initial_state, state_to_torch
 from fairfl.presets import PRESETS, apply_preset, resolve_preset
 from fairfl.site_checks import number_problem
 
-from conftest import screened
+from helpers import screened
 
 SITES = ("site-1", "site-2", "site-3")
 TINY = {"dataset": "skin", "model_channels": [4, 8], "num_rounds": 4}

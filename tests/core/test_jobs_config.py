@@ -12,7 +12,7 @@ from fairfl import cli
 from fairfl.jobconfig import SERVER_CONFIG, customize_job, parse_assignments
 from fairfl.presets import PRESETS, apply_preset, resolve_preset
 
-from conftest import JOBS, REPO
+from helpers import JOBS, REPO
 
 JOB_NAMES = sorted(os.listdir(JOBS))
 

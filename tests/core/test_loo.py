@@ -10,7 +10,7 @@ import pytest
 from fairfl import loo, simulate
 from fairfl.results import SIMULATOR_RESULTS
 
-from conftest import REPO
+from helpers import REPO
 
 SITES = ["site-1", "site-2", "site-3"]
 CONFIG = {"controller": "FedAvgController", "num_rounds": 2, "seed": 0, "dataset": "prostate", "free_riders": []}

@@ -16,7 +16,7 @@ from fairfl.methods.fedlwr.cka import _GramWorkspace
 from fairfl.models import build_model, initial_state
 from fairfl.training import TrainSettings, mixed_precision, train_local
 
-from conftest import segmentation_task_meta
+from helpers import segmentation_task_meta
 
 SPEC = {"name": "unet", "in_channels": 1, "num_classes": 3, "channels": [8, 16], "strides": [2]}
 META = segmentation_task_meta(SPEC)

@@ -30,7 +30,7 @@ from fairfl.models import initial_state, state_to_torch
 from fairfl.results import ResultsLog
 from fairfl.site_checks import metrics_problem, norm_outliers, number_problem, samples_problem, tensor_state
 
-from conftest import check_tracking, tensorboard_scalars
+from helpers import check_tracking, tensorboard_scalars
 
 SEG = {"model_channels": [4, 8], "model_strides": [2], "num_rounds": 3}
 SITES = ["site-1", "site-2", "site-3", "site-4"]

@@ -18,7 +18,7 @@ from fairfl.data.imbalanced import (
     isic_like_counts,
 )
 
-from conftest import generated_at_test_scales
+from helpers import generated_at_test_scales
 
 
 def site_counts(root, site, num_classes):

@@ -38,7 +38,7 @@ from fairfl.data.synthetic_classification import (
     generate_classification_sites,
 )
 
-from conftest import generated_at_test_scales
+from helpers import generated_at_test_scales
 
 SITES = [f"site-{k}" for k in range(1, 11)]
 SMALL = dict(num_sites=10, image_size=32, size_scale=0.25)  # 500 skin / 400 ich images: a few seconds each

@@ -19,7 +19,7 @@ from fairfl.data.synthetic_prostate import (
     generate_prostate_sites,
 )
 
-from conftest import generated_at_test_scales
+from helpers import generated_at_test_scales
 
 SITES = [f"site-{k}" for k in range(1, 7)]
 

@@ -37,7 +37,7 @@ from fairfl.flare.components import ALLOW_LIST, components, dotted_path
 from fairfl.simulate import nvflare_command
 from fairfl.tracking import UNCHECKED_RECEIVERS
 
-from conftest import JOBS, REPO, make_job
+from helpers import JOBS, REPO, make_job
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: faults.py
 TEMPLATE = os.path.join(REPO, "provisioning", "project.yml")

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO
+from helpers import REPO
 
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 import fedce_peer  # noqa: E402

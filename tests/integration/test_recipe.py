@@ -18,7 +18,7 @@ from fairfl.recipe import FairflRecipe, _workspace_problem, allow_fairfl_classes
 from fairfl.results import SIMULATOR_RESULTS
 from fairfl.tracking import UNCHECKED_RECEIVERS
 
-from conftest import JOBS, TINY_CLIENT, TINY_SERVER
+from helpers import JOBS, TINY_CLIENT, TINY_SERVER
 
 TINY = {**TINY_SERVER, **TINY_CLIENT}
 NO_FILTERS = {"components": [], "task_data_filters": [], "task_result_filters": []}  # what NVFlare reads as absent

@@ -16,7 +16,7 @@ from fairfl.report import free_riders
 from fairfl.simulate import NVFLARE_SIMULATOR, SIMULATOR_OUTPUT, SIMULATOR_RESULTS, run_simulator
 from fairfl.tracking import MLFLOW_EXPERIMENT, mlflow_location
 
-from conftest import check_tracking, make_job, recorded, segmentation_task_meta, tensorboard_scalars
+from helpers import check_tracking, make_job, recorded, segmentation_task_meta, tensorboard_scalars
 
 pytestmark = pytest.mark.slow
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: faults.py

@@ -27,7 +27,7 @@ from fairfl.methods import (
 )
 from fairfl.methods.make_jobs import differences, job_configs, load_class, write_jobs
 
-from conftest import JOBS, REPO
+from helpers import JOBS, REPO
 
 
 def test_the_committed_jobs_are_exactly_what_the_registry_makes():

@@ -18,7 +18,7 @@ from fairfl.methods.fedce.contribution import (
 )
 from fairfl.models import build_model, initial_state, state_to_torch
 
-from conftest import screened
+from helpers import screened
 
 TINY = {"name": "unet", "in_channels": 1, "num_classes": 2, "channels": [4, 8], "strides": [2]}
 

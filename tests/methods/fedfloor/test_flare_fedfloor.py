@@ -16,7 +16,7 @@ from fairfl.methods.fedfloor.controller import FedFloorController
 from fairfl.methods.fedfloor.mixing import DEFAULT_GRID, choose_alpha, mix_states
 from fairfl.models import build_model, initial_state, load_numpy_state
 
-from conftest import segmentation_task_meta
+from helpers import segmentation_task_meta
 
 TINY = {"model_channels": [8, 16, 32], "model_strides": [2, 2], "num_rounds": 2}
 

@@ -27,7 +27,7 @@ from fairfl.methods.rewards.reward import (
 from fairfl.models import initial_state, state_to_torch
 from fairfl.results import ResultsLog
 
-from conftest import screened
+from helpers import screened
 
 SITES = ("site-1", "site-2", "site-3")
 TINY = {"model_channels": [4, 8], "model_strides": [2], "num_rounds": 3}
