@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU figures of docs/benchmarks.md (GPU readiness), as they were taken on a one-H100 machine (16 cores):
+# The GPU figures of docs/benchmarks/cost.md (GPU readiness), as they were taken on a one-H100 machine (16 cores):
 # the loader's share of a paper-size (384 px) site task on the GPU, with and without loader workers and mixed
 # precision, and paper-size Fed-LWR in the simulator on GPU 0. Paper-size data is generated on first use
 # (about 2.5 minutes, 439 MB). FAIRFL_PRESET=paper sets 200 rounds: each run is cut at SECONDS and keeps the rounds
