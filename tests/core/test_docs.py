@@ -1,5 +1,7 @@
 """The documentation (README.md and docs/): links that lead somewhere, every job argument documented on the right
-page, the README's method chooser backed by the committed outputs it links to, and the CI's test command."""
+page, every method page built on docs/methods/_template.md and either backed by committed benchmark outputs or
+saying "Not benchmarked yet", the README's job table and method chooser backed by the committed outputs, and the
+CI's test command."""
 
 import json
 import os
@@ -19,6 +21,11 @@ METHOD_PAGES = {}
 for unit in UNITS:
     METHOD_PAGES.setdefault(os.path.splitext(os.path.basename(unit.doc))[0], []).extend(j.name for j in unit.jobs)
 DOCS = os.path.join(REPO, "docs")
+# the skeleton of a method page: its headings, its argument table's header and its "not benchmarked" statement are
+# the ones every method page has (a file of docs/methods/ whose name starts with "_" is no method page)
+TEMPLATE = os.path.join(DOCS, "methods", "_template.md")
+RESULTS = "## Expected results"
+NOT_BENCHMARKED = "Not benchmarked yet"
 
 
 def read(path):
@@ -59,11 +66,18 @@ def test_a_link_written_from_the_wrong_folder_is_found(tmp_path):
     assert dead_links([str(page)]) == [f"{page}: benchmarks/a.md", f"{page}: ../benchmarks/b.md"]
 
 
+def argument_table_header() -> str:
+    """The header row of an argument table, as the method page template has it."""
+    return next(line for line in read(TEMPLATE).splitlines() if line.startswith("| argument |"))
+
+
 def table_rows(text: str) -> list[tuple[list[str], str]]:
-    """(argument names, default cell) of every row of every `| argument | default | meaning |` table."""
+    """(argument names, default cell) of every row of every argument table (the template's header)."""
+    header = argument_table_header()
     rows, in_table = [], False
     for line in text.splitlines():
         if line.startswith("| argument |"):
+            assert line == header, f"an argument table's header is not the template's {header!r}: {line!r}"
             in_table = True
         elif not line.startswith("|"):
             in_table = False
@@ -150,18 +164,28 @@ def test_every_documented_default_is_the_declared_one():
     assert 1 not in declared_defaults(COMPONENTS)["seed"]
 
 
-def test_every_method_page_has_the_same_headings_in_order():
+def headings(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("## ")]
+
+
+def test_every_method_page_has_the_template_s_headings_in_order_and_its_site_missing_paragraph():
+    template = read(TEMPLATE)
+    required = headings(template)
+    # the checks below read these sections, and the template is a page in the format they read
+    assert len(required) >= 5 and required[-1] == RESULTS and "## Arguments" in required, required
+    assert "**A site missing from a round**" in template and [names for names, _ in table_rows(template)] == [
+        ["argument_name"]
+    ]
     for page in METHOD_PAGES:
-        headings = [
-            line for line in read(os.path.join(DOCS, "methods", f"{page}.md")).splitlines() if line.startswith("## ")
-        ]
-        assert headings == [
-            "## Paper",
-            "## What is implemented",
-            "## Deviations from the paper and from the authors' code",
-            "## Arguments",
-            "## Expected results",
-        ], page
+        text = read(os.path.join(DOCS, "methods", f"{page}.md"))
+        assert headings(text) == required, page
+        assert "**A site missing from a round**" in text, page
+
+
+def test_every_page_in_docs_methods_is_a_method_unit_s_page_and_the_template_is_none():
+    names = sorted(f[:-3] for f in os.listdir(os.path.join(DOCS, "methods")) if f.endswith(".md"))
+    assert [n for n in names if not n.startswith("_")] == sorted(METHOD_PAGES)
+    assert "_template" in names and "_template" not in METHOD_PAGES
 
 
 def chooser_rows(readme: str) -> list[str]:
@@ -182,6 +206,8 @@ def test_every_number_of_the_method_chooser_is_in_a_committed_output_its_row_lin
     assert len(rows) >= 5 and all(re.search(r"\d+\.\d+", row) for row in rows)
     for row in rows:
         assert unbacked_numbers(row) == [], row[:60]
+        for page in (t for t in relative_links(row) if t.startswith("docs/methods/")):  # only benchmarked methods
+            assert benchmarked(read(os.path.join(REPO, page))), f"{page} is in the chooser but not benchmarked yet"
     ditto = next(row for row in rows if "+2.40" in row)
     assert unbacked_numbers(ditto.replace("+2.40", "+12.34")) == ["12.34"]  # a typo is caught
     wrong = ditto.replace("compare/prostate", "compare/fundus").replace("fedfloor/prostate", "fedfloor/fundus")
@@ -191,10 +217,79 @@ def test_every_number_of_the_method_chooser_is_in_a_committed_output_its_row_lin
         unbacked_numbers("| x | y | 1.5 ([doc](docs/data.md)) |")
 
 
-def test_every_number_of_a_method_page_s_expected_results_is_in_a_committed_output_it_links_to():
-    for page in METHOD_PAGES:
-        expected = read(os.path.join(DOCS, "methods", f"{page}.md")).split("## Expected results\n", 1)[1]
-        assert unbacked_numbers(expected, os.path.join(DOCS, "methods")) == [], page
+def results_section(text: str) -> str:
+    """The part of a method page under its results heading, up to the next `## ` heading."""
+    assert f"\n{RESULTS}\n" in text, f"no {RESULTS!r} heading"
+    return re.split(r"^## ", text.split(f"\n{RESULTS}\n", 1)[1], flags=re.M)[0]
+
+
+def benchmarked(text: str, folder: str = os.path.join(DOCS, "methods")) -> bool:
+    """A method page's explicit state: True when its results section links a committed benchmark output
+    (benchmarks/results/...) and every number there is in an output it links; False when the section opens with
+    NOT_BENCHMARKED and gives neither such a link nor a number. Neither, or both, is an AssertionError."""
+    results = results_section(text)
+    links = [t for t in relative_links(results) if "benchmarks/results/" in t]
+    if results.strip().startswith(NOT_BENCHMARKED):
+        assert not links, f"says {NOT_BENCHMARKED!r} but links {links}"
+        assert not re.findall(r"\d+\.\d+", results), f"says {NOT_BENCHMARKED!r} but gives results"
+        return False
+    assert links, f"links no committed benchmark output and does not say {NOT_BENCHMARKED!r}"
+    assert unbacked_numbers(results, folder) == [], unbacked_numbers(results, folder)
+    return True
+
+
+def test_every_method_page_links_its_committed_benchmark_outputs_or_says_it_is_not_benchmarked_yet():
+    states = {page: benchmarked(read(os.path.join(DOCS, "methods", f"{page}.md"))) for page in METHOD_PAGES}
+    assert sum(states.values()) >= 5, states
+    assert benchmarked(read(TEMPLATE)) is False  # the template's statement is the form a new page opens with
+    heading = f"# M\n\n{RESULTS}\n\n"
+    output = "([SUMMARY](../../benchmarks/results/compare/prostate/SUMMARY.md))"
+    assert benchmarked(f"{heading}{NOT_BENCHMARKED}: `fairfl benchmark prostate` is next.\n") is False
+    assert benchmarked(f"{heading}Avg. Dice 70.34 {output}\n") is True
+    for wrong, message in [
+        ("It is not benchmarked yet.\n", "links no committed benchmark output"),  # silently neither
+        (f"{NOT_BENCHMARKED}.\n\nBut see {output}.\n", "but links"),  # both
+        (f"{NOT_BENCHMARKED}; about 70.34 Dice.\n", "but gives results"),
+        (f"Avg. Dice 12.34 {output}\n", "12.34"),  # a number in no output it links
+    ]:
+        with pytest.raises(AssertionError, match=message):
+            benchmarked(heading + wrong)
+    with pytest.raises(AssertionError, match="no '## Expected results' heading"):
+        benchmarked(f"# M\n\n## Results\n\n{NOT_BENCHMARKED}.\n")
+
+
+def job_table(readme: str) -> dict[str, str]:
+    """{job: the page its row links} of the README's job table (`| job | method | status |`)."""
+    rows, in_table = {}, False
+    for line in readme.splitlines():
+        if line.startswith("| job | method | status |"):
+            in_table = True
+        elif not line.startswith("|"):
+            in_table = False
+        elif in_table and not line.startswith("|---"):
+            match = re.match(r"\| \[`jobs/(\w+)`\]\(([^)#]+)\) \|", line)
+            assert match, f"README.md: a job table row without its job and page: {line[:60]}"
+            assert match.group(1) not in rows, f"README.md: two rows for jobs/{match.group(1)}"
+            rows[match.group(1)] = match.group(2)
+    return rows
+
+
+def test_the_readme_job_table_lists_the_jobs_of_the_benchmarked_methods_and_no_other():
+    """The rule: a method gets its README row with its first committed benchmark (its page leaves "Not benchmarked
+    yet"), so a new method unit, with its job and its page saying "Not benchmarked yet", needs no README edit; the
+    README says so. Each row links the page its unit declares."""
+    readme = read(os.path.join(REPO, "README.md"))
+    expected = {
+        job.name: f"docs/{unit.doc}"
+        for unit in UNITS
+        if benchmarked(read(os.path.join(DOCS, unit.doc)))
+        for job in unit.jobs
+    }
+    rows = job_table(readme)
+    assert len(rows) >= 10 and rows == expected
+    assert f'"{NOT_BENCHMARKED}"' in readme.split("| job | method | status |", 1)[0]  # the rule, above the table
+    with pytest.raises(AssertionError, match="two rows for jobs/fedavg"):
+        job_table(readme.replace("| [`jobs/solo`]", "| [`jobs/fedavg`]"))
 
 
 def test_the_readme_keeps_the_test_command_the_ci_runs():
