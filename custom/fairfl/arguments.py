@@ -5,19 +5,22 @@ what it means. The constructors check their arguments here (`check_all`), and so
 traceback, a hang or a huge allocation later.
 
 A component is named by its class path; COMPONENTS maps each to its arguments in the order its job files list them.
-No FLARE or torch import here, so the command line checks a job without starting either. Where a method module
-(which imports torch) also holds a value declared here (a default, a list of modes), tests/core/test_arguments.py
+The site's executor and the round every controller runs are declared here; a method's controller takes the round's
+arguments and those its unit declares (`fairfl.methods.<name>.arguments`), found through the method registry.
+No FLARE or torch import here, so the command line checks a job without starting either. Where a module that imports
+torch also holds a value declared here or in a unit (a default, a list of modes), tests/core/test_arguments.py
 checks that the two agree."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Mapping
 
 from fairfl.argument import MAX_FACTOR, Argument
 from fairfl.data.builtin import BUILTIN_DATASETS, MAX_TEST_SCALE, check_test_scale
 from fairfl.kinds import Boolean, Checked, Integer, ListOf, Nullable, OneOf, Pattern, Real, Text, shown
-from fairfl.methods.fedlwr.arguments import FEDLWR
+from fairfl.methods import UNITS
 from fairfl.names import safe_name
 from fairfl.presets import PRESETS
 from fairfl.quorum import check_min_clients
@@ -27,8 +30,6 @@ MIN_IMAGE_SIZE = 16  # the smallest image the networks take (the U-Net halves it
 MAX_ROUNDS = 100_000
 MAX_SECONDS = 30 * 24 * 3600  # a month: any longer wait is a mistake, not a setting
 MAX_SEED = 2**32 - 1  # numpy's seeds
-MAX_PROXIMAL_WEIGHT = 1000.0  # FedProx's mu and Ditto's lambda a site accepts (fairfl.methods.fedprox.client)
-MAX_SEARCH_DISTANCE = 10.0  # SALT's rho a site accepts (fairfl.methods.fedism.client)
 MIN_LR = 1e-12  # a site's lr, and the lr the q-FedAvg server accepts from a site (L = 1 / lr)
 
 
@@ -47,7 +48,8 @@ def check_update_ratio(value) -> None:
 
 
 def with_defaults(arguments: tuple, **defaults) -> tuple:
-    """`arguments` with the defaults of those named changed (a subclass's own defaults: Fed-LWR's uniform weighting)."""
+    """`arguments` with the defaults of those named changed (a controller's own defaults: Fed-LWR's uniform
+    weighting)."""
     unknown = set(defaults) - {a.name for a in arguments}
     if unknown:
         raise ValueError(f"no argument(s) {sorted(unknown)} to change the default of")
@@ -254,141 +256,6 @@ ROUND = (
     ),
 )
 
-# --- the methods' own server arguments (fairfl.methods.<method>.controller) ---------------------------------------
-FEDPROX = (
-    Argument(
-        "mu",
-        Real(0, MAX_PROXIMAL_WEIGHT),
-        0.01,
-        "weight of the proximal term (mu / 2) ||w - w_t||^2 (FedProx tunes it over 0.001..1; 0.01 is NVFlare's)",
-    ),
-)
-DITTO = (
-    Argument(
-        "ditto_lambda",
-        Real(0, MAX_PROXIMAL_WEIGHT),
-        0.1,
-        "lambda of the personal objective; 0 = the personal model trains on local data alone (started from the first "
-        "global model it received); large = it stays near the global model (the paper tunes it per dataset from a "
-        "small grid; 0.1 is NVFlare 2.9's PTDittoHelper's)",
-    ),
-)
-FEDFLOOR = (  # fairfl.methods.fedfloor.mixing.DEFAULT_GRID, check_grid
-    Argument(
-        "mix_grid",
-        ListOf(Real(0, 1), 1, 101, distinct=True),
-        (0.0, 0.25, 0.5, 0.75, 1.0),
-        "the alphas scored (0 = the global model, 1 = the personal model); [0, 1] chooses between the two without "
-        "mixing (recorded as fedfloor_pick)",
-    ),
-)
-FEDCE = (  # fairfl.methods.fedce.contribution.COMBINE_MODES
-    Argument(
-        "combine",
-        OneOf(("sum", "product")),
-        "sum",
-        '"sum" (FedCE (Sum.), Gamma^s) or "product" (FedCE (Multi.), Gamma^m)',
-    ),
-)
-FEDISM = (  # fairfl.methods.fedism.sharpness.RHO_MAX, TAU, GSAM_ALPHA; saga.VARIANTS, Q, BETA
-    Argument(
-        "rho_max",
-        Real(0, MAX_SEARCH_DISTANCE),
-        0.1,
-        "the largest search distance (FedISM+: 0.1; FedISM's fixed rho: 0.05)",
-    ),
-    Argument(
-        "tau",
-        Real(0, 100),
-        0.5,
-        "how fast rho grows (Eq. 12; FedISM+: 0.5); 0 = a fixed rho = rho_max, which is FedISM",
-    ),
-    Argument(
-        "variant", OneOf(("S", "L")), "S", 'SAGA\'s weights: "S" (sharpness, Eq. 16) or "L" (perturbed loss, Eq. 17)'
-    ),
-    Argument("q", Real(0, 100, low_open=True), 2.0, "exponent of SAGA's weights (the paper: 2; Eq. 16 needs q > 0)"),
-    Argument(
-        "beta",
-        Real(0, 1, low_open=True),
-        0.5,
-        "moving-average weight of this round's raw weights (the paper: 0.5; 1 = no averaging)",
-    ),
-    Argument("gsam_alpha", Real(0, 1), 0.1, "GSAM's surrogate-gap weight (0.1); 0 is SAM"),
-    Argument(
-        "saga",
-        Boolean(),
-        True,
-        "false = the SALT-only ablation (the paper's Table I): SALT training, FedAvg's weights (weighting), no "
-        "sharpness probe",
-    ),
-)
-QFEDAVG = (
-    Argument("q", Real(0, 100), 1.0, "fairness exponent (0 = FedAvg with equal weights; FedISM+ tunes 0.5, 1, 2, 5)"),
-    Argument(
-        "lipschitz",
-        Nullable(Real(0, 1e12)),
-        None,
-        "L of the update; null = 1 / the sites' learning rate (Li et al.); 0 = loss^q-weighted FedAvg",
-    ),
-)
-FEDNPR = (  # fairfl.methods.fednpr.npr: NUM_SUBCLUSTERS, NPR_WEIGHT, EPSILON, ... and what a site accepts
-    Argument(
-        "num_subclusters",
-        Integer(1, 256),
-        4,
-        "K prototypes per class (the paper: 4 on skin lesions, 2 on ICH; 1 = the class mean)",
-    ),
-    Argument(
-        "npr_weight",
-        Real(0, MAX_FACTOR),
-        1.0,
-        "lambda of Eq. 5, multiplying NPR. Default 1: the authors' code adds lambda instead, so their runs trained "
-        "with weight 1 whatever lambda they give (the paper: 0.1 on skin, 0.05 on ICH)",
-    ),
-    Argument("sinkhorn_epsilon", Real(0, MAX_FACTOR, low_open=True), 0.05, "Sinkhorn-Knopp's entropic regularisation"),
-    Argument("sinkhorn_iterations", Integer(1, 10_000), 50, "Sinkhorn-Knopp's iterations"),
-    Argument("temperature", Real(0, MAX_FACTOR, low_open=True), 1.0, "divides NPR's logits (Eq. 3 has none: 1)"),
-    Argument(
-        "npr_logits",
-        OneOf(("layernorm", "cosine")),
-        "layernorm",
-        '"layernorm" (the authors\' training loop: the per-class max cosines through a LayerNorm over the classes) or '
-        '"cosine" (Eq. 3 as printed: the max cosines themselves)',
-    ),
-    Argument("personal_head", Boolean(), False, "FedNPR-Per: every site keeps its own classifier head"),
-)
-CFFL = (
-    Argument(
-        "alpha",
-        Real(0, 100, low_open=True),  # sinh(alpha) overflows above 710
-        5.0,
-        'the sinh "punishment factor" (the authors\' code: 5 on MNIST; 10 on Adult)',
-    ),
-    Argument(
-        "reputation_threshold",
-        Real(0, 1, high_open=True),
-        0.0,
-        "a site whose normalised reputation falls below it is removed for good and receives nothing more; 0 = nobody "
-        "is removed",
-    ),
-)
-CGSV = (
-    Argument("alpha", Real(0, 1), 0.95, "weight of the past reputation in its moving average (the paper: 0.95)"),
-    Argument(
-        "beta",
-        Real(0, 1e9, low_open=True),
-        1.0,
-        "altruism degree: larger shares the aggregate more equally (the authors' code sweeps 0.5 to 2 and 1e7)",
-    ),
-    Argument(
-        "gamma",
-        Nullable(Real(0, 1e9, low_open=True)),
-        None,
-        "norm Gamma of every uploaded update (the paper: a constant per dataset); null = the median norm of the "
-        "round's raw updates",
-    ),
-)
-
 # --- the sites: the one executor (fairfl.flare.executor.FairflExecutor) --------------------------------------------
 EXECUTOR = (
     Argument(
@@ -493,25 +360,24 @@ EXECUTOR = (
     ),
 )
 
-_METHODS = "fairfl.methods."
+
+def _method_controllers() -> dict[str, tuple]:
+    """{class path: arguments} of every method's controller: the round's, then those its unit declares
+    (`fairfl.methods.<name>.arguments`, CONTROLLERS), with the defaults the unit changes."""
+    found = {}
+    for unit in UNITS:
+        for path, arguments in importlib.import_module(f"{unit.package}.arguments").CONTROLLERS.items():
+            if path in found:
+                raise ValueError(f"two method units declare the arguments of {path}")
+            found[path] = with_defaults(ROUND + arguments.own, **arguments.defaults)
+    return found
+
+
 # every fairfl component by class path: its arguments, in the order its job files list them (a class's bases' first)
 COMPONENTS: Mapping[str, tuple] = {
     "fairfl.flare.executor.FairflExecutor": EXECUTOR,
     "fairfl.flare.engine.FairRoundController": ROUND,
-    _METHODS + "solo.controller.SoloController": ROUND,
-    _METHODS + "fedavg.controller.FedAvgController": ROUND,
-    _METHODS + "fedbn.controller.FedBNController": ROUND,
-    _METHODS + "fedprox.controller.FedProxController": ROUND + FEDPROX,
-    _METHODS + "fednpr.controller.FedNPRController": with_defaults(ROUND + FEDPROX, mu=0.0) + FEDNPR,
-    _METHODS + "ditto.controller.DittoController": ROUND + DITTO,
-    _METHODS + "fedfloor.controller.FedFloorController": ROUND + DITTO + FEDFLOOR,
-    _METHODS + "fedce.controller.FedCEController": ROUND + FEDCE,
-    _METHODS + "fedlwr.controller.FedLWRController": with_defaults(ROUND, weighting="uniform") + FEDLWR,
-    _METHODS + "fedism.controller.FedISMController": ROUND + FEDISM,
-    _METHODS + "qfedavg.controller.QFedAvgController": ROUND + QFEDAVG,
-    _METHODS + "rewards.controller.RewardController": ROUND,
-    _METHODS + "rewards.controller.CFFLController": ROUND + CFFL,
-    _METHODS + "rewards.controller.CGSVController": ROUND + CGSV,
+    **_method_controllers(),
 }
 
 
@@ -526,7 +392,9 @@ def component_path(component) -> str:
         path = f"{klass.__module__}.{klass.__qualname__}"
         if path in COMPONENTS:
             return path
-    raise ValueError(f"{component.__module__}.{component.__qualname__} declares no arguments in fairfl.arguments")
+    raise ValueError(
+        f"{component.__module__}.{component.__qualname__} declares no arguments (fairfl.arguments or its unit's)"
+    )
 
 
 def declared(component) -> dict[str, Argument]:

@@ -318,14 +318,21 @@ def test_every_fairfl_component_is_declared_with_its_bases_arguments():
 
 
 def test_the_declarations_agree_with_the_modules_that_use_the_same_values():
-    """fairfl.arguments imports no torch, so it restates what the methods' modules hold: the two must agree."""
+    """The declarations (fairfl.arguments, the units' arguments modules) import no torch, so they restate what the
+    modules that use the values hold: the two must agree."""
     from fairfl import aggregation, arguments, models, site_checks, training
     from fairfl.data.loaders import AUGMENTATIONS
+    from fairfl.methods.ditto.arguments import DITTO
+    from fairfl.methods.fedce.arguments import FEDCE
     from fairfl.methods.fedce.contribution import COMBINE_MODES
+    from fairfl.methods.fedfloor.arguments import FEDFLOOR
     from fairfl.methods.fedfloor.mixing import DEFAULT_GRID
     from fairfl.methods.fedism import saga, sharpness
+    from fairfl.methods.fedism.arguments import FEDISM
     from fairfl.methods.fedlwr.cka import MIN_BATCH
     from fairfl.methods.fednpr import npr
+    from fairfl.methods.fednpr.arguments import FEDNPR
+    from fairfl.methods.fedprox.arguments import FEDPROX
 
     round_ = {a.name: a for a in arguments.ROUND}
     assert round_["robust_aggregation"].kind.choices == aggregation.ROBUST_MODES
@@ -342,18 +349,18 @@ def test_the_declarations_agree_with_the_modules_that_use_the_same_values():
     executor = {a.name: a for a in arguments.EXECUTOR}
     assert executor["augmentation"].kind.kind.item.choices == AUGMENTATIONS
     assert executor["cka_max_samples"].kind.low == executor["cka_batch_size"].kind.low == MIN_BATCH
-    assert {a.name: a.default for a in arguments.FEDCE} == {"combine": COMBINE_MODES[0]}
-    assert arguments.FEDCE[0].kind.choices == COMBINE_MODES
-    assert tuple(arguments.FEDFLOOR[0].default) == DEFAULT_GRID
-    fedism = {a.name: a.default for a in arguments.FEDISM}
+    assert {a.name: a.default for a in FEDCE} == {"combine": COMBINE_MODES[0]}
+    assert FEDCE[0].kind.choices == COMBINE_MODES
+    assert tuple(FEDFLOOR[0].default) == DEFAULT_GRID
+    fedism = {a.name: a.default for a in FEDISM}
     assert (fedism["rho_max"], fedism["tau"], fedism["gsam_alpha"]) == (
         sharpness.RHO_MAX,
         sharpness.TAU,
         sharpness.GSAM_ALPHA,
     )
     assert (fedism["q"], fedism["beta"], fedism["variant"]) == (saga.Q, saga.BETA, "S")
-    assert {a.name: a for a in arguments.FEDISM}["variant"].kind.choices == tuple(saga.VARIANTS)
-    fednpr = {a.name: a for a in arguments.FEDNPR}
+    assert {a.name: a for a in FEDISM}["variant"].kind.choices == tuple(saga.VARIANTS)
+    fednpr = {a.name: a for a in FEDNPR}
     assert [fednpr[n].default for n in ("num_subclusters", "npr_weight", "sinkhorn_epsilon")] == [
         npr.NUM_SUBCLUSTERS,
         npr.NPR_WEIGHT,
@@ -369,12 +376,16 @@ def test_the_declarations_agree_with_the_modules_that_use_the_same_values():
         assert (fednpr[name].kind.low, fednpr[name].kind.high) == bounds
     for name in ("npr_weight", "sinkhorn_epsilon", "temperature"):
         assert fednpr[name].kind.high == npr.MAX_NPR_FACTOR
-    # what a site accepts of the settings each task carries (the client steps' fields): never less than the server
-    from fairfl.methods.fedism.client import MAX_SEARCH_DISTANCE
-    from fairfl.methods.fedprox.client import MAX_PROXIMAL_WEIGHT
+    # what a site accepts of the settings each task carries (the client steps' fields): all a job may set
+    from fairfl.methods.ditto.client import PersonalTraining
+    from fairfl.methods.fedism.client import ProbeModelSent, SALTTraining
+    from fairfl.methods.fedprox.client import ProximalTerm
 
-    assert arguments.FEDPROX[0].kind.high == arguments.DITTO[0].kind.high == MAX_PROXIMAL_WEIGHT
-    assert {a.name: a for a in arguments.FEDISM}["rho_max"].kind.high == MAX_SEARCH_DISTANCE
+    rho_max = {a.name: a for a in FEDISM}["rho_max"].kind
+    for step, declared in ((ProximalTerm, FEDPROX[0].kind), (PersonalTraining, DITTO[0].kind)):
+        assert declared in step.fields.values(), step
+    for step in (ProbeModelSent, SALTTraining):
+        assert rho_max in step.fields.values(), step
 
 
 def test_check_names_the_component_and_every_bad_argument():

@@ -1,50 +1,63 @@
 """The method registry: every method unit's spec, and the one place names, variants, jobs and claims are looked up.
 
-A method unit is a package `fairfl.methods.<name>` with a `SPEC` (`fairfl.methods.spec.MethodSpec`). The report,
-the benchmark, the CLI and `fairfl make-jobs` read method names, display names, jobs and the papers' claims from
-here and nowhere else; adding a method means adding its unit to UNITS. Importing this starts neither torch nor FLARE.
+A method unit is a subpackage `fairfl.methods.<name>` with a `SPEC` (`fairfl.methods.spec.MethodSpec`); the registry
+finds every one, so adding a method adds its unit and edits nothing shared. The report, the benchmark, the CLI and
+`fairfl make-jobs` read method names, display names, jobs and the papers' claims from here and nowhere else;
+fairfl.arguments finds the units' controller arguments through it. Importing this imports the units' specs alone,
+which start neither torch nor FLARE.
 
-The units' order is the order of the benchmark's default comparisons and of their claims."""
+The units stand in the order their specs give (MethodSpec.order): that of the benchmark's default comparisons and of
+their claims. The sites run the units' client steps in the order of their ranks (MethodSpec.client_steps)."""
 
 from __future__ import annotations
 
-from fairfl.methods import (
-    ditto,
-    fedavg,
-    fedbn,
-    fedce,
-    fedfloor,
-    fedism,
-    fedlwr,
-    fednpr,
-    fedprox,
-    qfedavg,
-    rewards,
-    solo,
-)
+import importlib
+import pkgutil
+
 from fairfl.methods.spec import FAMILY_METRICS, Claim, Job, MethodSpec, Variant
 
-UNITS: tuple[MethodSpec, ...] = tuple(
-    unit.SPEC
-    for unit in (solo, fedavg, fedprox, fedbn, qfedavg, ditto, rewards, fedce, fedlwr, fedism, fednpr, fedfloor)
-)
+
+def discovered_units() -> list[MethodSpec]:
+    """The SPEC of every subpackage of fairfl.methods that has one (named as its package), in no particular order."""
+    found = []
+    for module in pkgutil.iter_modules(__path__, f"{__name__}."):
+        spec = getattr(importlib.import_module(module.name), "SPEC", None) if module.ispkg else None
+        if spec is None:
+            continue
+        if not isinstance(spec, MethodSpec) or spec.name != module.name.rpartition(".")[2]:
+            raise ValueError(f"{module.name}.SPEC must be a MethodSpec named as its package")
+        found.append(spec)
+    return found
+
+
+def _refuse_ties(ranked, what: str, by: str) -> None:
+    """ValueError unless every (rank, name) of `ranked` has a rank of its own: a tie would leave the order to the
+    file system."""
+    seen = {}
+    for rank, name in ranked:
+        if rank in seen:
+            raise ValueError(f"{what} {seen[rank]} and {name} have the same {by}, {rank}, in the method registry")
+        seen[rank] = name
+
+
+def in_order(units) -> tuple[MethodSpec, ...]:
+    """`units` by their order (MethodSpec.order); two in one place are refused."""
+    _refuse_ties([(unit.order, unit.name) for unit in units], "method units", "order")
+    return tuple(sorted(units, key=lambda unit: unit.order))
+
+
+def step_order(units) -> tuple[str, ...]:
+    """The dotted paths of every unit's client steps by rank (MethodSpec.client_steps); two of one rank are refused."""
+    ranked = [(rank, path) for unit in units for path, rank in unit.client_steps]
+    _refuse_ties(ranked, "client steps", "rank")
+    return tuple(path for _, path in sorted(ranked))
+
+
+UNITS: tuple[MethodSpec, ...] = in_order(discovered_units())
 FAMILIES = tuple(FAMILY_METRICS)  # the benchmark's comparisons (fairfl.benchmark)
-# What methods change at the sites (fairfl.methods.steps): each phase of a task runs the steps its meta switches on in
-# this order (Ditto keeps the model sent before a probe runs on it; CFFL scores the trained model before Ditto's
-# personal step; a step replacing the loss runs before those adding a term whatever the order).
-CLIENT_STEPS = (
-    "fairfl.methods.fedce.client.LeaveOneOutError",
-    "fairfl.methods.fednpr.client.PersonalHead",
-    "fairfl.methods.fedbn.client.LocalNorm",
-    "fairfl.methods.rewards.client.ValidateTrained",
-    "fairfl.methods.ditto.client.PersonalTraining",
-    "fairfl.methods.fedfloor.client.ValidatedMix",
-    "fairfl.methods.ditto.client.PersonalEvaluation",
-    "fairfl.methods.fedism.client.ProbeModelSent",
-    "fairfl.methods.fednpr.client.NPRObjective",
-    "fairfl.methods.fedprox.client.ProximalTerm",
-    "fairfl.methods.fedism.client.SALTTraining",
-)
+# what methods change at the sites (fairfl.methods.steps): each phase of a task runs the steps its meta switches on in
+# this order
+CLIENT_STEPS: tuple[str, ...] = step_order(UNITS)
 
 
 def _unique(items, what: str) -> dict:
@@ -89,6 +102,9 @@ def variant_job(method: str, dataset: str = "") -> tuple[str, dict]:
 
 __all__ = [
     "UNITS",
+    "discovered_units",
+    "in_order",
+    "step_order",
     "FAMILIES",
     "FAMILY_METRICS",
     "CLIENT_STEPS",

@@ -116,11 +116,26 @@ class ControllerArguments:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A method unit (`fairfl/methods/<name>/`): its documentation page (under docs/), its jobs, variants and
-    claims."""
+    """A method unit, the package `fairfl.methods.<name>` whose SPEC this is (the registry, fairfl.methods, finds it
+    there): its documentation page (under docs/), its jobs, variants and claims, where it stands among the units, and
+    its client steps. Its controllers' job arguments are declared beside it, in `fairfl.methods.<name>.arguments`
+    (CONTROLLERS: ControllerArguments)."""
 
     name: str
     doc: str
     jobs: tuple
     variants: tuple
+    # Where the unit stands among the units (ascending; no two alike): the order of the benchmark's default method
+    # lists and of the claims, and so of the SUMMARY tables. Spaced by 10, so a new unit can stand between two.
+    order: int
     claims: tuple = ()
+    # The unit's client steps (fairfl.methods.steps.ClientStep), as (dotted class path, rank). Every phase of a site's
+    # task runs the steps that apply, of every unit, by ascending rank (no two alike): Ditto keeps the model sent
+    # (PersonalTraining) before a probe runs on it (ProbeModelSent); CFFL scores the trained model (ValidateTrained)
+    # before Ditto's personal step. A step replacing the loss (FedNPR's) runs before those adding a term (FedProx's)
+    # whatever the ranks (ClientStep.replaces_loss).
+    client_steps: tuple = ()
+
+    @property
+    def package(self) -> str:
+        return f"fairfl.methods.{self.name}"

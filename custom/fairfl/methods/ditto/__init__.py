@@ -4,6 +4,11 @@ from fairfl.methods.spec import Claim, Job, MethodSpec, Variant
 
 SPEC = MethodSpec(
     name="ditto",
+    order=60,
+    client_steps=(
+        ("fairfl.methods.ditto.client.PersonalTraining", 50),
+        ("fairfl.methods.ditto.client.PersonalEvaluation", 70),
+    ),
     doc="methods/ditto.md",
     jobs=(Job("ditto", "fairfl.methods.ditto.controller.DittoController"),),
     variants=(Variant("ditto", "Ditto", "ditto", families=("segmentation", "quality_shift", "imbalanced")),),

@@ -9,7 +9,8 @@ import copy
 from fairfl.flare import protocol
 from fairfl.flare.site_state import keep_version, kept_model_versions
 from fairfl.kinds import Real
-from fairfl.methods.fedprox.client import MAX_PROXIMAL_WEIGHT, with_proximal_term
+from fairfl.methods.fedprox.arguments import MAX_PROXIMAL_WEIGHT
+from fairfl.methods.fedprox.client import with_proximal_term
 from fairfl.methods.steps import ClientStep, StepContext
 from fairfl.models import build_model
 from fairfl.training import TrainSettings, train_local

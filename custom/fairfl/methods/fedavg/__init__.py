@@ -4,6 +4,7 @@ from fairfl.methods.spec import Job, MethodSpec, Variant
 
 SPEC = MethodSpec(
     name="fedavg",
+    order=20,
     doc="methods/fedavg.md",
     jobs=(Job("fedavg", "fairfl.methods.fedavg.controller.FedAvgController", tasks=("train", "validate", "cka")),),
     variants=(Variant("fedavg", "FedAvg", "fedavg", families=("segmentation", "quality_shift", "imbalanced")),),

@@ -5,6 +5,8 @@ from fairfl.methods.spec import Claim, Job, MethodSpec, Variant
 
 SPEC = MethodSpec(
     name="fedce",
+    order=80,
+    client_steps=(("fairfl.methods.fedce.client.LeaveOneOutError", 10),),
     doc="methods/fedce.md",
     jobs=(Job("fedce", "fairfl.methods.fedce.controller.FedCEController", tasks=("train", "validate", "cka")),),
     variants=(

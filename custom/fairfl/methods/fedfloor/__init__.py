@@ -7,6 +7,8 @@ HEADLINE = {family: metrics[0] for family, metrics in FAMILY_METRICS.items()}  #
 
 SPEC = MethodSpec(
     name="fedfloor",
+    order=120,
+    client_steps=(("fairfl.methods.fedfloor.client.ValidatedMix", 60),),
     doc="methods/fedfloor.md",
     jobs=(Job("fedfloor", "fairfl.methods.fedfloor.controller.FedFloorController"),),
     variants=(

@@ -7,6 +7,11 @@ QUALITY = ("quality_shift",)
 SKIN_ROUNDS = {"num_rounds": 100, "eval_every": 10, "dataset": "skin"}
 SPEC = MethodSpec(
     name="fedism",
+    order=100,
+    client_steps=(
+        ("fairfl.methods.fedism.client.ProbeModelSent", 80),
+        ("fairfl.methods.fedism.client.SALTTraining", 110),
+    ),
     doc="methods/fedism.md",
     jobs=(
         Job(

@@ -7,11 +7,10 @@ import torch
 
 from fairfl.flare import protocol
 from fairfl.kinds import Boolean, Real
+from fairfl.methods.fedism.arguments import MAX_SEARCH_DISTANCE
 from fairfl.methods.fedism.sharpness import GSAM_ALPHA, dataset_loss, measure_sharpness, train_salt
 from fairfl.methods.steps import ClientStep, StepContext
 from fairfl.training import segmentation_loss
-
-MAX_SEARCH_DISTANCE = 10.0  # the largest rho a site accepts: 100 times the papers' largest (0.1)
 
 
 class ProbeModelSent(ClientStep):

@@ -5,6 +5,7 @@ from fairfl.methods.spec import Claim, Job, MethodSpec, Variant
 
 SPEC = MethodSpec(
     name="fedlwr",
+    order=90,
     doc="methods/fedlwr.md",
     jobs=(Job("fedlwr", "fairfl.methods.fedlwr.controller.FedLWRController", tasks=("train", "validate", "cka")),),
     variants=(Variant("fedlwr", "Fed-LWR", "fedlwr", families=("segmentation",)),),

@@ -10,6 +10,11 @@ K = {"skin_imbalanced": {"num_subclusters": 4}, "ich_imbalanced": {"num_subclust
 DATA = {"dataset": "skin_imbalanced"}
 SPEC = MethodSpec(
     name="fednpr",
+    order=110,
+    client_steps=(
+        ("fairfl.methods.fednpr.client.PersonalHead", 20),
+        ("fairfl.methods.fednpr.client.NPRObjective", 90),
+    ),
     doc="methods/fednpr.md",
     jobs=(
         Job("fednpr", "fairfl.methods.fednpr.controller.FedNPRController", server=DATA),

@@ -8,10 +8,8 @@ from nvflare.app_opt.pt.fedproxloss import PTFedProxLoss
 
 from fairfl.flare import protocol
 from fairfl.kinds import Real
+from fairfl.methods.fedprox.arguments import MAX_PROXIMAL_WEIGHT
 from fairfl.methods.steps import ClientStep, StepContext
-
-# the largest mu (FedProx) or lambda (Ditto) a site accepts: far above what is tuned (FedProx's grid: 0.001 to 1)
-MAX_PROXIMAL_WEIGHT = 1000.0
 
 
 def with_proximal_term(loss_fn, model, mu: float, reference=None):

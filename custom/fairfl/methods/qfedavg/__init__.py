@@ -16,6 +16,7 @@ CLAIMS = tuple(
 
 SPEC = MethodSpec(
     name="qfedavg",
+    order=50,
     doc="methods/qfedavg.md",
     jobs=(
         Job(

@@ -6,6 +6,8 @@ from fairfl.methods.spec import Job, MethodSpec, Variant
 R = "fairfl.methods.rewards.controller"
 SPEC = MethodSpec(
     name="rewards",
+    order=70,
+    client_steps=(("fairfl.methods.rewards.client.ValidateTrained", 40),),
     doc="methods/rewards.md",
     jobs=(Job("cffl", f"{R}.CFFLController"), Job("cgsv", f"{R}.CGSVController")),
     variants=(

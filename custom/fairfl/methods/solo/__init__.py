@@ -4,6 +4,7 @@ from fairfl.methods.spec import Job, MethodSpec, Variant
 
 SPEC = MethodSpec(
     name="solo",
+    order=10,
     doc="methods/fedavg.md",
     jobs=(Job("solo", "fairfl.methods.solo.controller.SoloController", tasks=("train", "validate", "cka")),),
     variants=(Variant("solo", "Solo", "solo", families=("segmentation", "imbalanced")),),

@@ -1,0 +1,18 @@
+"""FedFloor's job arguments (fairfl.methods.fedfloor.controller.FedFloorController), besides the round's: Ditto's,
+then its own."""
+
+from fairfl.argument import Argument
+from fairfl.kinds import ListOf, Real
+from fairfl.methods.ditto.arguments import DITTO
+from fairfl.methods.spec import ControllerArguments
+
+FEDFLOOR = (  # fairfl.methods.fedfloor.mixing.DEFAULT_GRID, check_grid
+    Argument(
+        "mix_grid",
+        ListOf(Real(0, 1), 1, 101, distinct=True),
+        (0.0, 0.25, 0.5, 0.75, 1.0),
+        "the alphas scored (0 = the global model, 1 = the personal model); [0, 1] chooses between the two without "
+        "mixing (recorded as fedfloor_pick)",
+    ),
+)
+CONTROLLERS = {"fairfl.methods.fedfloor.controller.FedFloorController": ControllerArguments(DITTO + FEDFLOOR)}
