@@ -1,8 +1,9 @@
 """Built-in synthetic multi-site classification under image-quality shift (the FedISM+ setting).
 
 Two settings, `skin` (ISIC 2019-like dermoscopy, eight diagnoses) and `ich` (RSNA intracranial hemorrhage-like CT
-slices, five subtypes), drawn by `fairfl.data.classification_renderers` at a size CPU training can afford and
-split over sites by `fairfl.data.classification_sites` (sites, quality shift and test sets are described there).
+slices, five subtypes), drawn by `fairfl.data.render_skin` and `fairfl.data.render_head_ct` at a size CPU training
+can afford and split over sites by `fairfl.data.classification_sites` (sites, quality shift and test sets are
+described there).
 
 Class frequencies follow the real datasets (ISIC 2019: NV about half, MEL 18%, BCC 13%; the FedISM+
 ICH selection: subdural 43%, epidural 2%), with the rarest classes raised to a few per cent so that a
@@ -29,7 +30,6 @@ from pathlib import Path
 import numpy as np
 
 from fairfl.data.builtin import cache_name, check_test_scale, ensure_cached, extra_test_rng, recorded_test_scale
-from fairfl.data.classification_renderers import render_image
 from fairfl.data.classification_sites import (
     SETTINGS,
     add_extra_test_items,
@@ -40,6 +40,9 @@ from fairfl.data.classification_sites import (
     write_classification_sites,
 )
 from fairfl.data.corruption import Corruption
+from fairfl.data.drawing import SUPERSAMPLE, box_mean
+from fairfl.data.render_head_ct import render_ct
+from fairfl.data.render_skin import render_skin
 
 GENERATOR_VERSION = 1
 
@@ -187,6 +190,20 @@ def generate_classification_sites(
     )
     (root / "dataset.json").write_text(json.dumps(description, indent=1) + "\n")
     return root
+
+
+def render_image(setting: str, label: int, image_size: int, rng: np.random.Generator) -> np.ndarray:
+    """One synthetic image as uint8: RGB [S, S, 3] (skin) or grey [S, S] (ich), S = image_size, drawn on a grid
+    `SUPERSAMPLE` times finer and box-averaged to the size the model sees."""
+    n = image_size * SUPERSAMPLE
+    if setting == "skin":
+        image = box_mean(render_skin(label, rng, n), SUPERSAMPLE)
+        noise = 0.008
+    else:
+        image = box_mean(render_ct(label, rng, n), SUPERSAMPLE)
+        noise = rng.uniform(0.01, 0.03)  # CT quantum noise, at the pixel size the model sees
+    image = image + rng.normal(0, noise, image.shape).astype(np.float32)
+    return np.round(np.clip(image, 0, 1) * 255).astype(np.uint8)
 
 
 def generate_skin_sites(
