@@ -1,26 +1,21 @@
-"""Deployment: provisioned kits with mutual TLS, the POC commands, the dashboard, and what a security reviewer
-asks of a federation: only our component classes run, only the project admin runs jobs, nobody brings code,
-and a killed server or site comes back.
+"""Deployment with provisioned kits: complete_kits (the allow-list, GPUs, locked keys), the components NVFlare
+admits, the job a site receives, and what a security reviewer asks of a federation: only our component classes run,
+only the project admin runs jobs, nobody brings code, and a killed server or site comes back.
 
 The slow tests start real NVFlare servers and sites as separate processes on 127.0.0.1 (free ports) and
-always stop them: first through the admin API or `nvflare poc stop`, then by process group, then every
-process whose command line names the test's own folder. One provisioned federation serves all the
-provisioned checks (module scope)."""
+always stop them: first through the admin API, then by process group, then every process whose command line
+names the test's own folder. One provisioned federation serves all the provisioned checks (module scope)."""
 
 import glob
 import hashlib
 import json
 import os
-import pty
 import re
 import shutil
 import signal
-import socket
-import stat
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 import yaml
@@ -37,18 +32,11 @@ from fairfl.flare.components import ALLOW_LIST, components, dotted_path
 from fairfl.simulate import nvflare_command
 from fairfl.tracking import UNCHECKED_RECEIVERS
 
+from deploy_helpers import JOB_TIMEOUT, fairfl, free_port, kill_processes_under, mode, site_env
 from helpers import JOBS, REPO, make_job
 
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: faults.py
 TEMPLATE = os.path.join(REPO, "provisioning", "project.yml")
-JOB_TIMEOUT = 240
 PROJECT_ADMIN = "admin@coordinating-center.example.org"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def provision(tmp_path, name: str, port: int, sites=("site-1", "site-2")) -> str:
@@ -75,11 +63,6 @@ def provision(tmp_path, name: str, port: int, sites=("site-1", "site-2")) -> str
         timeout=120,
     )
     return str(tmp_path / name / name / "prod_00")
-
-
-def site_env(**extra) -> dict:
-    python_path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), TESTS) if p)
-    return {**os.environ, "PYTHONPATH": python_path, "OMP_WAIT_POLICY": "PASSIVE", **extra}
 
 
 def start(kit: str, kind: str, org: str) -> subprocess.Popen:
@@ -119,36 +102,6 @@ def kill_group(process: subprocess.Popen) -> None:
     process.wait(timeout=30)
 
 
-def fairfl(*args, env=None, timeout=300) -> str:
-    """Run `fairfl ARGS` as a user would; its output (it must succeed)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "fairfl.cli", *args],
-        env=env or site_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert proc.returncode == 0, f"fairfl {' '.join(args)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout
-
-
-def kill_processes_under(folder: str) -> None:
-    """Kill every process whose command line names `folder` (all of them started by this test)."""
-    folder = str(folder)
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
-        except OSError:
-            continue
-        if folder in cmdline:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except OSError:
-                pass
-
-
 def connected_clients(session) -> set:
     return {c.name for c in session.get_system_info().client_info}
 
@@ -171,10 +124,6 @@ def read(path) -> str:
 
 
 # ------------------------------------------------------------------------------------------ fast: kits
-def mode(path) -> int:
-    return stat.S_IMODE(os.stat(path).st_mode)
-
-
 def test_complete_kits_allow_lists_our_classes_keeps_gpus_locks_keys_and_never_overwrites_edits(tmp_path):
     root = tmp_path / "ws"
     subprocess.run(
@@ -350,210 +299,21 @@ def test_submitted_job_leaves_out_custom(tmp_path):
         admin.without_custom(str(tmp_path), str(tmp_path))
 
 
-# ------------------------------------------------------------------------------------------ fast: dashboard
-STRONG = "Harbour-Lights-2026"
+def test_export_job_asks_each_site_for_gpus(tmp_path):
+    from nvflare.utils.job_launcher_utils import get_resource_manager_spec, validate_portable_resource_spec
+
+    from fairfl.cli import main
+
+    assert main(["export-job", os.path.join(REPO, "jobs", "fedlwr"), str(tmp_path / "gpu"), "--gpus", "1"]) == 0
+    meta = json.loads((tmp_path / "gpu" / "meta.json").read_text())
+    validate_portable_resource_spec(meta["resource_spec"])
+    # what each site's GPU resource manager is asked for, whatever the site is called
+    assert get_resource_manager_spec(meta, "site-7") == {"num_of_gpus": 1}
+    # the repo's jobs ask for nothing, so the simulator and CPU-only POC sites run them
+    assert json.loads(open(os.path.join(REPO, "jobs", "fedlwr", "meta.json")).read())["resource_spec"] == {}
 
 
-def test_dashboard_api_serves_the_project_refuses_a_wrong_password_and_keeps_its_database_private(tmp_path):
-    from fairfl.deploy.dashboard import API, make_app
-
-    with pytest.raises(ValueError, match="no dashboard database"):
-        make_app(str(tmp_path / "empty"))
-    (tmp_path / "thesis").mkdir()
-    (tmp_path / "thesis" / "chapter1.tex").write_text("keep")
-    modes = mode(tmp_path / "thesis"), mode(tmp_path / "thesis" / "chapter1.tex")
-    with pytest.raises(ValueError, match="holds no dashboard database"):  # it would lock someone's files away
-        make_app(str(tmp_path / "thesis"), "admin@fairfl.org", STRONG, "fairfl")
-    assert (mode(tmp_path / "thesis"), mode(tmp_path / "thesis" / "chapter1.tex")) == modes
-    for weak, why in (
-        ("s3cret-Pass", "at least 12"),
-        ("correcthorsebattery", "three of"),
-        ("Admin-password-1", "'admin'"),
-        ("Fairfl-Project-9", "'fairfl'"),
-        ("Password1234", "common"),
-        ("P@ssword1234", "common"),
-        ("Welcome#2026", "common"),
-        ("aaaaaaaaaaaA1", "in a row"),
-        ("Blue-Cat-1234!x", "in a row"),
-        ("Aa1" + "\0" * 10, "control characters"),
-    ):
-        with pytest.raises(ValueError, match=f"too weak: .*{why}"):  # before anything is written
-            make_app(str(tmp_path / "dash"), "admin@fairfl.org", weak, "fairfl")
-    assert not (tmp_path / "dash").exists()
-    client = make_app(str(tmp_path / "dash"), "admin@fairfl.org", STRONG, "fairfl").test_client()
-    assert "NVFL_CREDENTIAL" not in os.environ and "SECRET_KEY" not in os.environ
-    # the database will hold the root CA's private key: owner-only (SQLite creates it 0644)
-    assert mode(tmp_path / "dash") == 0o700
-    assert {p.name: mode(p) for p in (tmp_path / "dash").iterdir()} == {
-        "db.sqlite": 0o600,
-        "secret_key": 0o600,
-        ".db_init_done": 0o600,
-    }
-    assert client.post(f"{API}/login", json={"email": "admin@fairfl.org", "password": "wrong"}).status_code == 401
-    login = client.post(f"{API}/login", json={"email": "admin@fairfl.org", "password": STRONG})
-    assert login.status_code == 200 and login.json["user"]["role"] == "project_admin"
-    auth = {"Authorization": f"Bearer {login.json['access_token']}"}
-    assert client.get(f"{API}/clients").status_code == 401  # no token, no sites
-
-    project = {"short_name": "fairfl", "title": "Fair FL", "server1": "localhost", "frozen": False}
-    assert client.patch(f"{API}/project", json=project, headers=auth).json["status"] == "ok"
-    site = client.post(
-        f"{API}/clients",
-        json={"name": "site-1", "organization": "hospital_a", "capacity": {"num_of_gpus": 1, "mem_per_gpu_in_GiB": 16}},
-        headers=auth,
-    )
-    assert site.status_code == 201
-    site_id = site.json["client"]["id"]
-    client.patch(f"{API}/clients/{site_id}", json={"approval_state": 100}, headers=auth)
-    client.patch(f"{API}/project", json={"frozen": True}, headers=auth)  # freezing creates the root CA
-
-    got = client.get(f"{API}/project").json["project"]
-    assert (got["short_name"], got["server1"], got["frozen"], got["num_clients"]) == ("fairfl", "localhost", True, 1)
-    assert mode(tmp_path / "dash" / "db.sqlite") == 0o600  # now holding the root key
-    users = client.get(f"{API}/users", headers=auth).json["user_list"]
-    assert [u["email"] for u in users] == ["admin@fairfl.org"]
-    assert [c["name"] for c in client.get(f"{API}/clients", headers=auth).json["client_list"]] == ["site-1"]
-    if not (shutil.which("zip") and shutil.which("unzip")):
-        pytest.skip("the dashboard zips startup kits with the `zip` program, not installed here")
-    kit = client.post(f"{API}/clients/{site_id}/blob", json={"pin": "1234"}, headers=auth)
-    assert kit.status_code == 200 and kit.data[:2] == b"PK"  # a zip (password: the pin)
-    (tmp_path / "site-1.zip").write_bytes(kit.data)
-    subprocess.run(["unzip", "-q", "-P", "1234", str(tmp_path / "site-1.zip"), "-d", str(tmp_path / "kit")], check=True)
-    assert json.loads((tmp_path / "kit" / "startup" / "fed_client.json").read_text())["client"]["fqsn"] == "site-1"
-
-
-def dashboard_at_terminal(root, port, typed: list, env=None, extra=()):
-    """`fairfl dashboard` started on a terminal of its own (a pty it controls, as getpass needs), typing each
-    line of `typed` when prompted; (process, pty master fd)."""
-    master, slave = pty.openpty()
-
-    def own_terminal():
-        os.setsid()
-        import fcntl
-        import termios
-
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fairfl.cli",
-            "dashboard",
-            "--admin",
-            "admin@fairfl.org",
-            "--org",
-            "coordinating_center",
-            "--root",
-            str(root),
-            "--port",
-            str(port),
-            *extra,
-        ],
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        env=env or site_env(),
-        preexec_fn=own_terminal,
-    )
-    os.close(slave)
-    for line in typed:
-        read_until(master, b": ")
-        os.write(master, line.encode() + b"\n")
-    return process, master
-
-
-def read_until(fd, marker: bytes, timeout=60) -> str:
-    seen, deadline = b"", time.time() + timeout
-    while marker not in seen:
-        assert time.time() < deadline, f"no {marker!r} in {seen!r}"
-        try:
-            seen += os.read(fd, 1024)
-        except OSError:  # the process ended and closed its terminal
-            break
-    return seen.decode(errors="replace")
-
-
-def test_dashboard_asks_the_password_twice_refuses_weak_ones_and_never_takes_it_from_the_environment(tmp_path):
-    root, port = tmp_path / "dash", free_port()
-    env = site_env(FAIRFL_DASHBOARD_PASSWORD=STRONG)
-    proc = subprocess.run(
-        [sys.executable, "-m", "fairfl.cli", "dashboard", "--admin", "a@b.org", "--root", str(root)],
-        env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=60,
-    )
-    assert proc.returncode == 1 and "FAIRFL_DASHBOARD_PASSWORD is no longer read" in proc.stderr
-    env = {k: v for k, v in site_env().items() if k != "FAIRFL_DASHBOARD_PASSWORD"}
-
-    for typed, why in (([STRONG, STRONG + "x"], "the two passwords differ"), (["Short-1", "Short-1"], "too weak")):
-        process, master = dashboard_at_terminal(root, port, typed, env)
-        assert why in read_until(master, why.encode())
-        assert process.wait(timeout=60) == 1
-        os.close(master)
-    assert not root.exists()
-    # automation: the password from a file descriptor, never on the command line or in the environment
-    read_fd, write_fd = os.pipe()
-    os.write(write_fd, b"weakweakweakweak\n")
-    os.close(write_fd)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fairfl.cli",
-            "dashboard",
-            "--admin",
-            "a@b.org",
-            "--root",
-            str(root),
-            "--password-fd",
-            str(read_fd),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        pass_fds=(read_fd,),
-        timeout=60,
-    )
-    os.close(read_fd)
-    assert proc.returncode == 1 and "too weak" in proc.stderr
-
-    process, master = dashboard_at_terminal(root, port, [STRONG, STRONG], env)
-    try:
-        read_until(master, b"FLARE dashboard on http://127.0.0.1")
-        for leak in (f"/proc/{process.pid}/environ", f"/proc/{process.pid}/cmdline"):
-            assert STRONG.encode() not in open(leak, "rb").read()
-        assert mode(root / "db.sqlite") == 0o600 and mode(root) == 0o700
-        login = urllib.request.Request(
-            f"http://127.0.0.1:{port}/nvflare-dashboard/api/v1/login",
-            method="POST",
-            data=json.dumps({"email": "admin@fairfl.org", "password": STRONG}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        deadline = time.time() + 30
-        while True:
-            try:
-                assert json.load(urllib.request.urlopen(login, timeout=5))["user"]["role"] == "project_admin"
-                break
-            except OSError:
-                assert time.time() < deadline
-                time.sleep(0.5)
-    finally:
-        process.kill()
-        process.wait()
-        os.close(master)
-
-
-# ------------------------------------------------------------------------------------------ slow: real processes
-@pytest.fixture
-def cleanup(tmp_path):
-    """Whatever a test started under tmp_path is killed at the end, even when it failed half-way."""
-    yield
-    kill_processes_under(tmp_path)
-
-
+# ------------------------------------------------------------------------------------------ slow: federation
 def exported(tmp_path, name, server=None, **client_extra) -> str:
     job = make_job("fedlwr", str(tmp_path / "jobs" / f"{name}_full"), server=server, client_extra=client_extra or None)
     out = tmp_path / "jobs" / name
@@ -794,107 +554,3 @@ def test_a_site_then_the_server_killed_mid_run_come_back_and_the_named_run_resum
             assert ours["train"][site]["train_loss"] == pytest.approx(theirs["train"][site]["train_loss"], abs=1e-9)
     for site, metrics in reference["final"]["per_site"].items():
         assert resumed["final"]["per_site"][site]["dice"] == pytest.approx(metrics["dice"], abs=1e-9)
-
-
-def test_poc_prepare_never_deletes_a_folder_that_is_not_a_poc_workspace(tmp_path, monkeypatch, capsys):
-    from fairfl.cli import main
-
-    thesis = tmp_path / "x" / "thesis.txt"
-    thesis.parent.mkdir()
-    thesis.write_text("keep")
-    monkeypatch.setenv("NVFLARE_POC_WORKSPACE", str(thesis.parent))
-    assert main(["poc", "prepare", "-n", "1"]) == 1
-    assert "x is not empty" in capsys.readouterr().err
-    assert main(["poc", "prepare", "-n", "1", "--force"]) == 1
-    assert "does not look like a POC workspace" in capsys.readouterr().err
-    assert thesis.read_text() == "keep"
-
-
-def test_poc_stop_waits_for_every_live_pid_file_and_ignores_broken_or_stale_ones(tmp_path, monkeypatch):
-    from fairfl.deploy import poc
-
-    monkeypatch.setenv("NVFLARE_POC_WORKSPACE", str(tmp_path))
-    assert poc._live_pids() == {}  # not prepared: nothing runs
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    files = {
-        "localhost": {"pid.fl": "not a pid", "daemon_pid.fl": str(dead.pid)},
-        "site-2": {"pid.fl": str(os.getpid())},
-    }
-    for participant, pid_files in files.items():
-        folder = tmp_path / poc.PROJECT / "prod_00" / participant
-        folder.mkdir(parents=True)
-        for name, text in pid_files.items():
-            (folder / name).write_text(text)
-    assert poc._live_pids() == {"site-2": [os.getpid()]}  # a live site counts, not only the server
-    monkeypatch.setattr(poc, "_nvflare", lambda *args, **kwargs: None)
-    with pytest.raises(RuntimeError, match=r"POC processes \{'site-2': \[\d+\]\} still run 0 s after stop"):
-        poc.stop(timeout=0)
-
-
-@pytest.mark.slow
-def test_poc_commands_prepare_start_submit_download_stop_clean(tmp_path, cache_dir, cleanup, monkeypatch, capsys):
-    from fairfl.cli import main
-    from fairfl.deploy.poc import is_poc_workspace
-
-    workspace = tmp_path / "poc"
-    # nvflare poc keeps its settings in ~/.nvflare: a home of the test's own
-    env = site_env(HOME=str(tmp_path / "home"), NVFLARE_POC_WORKSPACE=str(workspace))
-
-    def poc(*args):
-        return fairfl("poc", *args, env=env)
-
-    # an earlier POC workspace is replaced only with --force
-    (workspace / "fairfl").mkdir(parents=True)
-    (workspace / "fairfl" / "earlier.txt").write_text("an earlier run's")
-    (workspace / "project.yml").write_text("name: fairfl\n")
-    monkeypatch.setenv("NVFLARE_POC_WORKSPACE", str(workspace))
-    assert main(["poc", "prepare"]) == 1 and "give --force" in capsys.readouterr().err
-    port = free_port()
-    poc("prepare", "-n", "2", "--port", str(port), "--force")
-    assert is_poc_workspace(workspace) and not (workspace / "fairfl" / "earlier.txt").exists()
-    site_resources = json.loads((workspace / "fairfl" / "prod_00" / "site-1" / "local" / "resources.json").read_text())
-    assert set(ALLOW_LIST) <= set(site_resources["class_allow_list"])
-    assert "fairfl." not in site_resources["class_allow_list"]
-    started = False
-    try:
-        poc("start", "--timeout", "120")
-        started = True
-        if shutil.which("ss"):  # the server port is bound on loopback only
-            listening = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout
-            ours = [line for line in listening.splitlines() if f":{port} " in line]
-            assert ours and all("127.0.0.1:" in line for line in ours), ours
-
-        t0 = time.time()
-        out = poc("submit", make_job("fedavg", str(tmp_path / "fedavg")), "--timeout", str(JOB_TIMEOUT))
-        print(f"POC fedavg job: {time.time() - t0:.0f} s")
-        job_id, status = re.search(r"^job (\S+): (\S+)$", out, re.M).groups()
-        assert status == "FINISHED:COMPLETED", out
-        # while it waited: one progress line per round, as `fairfl run` prints them, before the outcome
-        progress = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("POC round ")]
-        assert progress == ["POC round 1/2", "POC round 2/2"], out
-        out = poc("download")  # the last job submitted
-        folder = tmp_path / "poc-results" / job_id
-        assert str(folder) in out and "| FedAvg |" in out
-        results = json.load(open(admin.find_results(str(folder))))
-        assert results["sites"] == ["site-1", "site-2"] and results["final"]
-        assert (folder / "report" / "report.md").is_file()
-    finally:
-        if started:
-            poc("stop")
-    poc("clean")
-    assert not workspace.exists()
-
-
-def test_export_job_asks_each_site_for_gpus(tmp_path):
-    from nvflare.utils.job_launcher_utils import get_resource_manager_spec, validate_portable_resource_spec
-
-    from fairfl.cli import main
-
-    assert main(["export-job", os.path.join(REPO, "jobs", "fedlwr"), str(tmp_path / "gpu"), "--gpus", "1"]) == 0
-    meta = json.loads((tmp_path / "gpu" / "meta.json").read_text())
-    validate_portable_resource_spec(meta["resource_spec"])
-    # what each site's GPU resource manager is asked for, whatever the site is called
-    assert get_resource_manager_spec(meta, "site-7") == {"num_of_gpus": 1}
-    # the repo's jobs ask for nothing, so the simulator and CPU-only POC sites run them
-    assert json.loads(open(os.path.join(REPO, "jobs", "fedlwr", "meta.json")).read())["resource_spec"] == {}
