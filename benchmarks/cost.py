@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from fairfl.benchmark import versions
+from fairfl.benchmark.runner import versions
 from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG, customize_job
 from fairfl.simulate import run_simulator
 

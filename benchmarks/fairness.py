@@ -20,9 +20,10 @@ import statistics
 import sys
 from pathlib import Path
 
-from fairfl.benchmark import stat_by_seed, versions
+from fairfl.benchmark.claims import stat_by_seed
+from fairfl.benchmark.runner import versions
 from fairfl.paired import paired_interval
-from fairfl.report import make_report
+from fairfl.report.document import make_report
 from fairfl.results import SIMULATOR_RESULTS
 from fairfl.simulate import run_unless_finished
 
@@ -151,7 +152,7 @@ def variant_summary(results_paths) -> dict:
 
 
 def per_seed_final(results_paths, metric: str, statistic: str) -> dict:
-    """{seed: the run's final Avg. or Std. of `metric`, in points} (`fairfl.benchmark.stat_by_seed`): what
+    """{seed: the run's final Avg. or Std. of `metric`, in points} (`fairfl.benchmark.claims.stat_by_seed`): what
     `target_cell` pairs by seed."""
     return stat_by_seed([json.load(open(p)) for p in results_paths], metric, statistic)
 

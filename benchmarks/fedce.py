@@ -21,7 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fairness import REPO, run_job, target_cell, variant_summary, versions, write_summary  # noqa: E402
 
 from fairfl.methods import variant_job  # noqa: E402
-from fairfl.report import free_riders, make_report  # noqa: E402
+from fairfl.report.document import make_report  # noqa: E402
+from fairfl.report.runs import free_riders  # noqa: E402
 from fairfl.site_settings import FREE_RIDERS_ENV  # noqa: E402
 
 METHODS = ("solo", "fedavg", "fedlwr", "fedce_sum", "fedce_product")  # fairfl.methods

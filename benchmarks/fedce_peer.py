@@ -32,7 +32,8 @@ from fairfl.data.builtin import ensure_builtin  # noqa: E402
 from fairfl.fairness import contribution_agreement  # noqa: E402
 from fairfl.jobconfig import customize_job  # noqa: E402
 from fairfl.models import build_model, initial_state, state_to_torch  # noqa: E402
-from fairfl.report import load_runs, paper_table  # noqa: E402
+from fairfl.report.runs import load_runs  # noqa: E402
+from fairfl.report.site_tables import paper_table  # noqa: E402
 from fairfl.results import ResultsLog, site_key  # noqa: E402
 from fairfl.simulate import SIMULATOR_OUTPUT, SimulatorRun, collect_errors, run_simulator  # noqa: E402
 

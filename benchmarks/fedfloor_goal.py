@@ -18,7 +18,7 @@ import os
 
 from fairfl.methods import display_name
 from fairfl.paired import mean_interval, paired_interval
-from fairfl.report import _mean_sd
+from fairfl.report.statistics import mean_sd
 
 SPREAD_GOAL = 0.6  # at most 0.6 times FedAvg's spread, with the interval below 1
 MEAN_MARGIN = -0.5  # the mean at most half a point below FedAvg's
@@ -59,7 +59,7 @@ def goal(folder: str) -> dict:
         "methods": {
             m: {
                 **{
-                    statistic: _rounded(_mean_sd(v[statistic] for v in values[m].values()))
+                    statistic: _rounded(mean_sd(v[statistic] for v in values[m].values()))
                     for statistic in ("mean", "std", "worst")
                 },
                 **(

@@ -30,7 +30,7 @@ from fairness import (
 )
 
 from fairfl.methods import display_name, variant_job  # noqa: E402
-from fairfl.report import make_report  # noqa: E402
+from fairfl.report.document import make_report  # noqa: E402
 
 METHODS = ("fedavg", "qfedavg", "qfedavg_lossweighted", "fedism", "fedismplus_s", "fedismplus_l")  # fairfl.methods
 COST_METHOD = "fedismplus_s"

@@ -33,7 +33,7 @@ from fairness import (
 
 from fairfl.fairness import summarize  # noqa: E402
 from fairfl.methods import display_name, variant_job  # noqa: E402
-from fairfl.report import make_report  # noqa: E402
+from fairfl.report.document import make_report  # noqa: E402
 
 METHODS = ("solo", "fedavg", "fedprox", "fednpr", "fednpr_per", "fedprox_npr")  # fairfl.methods
 DATASETS = {"skin_imbalanced": 6, "ich_imbalanced": 10}  # dataset -> sites (FedNPR's K per dataset: fairfl.methods)

@@ -20,7 +20,7 @@ import threading
 
 import psutil
 
-from fairfl.benchmark import versions
+from fairfl.benchmark.runner import versions
 from fairfl.jobconfig import customize_job
 from fairfl.simulate import run_simulator
 

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from fairfl.benchmark import versions
+from fairfl.benchmark.runner import versions
 
 # each step's code runs after the previous steps' (cumulative), as a site process runs them
 STEPS = {

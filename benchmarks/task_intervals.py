@@ -18,7 +18,7 @@ import statistics
 import sys
 import tempfile
 
-from fairfl.benchmark import versions
+from fairfl.benchmark.runner import versions
 from fairfl.jobconfig import SERVER_CONFIG, customize_job
 from fairfl.simulate import run_simulator
 

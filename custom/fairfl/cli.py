@@ -9,107 +9,19 @@ import json
 import os
 import shutil
 import sys
-from pathlib import Path
 
-
-# --- argument checks: argparse reports a bad value as "argument --x: ..." with exit code 2 -------------------------
-def at_least(low: int, at_most: int | None = None):
-    """An argparse type: an integer >= low (and <= at_most)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
-        if at_most is not None and value > at_most:
-            raise argparse.ArgumentTypeError(f"must be at most {at_most}, got {value}")
-        return value
-
-    return parse
-
-
-def number_in(low: float, high: float, low_open: bool = False):
-    """An argparse type: a finite number in [low, high] ((low, high] with low_open)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not (low < value if low_open else low <= value) or not value <= high:
-            raise argparse.ArgumentTypeError(f"must be in {'(' if low_open else '['}{low:g}, {high:g}], got {text}")
-        return value
-
-    return parse
-
-
-def gpu_list(text: str) -> str:
-    """An argparse type: the simulator's -gpu value (fairfl.simulate.gpu_groups), passed on as it is."""
-    from fairfl.simulate import gpu_groups
-
-    try:
-        gpu_groups(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
-
-
-def gpu_problem(gpu: str | None, n_clients: int) -> str | None:
-    """Why --gpu cannot run `n_clients` sites (the simulator wants at least one site per GPU group), or None."""
-    from fairfl.simulate import gpu_groups
-
-    groups = len(gpu_groups(gpu)) if gpu is not None else 0
-    if groups > n_clients:
-        return f"argument --gpu: {groups} GPU groups need at least as many sites (-n {n_clients})"
-    return None
-
-
-def site_names(text: str) -> list:
-    """An argparse type: comma-separated site names (fairfl.names)."""
-    from fairfl.names import safe_name
-
-    try:
-        return [safe_name(name, "site name") for name in text.split(",")]
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def existing_folder(text: str) -> str:
-    if not os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"no such folder: {text}")
-    return text
-
-
-def existing_file(text: str) -> str:
-    if not os.path.isfile(text):
-        raise argparse.ArgumentTypeError(f"no such file: {text}")
-    return os.path.abspath(text)
-
-
-def job_folder(text: str) -> str:
-    from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG
-
-    missing = [name for name in (SERVER_CONFIG, CLIENT_CONFIG) if not os.path.isfile(os.path.join(text, name))]
-    if missing:
-        raise argparse.ArgumentTypeError(f"{text} is not a job folder (no {', '.join(missing)})")
-    return text
-
-
-def refuse_to_overwrite(path: str, force: bool, what: str, replaceable=lambda folder: True) -> str | None:
-    """Why `path` must not be written (it exists and is not an empty folder, and `force` is not given or the
-    folder is not `replaceable`, i.e. not output of this kind), or None."""
-    folder = Path(path)
-    if not folder.exists() or (folder.is_dir() and not any(folder.iterdir())):
-        return None
-    if not folder.is_dir():
-        return f"{path} exists and is not a folder"
-    if not force:
-        return f"{path} is not empty: choose another {what} or give --force to replace it"
-    if not replaceable(folder):
-        return f"{path} does not look like a {what} (refusing to replace it even with --force)"
-    return None
+from fairfl.cli_arguments import (
+    add_gpu_argument,
+    add_mlflow_argument,
+    at_least,
+    existing_file,
+    existing_folder,
+    gpu_problem,
+    job_folder,
+    number_in,
+    site_names,
+)
+from fairfl.overwrite import refuse_to_overwrite
 
 
 def verbosity(args) -> int:
@@ -121,7 +33,7 @@ def verbosity(args) -> int:
 def _run(args) -> int:
     from fairfl.jobconfig import check_job, customize_job, is_job_copy, parse_assignments
     from fairfl.progress import QUIET, outcome_line, read_results
-    from fairfl.report import make_report
+    from fairfl.report.document import make_report
     from fairfl.simulate import is_simulator_workspace, run_simulator, watch_options
     from fairfl.site_settings import FREE_RIDERS_ENV
     from fairfl.tracking import TB_FOLDER, mlflow_location
@@ -327,30 +239,6 @@ def _export_job(args) -> int:
     return 0
 
 
-def add_mlflow_argument(parser) -> None:
-    parser.add_argument(
-        "--mlflow",
-        nargs="?",
-        const=True,
-        default=False,
-        metavar="TRACKING_URI",
-        help="also send every site's accepted metrics to MLflow (NVFlare's MLflowReceiver on the server): to a "
-        "SQLite store mlflow.db beside results.json, or to TRACKING_URI: http(s) to a host in FAIRFL_MLFLOW_HOSTS "
-        "(default this machine only), file: or sqlite: in a folder of FAIRFL_MLFLOW_PATHS (needs pip install "
-        "'fairfl[tracking]')",
-    )
-
-
-def add_gpu_argument(parser) -> None:
-    parser.add_argument(
-        "--gpu",
-        type=gpu_list,
-        metavar="IDS",
-        help="the simulator's GPUs: 0 (all sites on GPU 0), 0,1 or [0,1],[2,3] (the sites split over the GPU "
-        "groups, one process per group at a time); the sites use their GPU when the job's device is auto or cuda",
-    )
-
-
 def _add_simulator_arguments(parser) -> None:
     parser.add_argument("-n", "--n-clients", type=at_least(1), default=6)
     parser.add_argument("-t", "--threads", type=at_least(1), default=None, help="client processes at once (default n)")
@@ -372,9 +260,10 @@ def _add_simulator_arguments(parser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fairfl import report
     from fairfl.arguments import MIN_IMAGE_SIZE
     from fairfl.data.builtin import MAX_TEST_SCALE
+    from fairfl.docs_blocks import update_readme_command
+    from fairfl.jobconfig import JOBS
 
     parser = argparse.ArgumentParser(prog="fairfl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -533,29 +422,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_leave_one_out)
 
-    p = sub.add_parser("report", help="paper-style table and figures from one or more runs")
-    report.add_arguments(p)
-    p.set_defaults(func=report.run)
+    from fairfl.report import command as report_command
 
-    from fairfl import benchmark
+    p = sub.add_parser("report", help="paper-style table and figures from one or more runs")
+    report_command.add_arguments(p)
+    p.set_defaults(func=report_command.run)
+
+    from fairfl.benchmark import command as benchmark_command
 
     p = sub.add_parser(
         "benchmark",
         help="every method of a task's papers side by side: tables, figures, claims",
-        description=benchmark.__doc__,
+        description=benchmark_command.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    benchmark.add_arguments(p)
-    p.set_defaults(func=benchmark.run)
+    benchmark_command.add_arguments(p)
+    p.set_defaults(func=benchmark_command.run)
     p = sub.add_parser(
         "update-readme", help="rewrite the generated result blocks of README.md and docs/ from the benchmark outputs"
     )
     p.add_argument("files", nargs="*", metavar="FILE", help="Markdown files (default: README.md and docs/**/*.md)")
     p.add_argument("--check", action="store_true", help="change nothing; fail if a block is out of date")
-    p.set_defaults(func=benchmark.update_readme_command)
+    p.set_defaults(func=update_readme_command)
 
     p = sub.add_parser("make-jobs", help="write the job folders from the method registry (fairfl.methods)")
-    p.add_argument("--out", default=str(benchmark.JOBS), help="jobs folder to write (default: the repository's jobs/)")
+    p.add_argument("--out", default=str(JOBS), help="jobs folder to write (default: the repository's jobs/)")
     p.add_argument("--check", action="store_true", help="change nothing; fail if a job differs from its spec")
     p.set_defaults(func=_make_jobs)
 

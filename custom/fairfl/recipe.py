@@ -27,8 +27,11 @@ from nvflare.job_config.api import FedJob
 from nvflare.recipe import SimEnv
 from nvflare.recipe.spec import Recipe, _peek_recipe_args
 
+from fairfl.cli_arguments import add_gpu_argument, add_mlflow_argument, at_least, gpu_problem
 from fairfl.files import parse_json
-from fairfl.jobconfig import CLIENT_CONFIG, JOBS, SERVER_CONFIG, config_problem, set_arguments
+from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG, config_problem, set_arguments
+from fairfl.jobconfig import JOBS as JOBS_FOLDER
+from fairfl.overwrite import refuse_to_overwrite
 from fairfl.simulate import RECIPE_SITE_ERRORS
 from fairfl.tracking import with_mlflow
 
@@ -40,10 +43,10 @@ KEPT_BY_SIMULATOR = {"local", "startup"}
 
 def job_folder(job: str) -> Path:
     """The folder of `job`: a job folder, or the name of one in the repository's jobs/ (fedavg, fedlwr, ...)."""
-    for folder in (Path(job), JOBS / job):
+    for folder in (Path(job), JOBS_FOLDER / job):
         if all((folder / name).is_file() for name in (META, SERVER_CONFIG, CLIENT_CONFIG)):
             return folder
-    known = sorted(p.name for p in JOBS.iterdir() if (p / META).is_file()) if JOBS.is_dir() else []
+    known = sorted(p.name for p in JOBS_FOLDER.iterdir() if (p / META).is_file()) if JOBS_FOLDER.is_dir() else []
     raise ValueError(
         f"no job {job!r}: give a job folder ({META}, {SERVER_CONFIG}, {CLIENT_CONFIG}) or one of "
         f"{', '.join(known) or 'the jobs of a fairfl checkout'}"
@@ -72,12 +75,12 @@ def _read_config(path) -> dict:
 def job_configuration(job: str) -> tuple[dict, dict, dict]:
     """(server config, client config, meta) of `job`: a method job by name, from the method registry (nothing read
     from disk, so an installed package suffices), or a job folder; the one place the recipe reads a job from."""
-    from fairfl.methods import JOBS
+    from fairfl.methods import JOBS as REGISTERED_JOBS
 
-    if job in JOBS and not Path(job).exists():
+    if job in REGISTERED_JOBS and not Path(job).exists():
         from fairfl.methods.make_jobs import job_configs
 
-        configs = job_configs(JOBS[job])
+        configs = job_configs(REGISTERED_JOBS[job])
         return tuple(configs[name] for name in (SERVER_CONFIG, CLIENT_CONFIG, META))
     folder = job_folder(job)
     return _read_config(folder / SERVER_CONFIG), _read_config(folder / CLIENT_CONFIG), _read_object(folder / META)
@@ -185,8 +188,6 @@ def job_name(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fairfl.cli import add_gpu_argument, add_mlflow_argument, at_least
-
     parser = argparse.ArgumentParser(
         prog="python -m fairfl.recipe",
         description="Run a fairfl job in NVFlare's simulator through the recipe API "
@@ -223,7 +224,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _workspace_problem(workspace: str, force: bool) -> str | None:
-    from fairfl.cli import refuse_to_overwrite
     from fairfl.simulate import is_simulator_workspace
 
     if os.path.isdir(workspace) and set(os.listdir(workspace)) <= KEPT_BY_SIMULATOR:
@@ -232,7 +232,6 @@ def _workspace_problem(workspace: str, force: bool) -> str | None:
 
 
 def main(argv=None) -> int:
-    from fairfl.cli import gpu_problem
     from fairfl.jobconfig import parse_assignments
     from fairfl.simulate import SimulatorRun, collect_errors
 

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from fairfl.arguments import COMPONENTS
-from fairfl.benchmark import LINK, documentation_files
+from fairfl.docs_blocks import LINK, documentation_files
 from fairfl.jobconfig import component_arguments, job_arguments
 from fairfl.methods import UNITS
 

@@ -159,7 +159,9 @@ def test_fairfl_run_prints_a_line_per_round_then_the_outcome_and_paths(tmp_path,
     rounds = [evaluated(0, 0.5, 0.25, "site-3"), evaluated(1, 0.8, 0.7, "site-1")]
     final = {"per_site": {"site-1": {"dice": 0.7}}, "mean": 0.8, "worst": 0.7, "worst_site": "site-1"}
     monkeypatch.setattr(simulate, "run_simulator", fake_simulator(rounds, final))
-    monkeypatch.setattr("fairfl.report.make_report", lambda paths, out: {"report": os.path.join(out, "report.md")})
+    monkeypatch.setattr(
+        "fairfl.report.document.make_report", lambda paths, out: {"report": os.path.join(out, "report.md")}
+    )
     job, workspace = os.path.join(REPO, "jobs", "fedavg"), str(tmp_path / "ws")
     assert cli.main(["run", job, "-n", "2", "-w", workspace]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -220,7 +222,9 @@ def test_fairfl_run_with_mlflow_runs_a_job_copy_with_nvflares_receiver_and_print
     ran = []
     fake = fake_simulator(rounds, final)
     monkeypatch.setattr(simulate, "run_simulator", lambda job, *a, **k: ran.append(job) or fake(job, *a, **k))
-    monkeypatch.setattr("fairfl.report.make_report", lambda paths, out: {"report": os.path.join(out, "report.md")})
+    monkeypatch.setattr(
+        "fairfl.report.document.make_report", lambda paths, out: {"report": os.path.join(out, "report.md")}
+    )
     job, workspace = os.path.join(REPO, "jobs", "fedavg"), str(tmp_path / "ws")
     assert cli.main(["run", job, "-n", "2", "-w", workspace, "--quiet", "--mlflow"]) == 0
     out = capsys.readouterr().out.splitlines()

@@ -7,8 +7,22 @@ import math
 import numpy as np
 import pytest
 
-from fairfl import report
 from fairfl.fairness import contribution_agreement
+from fairfl.loo import load_loo
+from fairfl.methods.fedce.report import contribution_table, plot_contributions
+from fairfl.methods.fedism.report import quality_shift_table
+from fairfl.methods.fedlwr.report import plot_layer_weights, short_names
+from fairfl.report.command import main as report_main
+from fairfl.report.document import make_report
+from fairfl.report.fairness_tables import (
+    contribution_agreement_table,
+    contribution_estimates,
+    performance_fairness_table,
+)
+from fairfl.report.figures import plot_cross_site
+from fairfl.report.global_model import personal_global_table
+from fairfl.report.runs import find_results, load_runs, with_final
+from fairfl.report.site_tables import paper_table, spread_table, write_csv
 
 SITES = ["site-1", "site-2", "site-3"]
 LAYERS = [
@@ -109,34 +123,34 @@ def table_rows(table):
 def test_find_results(tmp_path, runs_dir):
     ws = runs_dir / "fedavg_s0"
     results = ws / "server" / "simulate_job" / "results.json"
-    assert report.find_results(results) == [results]
-    assert report.find_results(ws) == [results]
-    assert report.find_results(results.parent) == [results]
-    found = report.find_results(runs_dir)
+    assert find_results(results) == [results]
+    assert find_results(ws) == [results]
+    assert find_results(results.parent) == [results]
+    found = find_results(runs_dir)
     assert len(found) == 5 and found == sorted(found)
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="empty"):
-        report.find_results(tmp_path / "empty")
+        find_results(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="missing"):
-        report.find_results(tmp_path / "missing")
+        find_results(tmp_path / "missing")
 
 
 def test_load_runs_checks_schema_and_deduplicates(tmp_path, runs_dir):
     bad = write_run(tmp_path / "old" / "results.json", "fedavg", 0, [0.5] * 3, schema=0)
     with pytest.raises(ValueError, match=f"{bad}.*schema 0"):
-        report.load_runs([bad])
+        load_runs([bad])
     broken = tmp_path / "broken" / "results.json"
     broken.parent.mkdir()
     broken.write_text("{not json")
     with pytest.raises(ValueError, match=str(broken)):
-        report.load_runs(broken)
+        load_runs(broken)
     ws = runs_dir / "solo_s0"
-    runs = report.load_runs([ws, ws / "server" / "simulate_job" / "results.json"])
+    runs = load_runs([ws, ws / "server" / "simulate_job" / "results.json"])
     assert len(runs) == 1 and runs[0]["method"] == "solo" and runs[0]["file"].endswith("results.json")
 
 
 def test_paper_table_numbers(runs_dir):
-    table = report.paper_table(report.load_runs([runs_dir]))
+    table = paper_table(load_runs([runs_dir]))
     rows, header = table_rows(table)
     assert header == ["Method", *SITES, "Avg.", "Std.", "Seeds"]
     assert list(rows) == ["Solo", "FedAvg", "Fed-LWR"]
@@ -156,14 +170,14 @@ def test_paper_table_numbers(runs_dir):
 
 
 def test_single_runs_have_no_seed_column_and_bold_the_best(runs_dir):
-    runs = [r for r in report.load_runs(runs_dir) if r["seed"] == 0]
-    rows, header = table_rows(report.paper_table(runs))
+    runs = [r for r in load_runs(runs_dir) if r["seed"] == 0]
+    rows, header = table_rows(paper_table(runs))
     assert header[-1] == "Std." and "Seeds" not in header
     assert rows["Fed-LWR"][-2:] == ["**85.00**", "**2.45**"] and rows["FedAvg"][-2:] == ["80.00", "8.16"]
 
 
 def test_csv(tmp_path, runs_dir):
-    path = report.write_csv(report.load_runs(runs_dir), tmp_path / "results.csv")
+    path = write_csv(load_runs(runs_dir), tmp_path / "results.csv")
     with open(path) as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 4 * (len(SITES) + 3)  # 4 finished runs x (sites + mean, std, worst)
@@ -174,7 +188,7 @@ def test_csv(tmp_path, runs_dir):
 
 
 def test_short_layer_names_are_unique():
-    labels = report._short_names(LAYERS)
+    labels = short_names(LAYERS)
     assert labels == [
         "0.conv.unit0.conv",
         "0.residual",
@@ -182,7 +196,7 @@ def test_short_layer_names_are_unique():
         "1.s.1.s.0.conv.unit0.conv",
         "2.1.conv.unit0.conv",
     ]
-    assert report._short_names(["a.sequence.x", "a.submodule.x"]) == ["sequence.x", "submodule.x"]  # no clash
+    assert short_names(["a.sequence.x", "a.submodule.x"]) == ["sequence.x", "submodule.x"]  # no clash
 
 
 def is_png(path, min_bytes=10_000):
@@ -192,7 +206,7 @@ def is_png(path, min_bytes=10_000):
 
 def test_make_report(tmp_path, runs_dir):
     out = tmp_path / "report"
-    result = report.make_report([runs_dir], out)
+    result = make_report([runs_dir], out)
     names = sorted(f.name for f in result["figures"])
     assert names == [
         "convergence.png",
@@ -210,15 +224,15 @@ def test_make_report(tmp_path, runs_dir):
 
 
 def test_layer_weights_skipped_without_them(tmp_path, runs_dir):
-    run = report.load_runs(runs_dir / "fedavg_s0")[0]
-    assert report.plot_layer_weights(run, tmp_path / "lw.png") is None and not (tmp_path / "lw.png").exists()
+    run = load_runs(runs_dir / "fedavg_s0")[0]
+    assert plot_layer_weights(run, tmp_path / "lw.png") is None and not (tmp_path / "lw.png").exists()
 
 
 def test_command_line(runs_dir, capsys):
-    assert report.main([str(runs_dir / "fedlwr_s0"), str(runs_dir / "fedavg_s0")]) == 0
+    assert report_main([str(runs_dir / "fedlwr_s0"), str(runs_dir / "fedavg_s0")]) == 0
     printed = capsys.readouterr().out
     assert "| Fed-LWR |" in printed and str(runs_dir / "fedlwr_s0" / "report" / "report.md") in printed
-    assert report.main([str(runs_dir / "nowhere")]) == 1
+    assert report_main([str(runs_dir / "nowhere")]) == 1
     assert "nowhere" in capsys.readouterr().err
 
 
@@ -288,7 +302,7 @@ def fedce_dir(tmp_path, runs_dir):
 
 
 def test_performance_fairness_table_by_hand(runs_dir):
-    table, stats = report.performance_fairness_table(report.load_runs(runs_dir))
+    table, stats = performance_fairness_table(load_runs(runs_dir))
     # Solo (70, 80, 60); FedAvg (80, 90, 70): r = 1, d = sqrt(3 * 10^2)
     assert stats["fedavg"]["pearson"] == pytest.approx(1.0)
     assert stats["fedavg"]["euclidean"] == pytest.approx(300**0.5)
@@ -303,20 +317,20 @@ def test_performance_fairness_table_by_hand(runs_dir):
 
 
 def test_performance_fairness_needs_solo_and_the_same_sites(tmp_path, runs_dir):
-    runs = report.load_runs(runs_dir)
-    assert report.performance_fairness_table([r for r in runs if r["method"] != "solo"]) == ("", {})
+    runs = load_runs(runs_dir)
+    assert performance_fairness_table([r for r in runs if r["method"] != "solo"]) == ("", {})
     other = write_run(tmp_path / "x" / "results.json", "fedprox", 0, [0.8, 0.9, 0.7])
     data = json.loads(other.read_text())
     data["final"]["per_site"]["site-4"] = {"dice": 0.5}
     other.write_text(json.dumps(data))
-    table, stats = report.performance_fairness_table(runs + report.load_runs(other))
+    table, stats = performance_fairness_table(runs + load_runs(other))
     assert "fedprox" not in stats and "FedProx is not compared: its sites differ from Solo's" in table
 
 
 def test_region_tables(tmp_path):
     for method, final in (("solo", [0.7, 0.8, 0.6]), ("fedavg", [0.8, 0.9, 0.7])):
         write_run(tmp_path / method / "results.json", method, 0, final, regions=True, config={"dataset": "fundus"})
-    result = report.make_report([tmp_path], tmp_path / "report")
+    result = make_report([tmp_path], tmp_path / "report")
     assert list(result["region_tables"]) == ["dice_disc", "dice_cup"]
     rows, _ = table_rows(result["region_tables"]["dice_cup"])
     assert rows["FedAvg"][:4] == ["75.00", "85.00", "65.00", "**75.00**"]
@@ -324,12 +338,12 @@ def test_region_tables(tmp_path):
     assert "# fairfl report: fundus, Dice" in text and "### Dice (disc)" in text and "### Dice (cup)" in text
     write_run(tmp_path / "p" / "results.json", "fedavg", 1, [0.8] * 3, config={"dataset": "prostate"})
     with pytest.raises(ValueError, match="different datasets"):
-        report.make_report([tmp_path], tmp_path / "report")
+        make_report([tmp_path], tmp_path / "report")
 
 
 def test_contribution_table_marks_free_riders(fedce_dir):
-    runs = report.load_runs(fedce_dir)
-    table, stats = report.contribution_table(runs)
+    runs = load_runs(fedce_dir)
+    table, stats = contribution_table(runs)
     key = "fedce_sum (free riders: site-3)"
     assert list(stats) == [key]
     assert stats[key]["contributions"]["site-1"] == pytest.approx((0.55, math.sqrt(0.005)))
@@ -345,14 +359,14 @@ def test_runs_with_other_free_riders_or_left_out_sites_are_separate_rows(tmp_pat
     write_run(
         runs_dir / "without2" / "results.json", "fedavg", 0, [0.8, 0.88, 0.7], config={"exclude_sites": ["site-2"]}
     )
-    rows, _ = table_rows(report.paper_table(report.load_runs(runs_dir)))
+    rows, _ = table_rows(paper_table(load_runs(runs_dir)))
     assert list(rows) == ["Solo", "FedAvg", "FedAvg (without site-2)", "FedCE (Sum.)", "Fed-LWR"]
 
 
 def test_contribution_estimates(tmp_path):
     run = json.loads(write_run(tmp_path / "r.json", "fedavg", 0, [0.8] * 3, round_fields=fedavg_weights).read_text())
     # the mean over rounds counts the round where site-3 was rejected as weight 0
-    assert report.contribution_estimates(run) == {
+    assert contribution_estimates(run) == {
         "aggregation weights": pytest.approx(
             {"site-1": (3 * 0.5 + 0.625) / 4, "site-2": (3 * 0.3 + 0.375) / 4, "site-3": 3 * 0.2 / 4}
         )
@@ -360,8 +374,8 @@ def test_contribution_estimates(tmp_path):
 
 
 def test_contribution_agreement_table(tmp_path, fedce_dir):
-    loo = report.load_loo(tmp_path / "loo.json")
-    table, stats = report.contribution_agreement_table(report.load_runs(fedce_dir), loo)
+    loo = load_loo(tmp_path / "loo.json")
+    table, stats = contribution_agreement_table(load_runs(fedce_dir), loo)
     fedce = stats["fedce_sum (free riders: site-3)"]["final contributions"]
     expected = contribution_agreement({"site-1": 0.55, "site-2": 0.35, "site-3": 0.10}, LOO["marginal"])
     assert fedce == pytest.approx({**expected, "seeds": 2})
@@ -378,7 +392,7 @@ def test_contribution_agreement_table(tmp_path, fedce_dir):
 
 def test_make_report_with_contributions_and_loo(tmp_path, fedce_dir, capsys):
     out = tmp_path / "report"
-    assert report.main([str(fedce_dir), "--out", str(out), "--loo", str(tmp_path / "loo.json")]) == 0
+    assert report_main([str(fedce_dir), "--out", str(out), "--loo", str(tmp_path / "loo.json")]) == 0
     printed = capsys.readouterr().out
     assert "Performance fairness against Solo:" in printed
     assert "Contribution estimates against leave-one-out:" in printed
@@ -393,13 +407,13 @@ def test_make_report_with_contributions_and_loo(tmp_path, fedce_dir, capsys):
         assert section in text
     figure = out / "contributions_fedce_sum_free_riders_site_3.png"
     assert is_png(figure) and f"]({figure.name})" in text
-    assert report.main([str(fedce_dir), "--out", str(out), "--force", "--loo", str(tmp_path / "nowhere.json")]) == 1
+    assert report_main([str(fedce_dir), "--out", str(out), "--force", "--loo", str(tmp_path / "nowhere.json")]) == 1
     assert "nowhere.json" in capsys.readouterr().err
 
 
 def test_plot_contributions_skips_runs_without_them(tmp_path, runs_dir):
-    runs = report.load_runs(runs_dir / "fedavg_s0")
-    assert report.plot_contributions(runs, tmp_path / "c.png", "x") is None and not (tmp_path / "c.png").exists()
+    runs = load_runs(runs_dir / "fedavg_s0")
+    assert plot_contributions(runs, tmp_path / "c.png", "x") is None and not (tmp_path / "c.png").exists()
 
 
 def classification_sites(clean, corrupted, corrupted_sites=("site-3",)):
@@ -438,7 +452,7 @@ def test_quality_shift_table_by_hand(tmp_path):
         }
         (tmp_path / f"{method}{seed}").mkdir()
         (tmp_path / f"{method}{seed}" / "results.json").write_text(json.dumps(data))
-    result = report.make_report([tmp_path], tmp_path / "report")
+    result = make_report([tmp_path], tmp_path / "report")
     stats = result["quality_shift"]
     assert stats["fedavg"]["Clean AUC"][0] == pytest.approx(91.0)
     assert stats["fedavg"]["Clean AUC"][1] == pytest.approx(math.sqrt(2))  # sample sd over the two seeds
@@ -452,7 +466,7 @@ def test_quality_shift_table_by_hand(tmp_path):
         header[-1] == "Std. AUC" and rows["FedISM+ (S)"][3] == "**70.00**" and rows["FedISM+ (S)"][-1].startswith("**")
     )
     assert "## Clean and corrupted test sets" in result["report"].read_text()
-    assert report.quality_shift_table(
+    assert quality_shift_table(
         [{**r, "final": {"per_site": per_site(v)}} for r, v in ((dict(method="fedavg", seed=0, config={}), [0.5] * 3),)]
     ) == ("", {})
 
@@ -466,11 +480,11 @@ def test_contribution_tables_include_cffl_and_cgsv_reputations(tmp_path):
             [0.8, 0.9, 0.7],
             final_fields={"contributions": dict(zip(SITES, final))},
         )
-    runs = report.load_runs(tmp_path)
-    table, stats = report.contribution_table(runs)
+    runs = load_runs(tmp_path)
+    table, stats = contribution_table(runs)
     assert set(stats) == {"cffl", "cgsv"} and stats["cgsv"]["contributions"]["site-3"] == pytest.approx((0.6, None))
     assert "| CFFL | contribution | 0.500" in table and "| CGSV | contribution |" in table
-    _, values = report.contribution_agreement_table(runs, LOO)  # compared with leave-one-out like FedCE's
+    _, values = contribution_agreement_table(runs, LOO)  # compared with leave-one-out like FedCE's
     assert {"final contributions"} == set(values["cffl"]) == set(values["cgsv"])
 
 
@@ -478,7 +492,6 @@ def test_the_mean_of_the_last_rounds_is_each_sites_own_mean_and_the_report_can_u
     """ResultsLog.mean_of_last averages each site over the evaluated rounds it was scored in (a site absent from one
     round is not dragged down by it), and `--final mean_of_last` reports that instead of the
     last round; runs without it are refused, never silently reported as the last round."""
-    from fairfl.report import with_final
     from fairfl.results import ResultsLog
 
     log = ResultsLog(
@@ -530,7 +543,7 @@ def test_equal_worst_scores_name_the_same_worst_site_whatever_order_the_answers_
 
 
 def test_spread_table_by_hand(tmp_path, runs_dir):
-    table, stats = report.spread_table(report.load_runs(runs_dir))
+    table, stats = spread_table(load_runs(runs_dir))
     rows, header = table_rows(table)
     assert header == ["Method", "Worst", "P10", "Median", "P90", "Best", "Spread", "Gini", "seeds"]
     # Solo (60, 70, 80) sorted: p10 at position 0.2 = 62, p90 at 1.8 = 78; ordered-pair |differences| sum 80:
@@ -552,10 +565,10 @@ def test_spread_table_by_hand(tmp_path, runs_dir):
     assert stats["fedlwr"]["gini"][0] == pytest.approx(np.mean(ginis)) and stats["fedlwr"]["seeds"] == 2
     # a metric with a negative site value has no Gini: "–", the other columns as usual
     write_run(tmp_path / "neg" / "results.json", "fedprox", 0, [-0.1, 0.5, 0.6])
-    table, stats = report.spread_table(report.load_runs([runs_dir, tmp_path / "neg"]))
+    table, stats = spread_table(load_runs([runs_dir, tmp_path / "neg"]))
     assert stats["fedprox"]["gini"] is None and table_rows(table)[0]["FedProx"][-2:] == ["–", "1"]
     assert table_rows(table)[0]["FedProx"][0] == "-10.00"
-    assert report.spread_table([{**report.load_runs(runs_dir / "solo_s0")[0], "final": None}]) == ("", {})
+    assert spread_table([{**load_runs(runs_dir / "solo_s0")[0], "final": None}]) == ("", {})
 
 
 @pytest.mark.parametrize("broken", [float("nan"), None, "0.8", True])  # None: a NaN as results.json writes it
@@ -564,7 +577,7 @@ def test_a_broken_score_in_the_spread_table_names_the_file_and_the_site(tmp_path
     data = json.loads(bad.read_text())
     data["final"]["per_site"]["site-2"]["dice"] = broken
     bad.write_text(json.dumps(data))
-    assert report.main([str(runs_dir), str(bad), "--out", str(tmp_path / "out")]) == 1
+    assert report_main([str(runs_dir), str(bad), "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert str(bad) in err and "site-2" in err
 
@@ -644,7 +657,7 @@ def test_report_shows_personal_against_global_and_the_held_out_sites_apart(tmp_p
     held = {"site-1": (0.8, 0.7), "site-2": (0.6, 0.4), "site-3": (0.3, None)}
     personalised_run(runs / "h" / "results.json", 0, held, held_out=["site-3"])
     write_run(runs / "fedavg" / "results.json", "fedavg", 0, [0.7, 0.7, 0.7])  # no global scores: not in it
-    out = report.make_report(runs, tmp_path / "out")
+    out = make_report(runs, tmp_path / "out")
     rows = [line.split(" | ") for line in out["tables"]["personal_global"].splitlines()[2:]]
     assert [r[:2] for r in rows] == [
         ["| Ditto", "personal model"],
@@ -666,12 +679,12 @@ def test_report_shows_personal_against_global_and_the_held_out_sites_apart(tmp_p
     data = json.loads(bad.read_text())
     data["final"]["per_site"]["site-2"]["global_dice"] = None  # a NaN as the file writes it
     bad.write_text(json.dumps(data))
-    assert report.main([str(runs), str(bad), "--out", str(tmp_path / "out2")]) == 1
+    assert report_main([str(runs), str(bad), "--out", str(tmp_path / "out2")]) == 1
     err = capsys.readouterr().err
     assert str(bad) in err and "site-2" in err
     del data["final"]["per_site"]["site-2"]["global_dice"]
     bad.write_text(json.dumps(data))
-    table, stats = report.personal_global_table(report.load_runs(bad))
+    table, stats = personal_global_table(load_runs(bad))
     assert f"Note: {bad} has no global-model score for site-2" in table
     assert stats["ditto"]["personal"]["mean"] == (80.0, None) and stats["ditto"]["global"]["site-2"] is None
 
@@ -689,12 +702,12 @@ def test_cross_site_matrix_in_results_and_as_a_heatmap_even_from_a_hostile_file(
     assert record["sites"] == ["site-1", "site-2", "site-10"] and list(record["matrix"]["site-2"]) == record["sites"]
     assert record["own"] == {"site-1": 0.8, "site-2": 0.6} and record["absent"] == ["site-10"]
     assert record["on_others"] == {"site-1": 0.4, "site-2": pytest.approx(0.35)} and "rejected" not in record
-    out = report.make_report(path, tmp_path / "out")
+    out = make_report(path, tmp_path / "out")
     assert tmp_path / "out" / "cross_site_ditto_seed0.png" in out["figures"]
     # a hostile file: cells that are not numbers are blank, a matrix that is not one is no figure; never a crash
-    run = report.load_runs(path)[0]
+    run = load_runs(path)[0]
     run["cross_site"]["matrix"]["site-1"]["site-2"] = "0.4"
     run["cross_site"]["matrix"]["site-2"]["site-1"] = None
-    assert report.plot_cross_site(run, tmp_path / "hostile.png") == tmp_path / "hostile.png"
+    assert plot_cross_site(run, tmp_path / "hostile.png") == tmp_path / "hostile.png"
     for broken in ({"matrix": [1, 2]}, {"matrix": {"site-1": 0.5}}, "matrix", {"matrix": {}}):
-        assert report.plot_cross_site({**run, "cross_site": broken}, tmp_path / "none.png") is None
+        assert plot_cross_site({**run, "cross_site": broken}, tmp_path / "none.png") is None

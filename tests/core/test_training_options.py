@@ -17,7 +17,7 @@ from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
 from fairfl.flare.executor import FairflExecutor
 from fairfl.models import initial_state
-from fairfl.report import _group
+from fairfl.report.runs import group_of
 from fairfl.training import (
     TrainSettings,
     check_optimizer_settings,
@@ -72,8 +72,8 @@ def test_the_controller_sends_and_records_the_optimiser():
     controller = FairRoundController(local_optimizer="sgd", momentum=0.9, keep_optimizer_state=True, **TINY)
     config = controller.config()
     assert (config["local_optimizer"], config["momentum"], config["keep_optimizer_state"]) == ("sgd", 0.9, True)
-    assert _group({"method": "fedavg", "config": config}) == "fedavg (SGD; optimiser state kept)"
-    assert _group({"method": "fedavg", "config": FairRoundController(**TINY).config()}) == "fedavg"
+    assert group_of({"method": "fedavg", "config": config}) == "fedavg (SGD; optimiser state kept)"
+    assert group_of({"method": "fedavg", "config": FairRoundController(**TINY).config()}) == "fedavg"
 
 
 def adam_after_one_step(model):

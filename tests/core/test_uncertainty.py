@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fairfl.classification import classification_metrics
-from fairfl.report import region_metrics
+from fairfl.report.runs import region_metrics
 from fairfl.training import evaluate_dice
 from fairfl.uncertainty import balanced_accuracy_se, clustered_mean_se, hanley_mcneil_se, macro_auc_se
 

@@ -12,7 +12,7 @@ from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
 from fairfl.flare.components import ALLOW_LIST
 from fairfl.jobconfig import CLIENT_CONFIG
 from fairfl.progress import outcome_line
-from fairfl.report import free_riders
+from fairfl.report.runs import free_riders
 from fairfl.simulate import NVFLARE_SIMULATOR, SIMULATOR_OUTPUT, SIMULATOR_RESULTS, run_simulator
 from fairfl.tracking import MLFLOW_EXPERIMENT, mlflow_location
 

@@ -119,7 +119,7 @@ def test_every_claim_compares_two_variants_its_family_runs_by_default():
         methods = family_methods(family)
         assert methods and len(methods) == len(set(methods))
         for claim in family_claims(family):
-            assert claim.method in methods and claim.baseline in methods, claim.text()
+            assert claim.method in methods and claim.baseline in methods, claim.text(display_name)
             assert claim.statistic in ("avg", "std")
     assert sum(len(family_claims(f)) for f in FAMILIES) == sum(len(u.claims) for u in UNITS)  # none unfiled
 

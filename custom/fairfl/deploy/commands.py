@@ -73,7 +73,7 @@ def _submit(args) -> int:
 
 def _download(args) -> int:
     from fairfl.deploy import admin
-    from fairfl.report import make_report
+    from fairfl.report.document import make_report
 
     try:
         folder = admin.download(args.admin, args.job_id, args.out, args.user)
@@ -138,7 +138,7 @@ def _dashboard(args) -> int:
 
 def add_commands(sub) -> None:
     """Register the deployment subcommands on the `fairfl` parser's subparsers."""
-    from fairfl.cli import at_least
+    from fairfl.cli_arguments import at_least
 
     port = at_least(1, at_most=65535)
     p = sub.add_parser(

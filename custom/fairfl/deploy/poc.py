@@ -88,7 +88,7 @@ def prepare(n_sites: int = 2, port: int = 8002, force: bool = False) -> str:
     """Provision a fresh POC workspace and complete its kits; the workspace. `nvflare poc prepare` deletes the
     folder first: a non-empty one is refused unless `force`, and even then unless it is an earlier POC
     workspace."""
-    from fairfl.cli import refuse_to_overwrite
+    from fairfl.overwrite import refuse_to_overwrite
 
     ws = workspace()
     problem = refuse_to_overwrite(ws, force, "POC workspace", is_poc_workspace)
@@ -192,7 +192,7 @@ def last_job_id() -> str:
 
 def download(job_id: str | None = None, out: str | None = None) -> tuple:
     """Download a job (default: the last submitted) and write its report; (downloaded folder, report dict)."""
-    from fairfl.report import make_report
+    from fairfl.report.document import make_report
 
     job_id = job_id or last_job_id()
     out = os.path.abspath(out or os.path.join(workspace().rstrip("/") + "-results"))

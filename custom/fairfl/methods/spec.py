@@ -77,13 +77,10 @@ class Claim:
     def lower_is_better(self) -> bool:
         return self.statistic == "std"
 
-    def text(self) -> str:
-        from fairfl.report import (  # the report's names and metric labels (it imports the registry)
-            _label,
-            _name,
-        )
+    def text(self, method_name) -> str:
+        from fairfl.labels import metric_label_markdown  # method_name: the registry's (the registry imports this)
 
-        what = f"{'Std.' if self.lower_is_better else 'Avg.'} {_label(self.metric)}"
+        what = f"{'Std.' if self.lower_is_better else 'Avg.'} {metric_label_markdown(self.metric)}"
         points = f"{abs(self.margin):g} point{'' if abs(self.margin) == 1 else 's'}"
         if self.lower_is_better:
             goal = "below" if self.margin == 0 else f"at least {points} below"
@@ -91,7 +88,7 @@ class Claim:
             goal = "at least" if self.margin == 0 else f"at least {points} above"
         else:
             goal = f"at most {points} below"
-        return f"{_name(self.method)}: {what} {goal} {_name(self.baseline)}'s"
+        return f"{method_name(self.method)}: {what} {goal} {method_name(self.baseline)}'s"
 
     def judge(self, interval: Interval) -> str:
         """holds, fails or inconclusive, from the interval of the paired differences method - baseline."""

@@ -1,0 +1,135 @@
+"""`fairfl benchmark TASK`: every method the papers compare, side by side on one task's data, through the real
+NVFlare simulator; several seeds; resumable; the papers' tables, figures and a check of their claims.
+
+TASK is a built-in dataset (prostate, fundus: segmentation, the Fed-LWR and FedCE tables; skin, ich and their
+_blur forms: classification under a quality shift, the FedISM+ tables; skin_imbalanced, ich_imbalanced: class
+imbalance, the FedNPR table). With --data-root the sites read that folder instead (name the built-in dataset of
+the same task). Runs go to <out>/runs/<dataset>-<method>-seed<seed>; a finished run with the same settings is
+kept, so an interrupted benchmark continues where it stopped. Outputs in <out>: SUMMARY.md (every table, the
+claims, the command and versions), summary.json, and per metric a folder with report.md, results.csv and the
+convergence figures (`fairfl report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+from fairfl.benchmark.claims import claims_markdown
+from fairfl.benchmark.rejudge import rejudge
+from fairfl.benchmark.runner import FAMILIES, family, run_benchmark
+from fairfl.cli_arguments import at_least
+from fairfl.data.builtin import BUILTIN_DATASETS, builtin_dataset
+from fairfl.jobconfig import JOBS, parse_assignments
+from fairfl.methods import VARIANTS, family_methods
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "dataset",
+        metavar="TASK",
+        choices=sorted(BUILTIN_DATASETS),
+        help=f"built-in dataset of the task: {', '.join(sorted(BUILTIN_DATASETS))}",
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=list(VARIANTS),
+        metavar="METHOD",
+        help="default: the methods the task's papers compare (segmentation: "
+        f"{' '.join(family_methods('segmentation'))}; quality shift: "
+        f"{' '.join(family_methods('quality_shift'))}; imbalanced: "
+        f"{' '.join(family_methods('imbalanced'))})",
+    )
+    parser.add_argument("--seeds", type=at_least(0), nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rounds", type=at_least(1), default=20)
+    parser.add_argument("--eval-every", type=at_least(0), default=5)
+    parser.add_argument(
+        "--sites",
+        type=at_least(2),
+        help="number of sites (default: the papers' for the task: 6, ich_imbalanced 10, quality shift 20)",
+    )
+    parser.add_argument("--data-root", default="", help="sites read this folder (datalists <site>.json) instead")
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="job arguments for every run (JSON values), e.g. image_size=32 model_channels=[8,16]",
+    )
+    parser.add_argument(
+        "--loo",
+        action="store_true",
+        help="also run FedAvg leaving each site out (sites + 1 runs) for the contribution table",
+    )
+    parser.add_argument("--out", help="output folder (default: benchmarks/results/compare/<TASK>)")
+    parser.add_argument(
+        "--rejudge",
+        action="store_true",
+        help="run nothing: judge the claims again from the outputs already in the output folder "
+        "(summary.json, <metric>/results.csv) and rewrite their claims",
+    )
+
+
+def canonical_command(dataset, methods, seeds, rounds, eval_every, sites, data_root, assignments, loo, out) -> str:
+    """The command that reruns this benchmark, every setting spelled out."""
+    parts = [
+        "fairfl",
+        "benchmark",
+        dataset,
+        "--methods",
+        *methods,
+        "--seeds",
+        *map(str, seeds),
+        "--rounds",
+        str(rounds),
+        "--eval-every",
+        str(eval_every),
+        "--sites",
+        str(sites),
+    ]
+    parts += ["--data-root", data_root] if data_root else []
+    parts += ["--set", *assignments] if assignments else []
+    parts += ["--loo"] if loo else []
+    parts += ["--out", str(out)] if out else []
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def run(args) -> int:
+    extra = parse_assignments(args.set)
+    if args.data_root:
+        extra["data_root"] = os.path.abspath(args.data_root)
+    kind = family(args.dataset)
+    sites = args.sites or FAMILIES[kind].get("sites", max(6, builtin_dataset(args.dataset).min_sites))
+    methods = args.methods or family_methods(kind)
+    out = args.out or JOBS.parent / "benchmarks" / "results" / "compare" / args.dataset
+    if args.rejudge:
+        try:
+            claims = rejudge(out)["claims"]
+        except (ValueError, KeyError) as e:
+            print(f"fairfl benchmark --rejudge: {e}", file=sys.stderr)
+            return 1
+        print("\n".join(claims_markdown(claims)))
+        return 0
+    command = canonical_command(
+        args.dataset,
+        methods,
+        args.seeds,
+        args.rounds,
+        args.eval_every,
+        sites,
+        args.data_root,
+        args.set,
+        args.loo,
+        args.out,
+    )
+    try:
+        run_benchmark(
+            args.dataset, methods, args.seeds, args.rounds, args.eval_every, sites, out, extra, args.loo, command
+        )
+    except (RuntimeError, ValueError, OSError) as e:
+        print(f"fairfl benchmark: {e}", file=sys.stderr)
+        return 1
+    return 0
