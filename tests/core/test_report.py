@@ -13,7 +13,7 @@ from fairfl.methods.fedce.report import contribution_table, plot_contributions
 from fairfl.methods.fedism.report import quality_shift_table
 from fairfl.methods.fedlwr.report import plot_layer_weights, short_names
 from fairfl.report.command import main as report_main
-from fairfl.report.document import make_report
+from fairfl.report.document import SECTIONS, make_report, report_sections
 from fairfl.report.fairness_tables import (
     contribution_agreement_table,
     contribution_estimates,
@@ -21,6 +21,7 @@ from fairfl.report.fairness_tables import (
 )
 from fairfl.report.figures import plot_cross_site
 from fairfl.report.global_model import personal_global_table
+from fairfl.report.parts import GroupFigure, RunFigure, Section, method_parts, ordered
 from fairfl.report.runs import find_results, load_runs, with_final
 from fairfl.report.site_tables import paper_table, spread_table, write_csv
 
@@ -711,3 +712,24 @@ def test_cross_site_matrix_in_results_and_as_a_heatmap_even_from_a_hostile_file(
     assert plot_cross_site(run, tmp_path / "hostile.png") == tmp_path / "hostile.png"
     for broken in ({"matrix": [1, 2]}, {"matrix": {"site-1": 0.5}}, "matrix", {"matrix": {}}):
         assert plot_cross_site({**run, "cross_site": broken}, tmp_path / "none.png") is None
+
+
+def test_the_method_units_add_their_sections_and_figures_where_they_say():
+    """The report names no method: FedISM+'s and FedCE's sections and FedCE's and Fed-LWR's figures come from their
+    units' `report` modules, each section after the one it names."""
+    assert [s.key for s in report_sections()] == [
+        "spread",
+        "quality_shift",
+        "personal_global",
+        "held_out",
+        "performance_fairness",
+        "contributions",
+        "contribution_agreement",
+    ]
+    figures = {(type(part), part.kind) for part in method_parts() if not isinstance(part, Section)}
+    assert figures == {(GroupFigure, "contributions"), (RunFigure, "layer_weights")}
+    empty = lambda inputs: ("", {})  # noqa: E731
+    added = [Section(key, key, str, empty, after="spread") for key in ("first", "second")]
+    assert [s.key for s in ordered(SECTIONS, added)][:3] == ["spread", "first", "second"]
+    with pytest.raises(ValueError, match="'nowhere'"):
+        ordered(SECTIONS, [Section("lost", "Lost", str, empty, after="nowhere")])

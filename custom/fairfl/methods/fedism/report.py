@@ -64,7 +64,7 @@ PARTS = (
         lambda inputs: QUALITY_SHIFT_TEXT,
         lambda inputs: quality_shift_table(inputs.runs),
         after="spread",
-        printed=False,
+        printed=False,  # in report.md and SUMMARY.md, not among the tables `fairfl report` prints
         summarized=True,
     ),
 )
