@@ -32,7 +32,7 @@ class Checkpointing:
 
     def _checkpoint_path(self) -> str:
         root = self.engine.get_workspace().get_root_dir()
-        return os.path.join(protocol.run_state_dir(root, "server", self.run_name), CHECKPOINT_FILE)
+        return os.path.join(protocol.run_state_dir(root, "server", self.settings.run_name), CHECKPOINT_FILE)
 
     def _save_checkpoint(self, path, round_num, global_state) -> None:
         """Everything the next round needs, in one file replaced atomically: a crash keeps the previous one."""
@@ -58,13 +58,13 @@ class Checkpointing:
         and how it waits for sites (RESUME_MAY_CHANGE) may change: a site that stays down may need a lower
         min_clients to go on."""
         if not os.path.exists(path):
-            self.info(f"run {self.run_name!r}: no checkpoint at {path}; starting at round 0")
+            self.info(f"run {self.settings.run_name!r}: no checkpoint at {path}; starting at round 0")
             return None
         try:  # tensors, numbers, strings, lists and dicts only: a pickled object is never run
             checkpoint = load_tensors(path)
         except ValueError as e:
             raise ValueError(
-                f"run {self.run_name!r}: the checkpoint cannot be loaded safely: {e}; delete it or "
+                f"run {self.settings.run_name!r}: the checkpoint cannot be loaded safely: {e}; delete it or "
                 f"choose another run_name"
             ) from e
         saved, current = checkpoint["config"], json_safe(self.config())
@@ -78,7 +78,7 @@ class Checkpointing:
         )
         if differing or checkpoint["results"]["method"] != self.method:
             raise ValueError(
-                f"run {self.run_name!r}: the checkpoint {path} was made with other settings "
+                f"run {self.settings.run_name!r}: the checkpoint {path} was made with other settings "
                 f"({', '.join(differing) or 'method'}); choose another run_name or delete it"
             )
         if checkpoint["method_state"] is not None:
@@ -94,5 +94,5 @@ class Checkpointing:
             **{k: v for k, v in checkpoint["results"].items() if k == "cross_site"},
         )
         self.results.write()
-        self.info(f"run {self.run_name!r}: resuming after round {checkpoint['round']} from {path}")
+        self.info(f"run {self.settings.run_name!r}: resuming after round {checkpoint['round']} from {path}")
         return {"round": checkpoint["round"], "global_state": state_to_numpy(checkpoint["global_state"])}

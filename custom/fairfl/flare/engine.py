@@ -1,10 +1,12 @@
 """Server side of every fairfl job: one round loop, with the aggregation step as the method's hook.
 
-A round: send `train` (global model, or nothing for Solo) -> screen every answer (`fairfl.site_checks`: the
-weights, the training-set size, the update's size against the round's others, the metrics; a site that fails is
-rejected for the round, naming the site and the field) -> the method aggregates (its reports checked by the same
-functions; no site above `max_share`) -> every `eval_every` rounds and at the end, send `validate` and record
-per-site metrics -> results.json, NVFlare's analytics events (TensorBoard, MLflow: fairfl.tracking), checkpoint.
+A round: send `train` (the global model, or nothing where the sites train their own) -> screen every answer
+(`fairfl.site_checks`: the weights, the training-set size, the update's size against the round's others, the metrics;
+a site that fails is rejected for the round, naming the site and the field) -> the method aggregates (its reports
+checked by the same functions; no site above `max_share`) -> every `eval_every` rounds and at the end, send
+`validate` and record per-site metrics -> results.json, NVFlare's analytics events (TensorBoard, MLflow:
+fairfl.tracking), checkpoint. After the last round, `cross_site_eval` scores every site's own model on every site
+(fairfl.flare.cross_site). The round's arguments are one RoundSettings (fairfl.flare.round_settings).
 Nothing a site sends ends the job: a site whose task fails is recorded under `failed`, and a job that must stop
 leaves results.json with `stopped` and why.
 
@@ -13,16 +15,11 @@ classification: `auc`, the clean test set's macro one-vs-rest AUC) and the defau
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from typing import NamedTuple
 
-from nvflare.apis.analytix import ANALYTIC_EVENT_TYPE, AnalyticsDataType
-from nvflare.apis.fl_constant import FedEventHeader, ReservedKey, ReturnCode
-from nvflare.apis.utils.analytix_utils import create_analytic_dxo
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
-from nvflare.app_common.widgets.convert_to_fed_event import FED_EVENT_PREFIX
 
 from fairfl.aggregation import (
     cap_shares,
@@ -34,8 +31,11 @@ from fairfl.arguments import check_all
 from fairfl.data.builtin import builtin_dataset
 from fairfl.files import save_atomic
 from fairfl.flare import protocol
+from fairfl.flare.analytics import fire_site_metrics
 from fairfl.flare.checkpoint import Checkpointing
+from fairfl.flare.cross_site import CrossSiteEvaluation
 from fairfl.flare.fanout import TaskFanOut
+from fairfl.flare.round_settings import ROUND_ARGUMENTS, RoundSettings
 from fairfl.jobconfig import component_arguments
 from fairfl.models import (
     SERVER_MAX_MODEL_PARAMETERS_ENV,
@@ -45,7 +45,6 @@ from fairfl.models import (
     state_to_numpy,
     state_to_torch,
 )
-from fairfl.presets import apply_preset, fill_task_defaults
 from fairfl.quorum import quorum
 from fairfl.results import GLOBAL_PREFIX, RESULTS_FILE, ResultsLog, site_key
 from fairfl.site_checks import (
@@ -60,8 +59,6 @@ from fairfl.site_checks import (
 
 GLOBAL_MODEL_FILE = "global_model.pt"
 MAIN_METRIC = {"segmentation": "dice", "classification": "auc"}  # the results file's `metric`, per task
-DEFAULT_MODEL = {"segmentation": "unet", "classification": "cnn"}
-FED_ANALYTIC_EVENT = FED_EVENT_PREFIX + ANALYTIC_EVENT_TYPE  # what NVFlare's receivers take from the sites
 
 
 class SiteUpdate(NamedTuple):
@@ -69,10 +66,10 @@ class SiteUpdate(NamedTuple):
 
     state: dict  # its trained model, {name: torch.Tensor}
     num_samples: int  # its training-set size
-    meta: dict  # everything else it reported (FedCE: the leave-one-out error)
+    meta: dict  # everything else it reported (the method's own fields: `answer_fields`)
 
 
-class FairRoundController(Checkpointing, TaskFanOut):
+class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
     """FedAvg-shaped round loop; subclasses change where training starts and how results are aggregated."""
 
     method = "fedavg"
@@ -83,23 +80,15 @@ class FairRoundController(Checkpointing, TaskFanOut):
     def __init__(self, **arguments):
         """The round's arguments and each method's own, every one declared with its kind, default and meaning in
         fairfl.arguments (ROUND; the method's) and checked there before anything is built, the error naming the
-        controller and the argument. Each becomes an attribute of its own name (config() records them); the network
-        they describe is counted on torch's meta device and refused above FAIRFL_SERVER_MAX_MODEL_PARAMETERS."""
+        controller and the argument. The round's become `settings` (RoundSettings, read as self.settings.<name>);
+        each of the method's own becomes an attribute of its own name. config() records both. The network they
+        describe is counted on torch's meta device and refused above FAIRFL_SERVER_MAX_MODEL_PARAMETERS."""
         checked = check_all(type(self), arguments)
         super().__init__(persistor_id="", task_check_period=checked["task_check_period"])
-        vars(self).update(checked)
-        self.momentum, self.test_scale = float(self.momentum), float(self.test_scale)
-        # NVFlare waits whole seconds: round up, so a fraction of a second never becomes no wait at all
-        self.straggler_timeout = math.ceil(self.straggler_timeout)
-        data = builtin_dataset(self.dataset)
-        self.task = data.task
+        self.settings = RoundSettings.resolve(checked, self.default_max_share)
+        vars(self).update({k: v for k, v in checked.items() if k not in ROUND_ARGUMENTS})
+        self.task = self.settings.task
         self.metric = MAIN_METRIC[self.task]
-        if self.model_norm == "group" and (self.model or DEFAULT_MODEL[self.task]) == "unet":
-            raise ValueError("model_norm 'group' is for the classification networks; the U-Net takes batch or instance")
-        self.num_classes = int(self.num_classes or data.num_classes)
-        self.in_channels = int(self.in_channels or data.in_channels)
-        self.model_strides = list(self.model_strides)
-        fill_task_defaults(self, self.task)
         problem = check_model_spec(
             self.model_spec(), server_parameter_limit(), f"{SERVER_MAX_MODEL_PARAMETERS_ENV}, the server's"
         )
@@ -108,14 +97,11 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 f"{type(self).__name__}: the network of model, model_channels, model_strides, model_norm, num_classes "
                 f"and in_channels, {self.model_spec()}, {problem}"
             )
-        self.exclude_sites = sorted(self.exclude_sites)
-        if self.exclude_sites and self.start_from == protocol.FROM_LOCAL:
+        if self.settings.exclude_sites and self.start_from == protocol.FROM_LOCAL:
             raise ValueError(
-                f"exclude_sites {self.exclude_sites}: {self.method} has no global model to score held-out sites with"
+                f"exclude_sites {self.settings.exclude_sites}: {self.method} has no global model to score held-out "
+                f"sites with"
             )
-        max_share = self.default_max_share if self.max_share is None else self.max_share
-        self.max_update_ratio, self.max_share = float(self.max_update_ratio), float(max_share)
-        self.trim_fraction = float(self.trim_fraction)
         self.declared_samples = {}  # {site: num_samples of its first accepted answer}: it may not grow later
         self.failed = {}  # {site: return code} of the current round's tasks that failed at the site
 
@@ -146,47 +132,47 @@ class FairRoundController(Checkpointing, TaskFanOut):
             method=self.method,
             task=self.task,
             metric=self.metric,
-            seed=self.seed,
+            seed=self.settings.seed,
             sites=sites,
             config=self.config(),
-            held_out=self.exclude_sites,
+            held_out=self.settings.exclude_sites,
         )
 
     def _run_rounds(self):
         self.results = None
-        apply_preset(self, self.preset, self.task)
+        settings = self.settings = self.settings.with_preset()  # the active preset applies as the run starts
         sites = sorted(self.sample_clients(), key=site_key)
-        unknown = sorted(set(self.exclude_sites) - set(sites))
+        unknown = sorted(set(settings.exclude_sites) - set(sites))
         if unknown:
             raise ValueError(f"exclude_sites names sites that are not in this run: {unknown}")
-        if self.cross_site_eval and not (self.start_from == protocol.FROM_LOCAL or self.scores_global):
+        if settings.cross_site_eval and not (self.start_from == protocol.FROM_LOCAL or self.scores_global):
             raise ValueError(
                 f"cross_site_eval: {self.method} scores every site with the one global model; there are no sites' own "
                 f"models to cross-evaluate"
             )
-        self.sites, self.trainers = sites, [s for s in sites if s not in self.exclude_sites]
-        if self.robust_aggregation == "trimmed_mean" and len(self.trainers) < 3:
+        self.sites, self.trainers = sites, [s for s in sites if s not in settings.exclude_sites]
+        if settings.robust_aggregation == "trimmed_mean" and len(self.trainers) < 3:
             raise ValueError(
                 f"robust_aggregation trimmed_mean needs at least 3 training sites to trim anything, this run has "
                 f"{len(self.trainers)}: use 'median' or 'none'"
             )
-        self.min_responses = quorum(self.min_clients, len(self.trainers))
+        self.min_responses = quorum(settings.min_clients, len(self.trainers))
         self.absent = []
         self.task_meta = self.common_task_meta(sites)
         run_dir = self.get_run_dir()
         self.results = self._results_log(sites)
-        global_state = initial_state(self.model_spec(), self.seed)
+        global_state = initial_state(self.model_spec(), settings.seed)
         first_round = 0
-        if self.run_name:
+        if settings.run_name:
             checkpoint = self._load_checkpoint(self._checkpoint_path())
             if checkpoint:
                 global_state, first_round = checkpoint["global_state"], checkpoint["round"] + 1
         self.info(
-            f"{self.method}: rounds {first_round}..{self.num_rounds - 1} on {len(sites)} sites; results -> "
+            f"{self.method}: rounds {first_round}..{settings.num_rounds - 1} on {len(sites)} sites; results -> "
             f"{self.results.path}"
         )
         per_site = None
-        for round_num in range(first_round, self.num_rounds):
+        for round_num in range(first_round, settings.num_rounds):
             started, self.absent, self.failed = time.time(), [], {}
             updates, rejected, train_metrics = self._train_round(round_num, global_state)
             phases = {"train_task": time.time() - started}  # where the round's time goes (cost benchmark)
@@ -212,25 +198,20 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 )
                 self.system_panic(reason, self.fl_ctx)
                 return
-            extras, step_started = {}, time.time()
-            if updates or self.start_from == protocol.FROM_LOCAL:
-                new_state, extras = self.aggregate_round(round_num, global_state, updates, rejected)
-                extras.update(self._robust_record(len(updates)))
-                global_state = self._usable_aggregate(round_num, new_state, global_state, extras)
-            else:
-                self.error(f"round {round_num}: no acceptable site result; the global model is kept unchanged")
+            step_started = time.time()
+            global_state, extras = self._server_step(round_num, global_state, updates, rejected)
             phases["server_step"] = time.time() - step_started  # aggregation, with any task of the method's own
-            last = round_num == self.num_rounds - 1
+            last = round_num == settings.num_rounds - 1
             per_site = None
             if (
                 last
-                or round_num >= self.num_rounds - self.average_last
-                or (self.eval_every > 0 and (round_num + 1) % self.eval_every == 0)
+                or round_num >= settings.num_rounds - settings.average_last
+                or (settings.eval_every > 0 and (round_num + 1) % settings.eval_every == 0)
             ):
                 evaluation_started = time.time()
                 per_site = self._evaluate(round_num, global_state, rejected)
                 phases["evaluation"] = time.time() - evaluation_started
-            self._track(round_num, per_site, train_metrics)
+            fire_site_metrics(self, round_num, per_site, train_metrics)  # TensorBoard, MLflow
             record = self.results.add_round(
                 round_num,
                 time.time() - started,
@@ -250,24 +231,28 @@ class FairRoundController(Checkpointing, TaskFanOut):
             if self.start_from == protocol.FROM_GLOBAL:
                 save_atomic(state_to_torch(global_state), os.path.join(run_dir, GLOBAL_MODEL_FILE))
             self._save_method_state(run_dir, round_num)
-            if self.run_name:
+            if settings.run_name:
                 self._save_checkpoint(self._checkpoint_path(), round_num, global_state)
         if per_site:
             mean_of_last = (
-                self.results.mean_of_last(self.num_rounds - 1, self.average_last) if self.average_last > 1 else None
+                self.results.mean_of_last(settings.num_rounds - 1, settings.average_last)
+                if settings.average_last > 1
+                else None
             )
             final = self.results.finish(per_site, mean_of_last=mean_of_last, **self.final_extras())
-            if self.cross_site_eval:
-                self.results.cross_site(self.num_rounds - 1, **self._cross_site(self.num_rounds - 1, global_state))
-            if self.run_name:  # with the final record: submitting the finished run again changes nothing
-                self._save_checkpoint(self._checkpoint_path(), self.num_rounds - 1, global_state)
+            if settings.cross_site_eval:
+                self.results.cross_site(
+                    settings.num_rounds - 1, **self._cross_site(settings.num_rounds - 1, global_state)
+                )
+            if settings.run_name:  # with the final record: submitting the finished run again changes nothing
+                self._save_checkpoint(self._checkpoint_path(), settings.num_rounds - 1, global_state)
             self.info(
                 f"final: mean {self.metric} {final.get('mean', float('nan')):.4f} "
                 f"std {final.get('std', float('nan')):.4f}; results: {self.results.path}"
             )
-        elif first_round < self.num_rounds:  # every site's last evaluation failed or was rejected
+        elif first_round < settings.num_rounds:  # every site's last evaluation failed or was rejected
             self._stop(
-                f"round {self.num_rounds - 1}: no site's evaluation could be used (see the round's rejected, "
+                f"round {settings.num_rounds - 1}: no site's evaluation could be used (see the round's rejected, "
                 f"failed and absent); there are no final results"
             )
 
@@ -297,28 +282,38 @@ class FairRoundController(Checkpointing, TaskFanOut):
                 updates[site] = update
         starts = self.models_for(round_num, global_state, sorted(updates))  # per-site models: each its own start
         norms = {s: distance(u.state, state_to_torch(starts[s]) if starts else reference) for s, u in updates.items()}
-        for site, problem in norm_outliers(norms, self.max_update_ratio).items():
+        for site, problem in norm_outliers(norms, self.settings.max_update_ratio).items():
             del updates[site]
             self.reject(round_num, site, problem, rejected)
         return updates, rejected, train_metrics
 
+    def _server_step(self, round_num, global_state, updates, rejected) -> tuple:
+        """(the round's new global model, the method's fields of the round's record): the method's aggregation of the
+        accepted `updates` (`aggregate_round`), or the global model unchanged when there is none to aggregate."""
+        if not updates and self.start_from != protocol.FROM_LOCAL:
+            self.error(f"round {round_num}: no acceptable site result; the global model is kept unchanged")
+            return global_state, {}
+        new_state, extras = self.aggregate_round(round_num, global_state, updates, rejected)
+        extras.update(self._robust_record(len(updates)))
+        return self._usable_aggregate(round_num, new_state, global_state, extras), extras
+
     def _screen_train_answer(self, site, result, reference, round_num) -> tuple:
         """(SiteUpdate or None, the metrics to record, why the answer is rejected or None): the metrics, then the
         weights (`check_site_state`), the training-set size (`samples_problem`) and every field the method reads
-        (`answer_fields`). Solo sends no weights."""
+        (`answer_fields`). Where the sites train their own models (FROM_LOCAL) no weights are sent, nor read."""
         metrics = {} if result.metrics is None else result.metrics
         problem = metrics_problem(metrics)
         if problem:
             return None, {}, problem
         metrics = {name: float(v) for name, v in metrics.items()}
         if self.start_from == protocol.FROM_LOCAL:
-            return None, metrics, None  # Solo: weights never leave the site
+            return None, metrics, None  # the sites' own models: weights never leave the site
         state, problem = tensor_state({} if result.params is None else result.params)
         num_samples = result.meta.get(protocol.NUM_SAMPLES)
         problem = (
             problem
             or check_site_state(state, reference)
-            or samples_problem(num_samples, self.declared_samples.get(site), self.max_samples)
+            or samples_problem(num_samples, self.declared_samples.get(site), self.settings.max_samples)
             or self.answer_problem(protocol.TASK_TRAIN, round_num, result.meta)
         )
         if problem:
@@ -339,8 +334,8 @@ class FairRoundController(Checkpointing, TaskFanOut):
         return {**new_state, **{k: global_state[k] for k in self.local_keys()}}, extras
 
     def local_keys(self) -> list:
-        """State keys of the parts every site keeps to itself, never sent nor averaged (FedNPR-Per: the classifier
-        head; FedBN: the normalisation layers; fairfl.methods.local_parts); none by default."""
+        """State keys of the parts every site keeps to itself, never sent nor averaged (a classifier head, the
+        normalisation layers: fairfl.methods.local_parts); none by default."""
         return []
 
     def reject(self, round_num, site, problem, rejected, what="update") -> None:
@@ -350,9 +345,10 @@ class FairRoundController(Checkpointing, TaskFanOut):
 
     @property
     def scores_global(self) -> bool:
-        """Whether the federation's sites are scored with a model of their own rather than the global model (Ditto's
-        personal model; FedNPR-Per's head, FedBN's normalisation layers: `local_keys`): then each also scores the
-        global model it receives, as it is, in the same task (its metrics prefixed GLOBAL_PREFIX)."""
+        """Whether the federation's sites are scored with a model of their own rather than the global model (one a
+        method keeps at the site beside it, FROM_PERSONAL; or the global model with parts of their own, `local_keys`):
+        then each also scores the global model it receives, as it is, in the same task (its metrics prefixed
+        GLOBAL_PREFIX)."""
         return self.start_from == protocol.FROM_GLOBAL and (
             self.evaluate == protocol.FROM_PERSONAL or bool(self.local_keys())
         )
@@ -371,19 +367,19 @@ class FairRoundController(Checkpointing, TaskFanOut):
     def _robust_record(self, num_updates: int) -> dict:
         """The round's `robust` field with `robust_aggregation`: the statistic and over how many sites; a trimmed mean
         also says how many values it dropped at each end (0 with fewer than 3 sites: then it is the plain mean)."""
-        if self.robust_aggregation == "none" or not num_updates:
+        if self.settings.robust_aggregation == "none" or not num_updates:
             return {}
-        record = {"mode": self.robust_aggregation, "sites": num_updates}
-        if self.robust_aggregation == "trimmed_mean":
-            record["trimmed_per_side"] = trim_count(num_updates, self.trim_fraction)
+        record = {"mode": self.settings.robust_aggregation, "sites": num_updates}
+        if self.settings.robust_aggregation == "trimmed_mean":
+            record["trimmed_per_side"] = trim_count(num_updates, self.settings.trim_fraction)
         return {"robust": record}
 
     def _evaluate(self, round_num, global_state, rejected) -> dict:
         meta = {**self.task_meta, protocol.EVALUATE: self.evaluate}
         if self.scores_global:
             meta[protocol.SCORE_GLOBAL] = True
-        if self.exclude_sites:
-            meta[protocol.HELD_OUT] = list(self.exclude_sites)
+        if self.settings.exclude_sites:
+            meta[protocol.HELD_OUT] = list(self.settings.exclude_sites)
         results = self._ask_models(
             round_num,
             protocol.TASK_VALIDATE,
@@ -394,7 +390,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
         per_site = {}
         for result in results:
             site = result.meta.get("client_name", "?")
-            asked = self.scores_global and site not in self.exclude_sites
+            asked = self.scores_global and site not in self.settings.exclude_sites
             metrics, problem = self._screen_scores(result, asked)
             if problem:
                 self.reject(round_num, site, f"evaluation: {problem}", rejected, "evaluation")
@@ -403,7 +399,7 @@ class FairRoundController(Checkpointing, TaskFanOut):
         return per_site
 
     def _scored_params(self, global_state) -> dict:
-        """What a validate task sends: the global model, or nothing where every site scores its own (Solo)."""
+        """What a validate task sends: the global model, or nothing where every site scores its own (FROM_LOCAL)."""
         return global_state if self.evaluate != protocol.FROM_LOCAL else {}
 
     def _screen_scores(self, result, with_global: bool) -> tuple:
@@ -419,67 +415,13 @@ class FairRoundController(Checkpointing, TaskFanOut):
         missing = [m for m in required if m not in metrics]
         return (None, f"no {missing[0]}") if missing else (metrics, None)
 
-    def _cross_site(self, round_num, global_state) -> dict:
-        """Cross-site evaluation (`cross_site_eval`) after the last round: every federation site returns the model it
-        is scored with (`validate` with SUBMIT_MODEL), screened like a trained model (every tensor of the network,
-        finite, its distance from the global model within `max_update_ratio` of the others'); each accepted one is
-        sent to every site, which scores it as it is (as a held-out site scores the global model). A site whose own
-        setting keeps its model at home is recorded under `declined`. Returns {"matrix": {model's site: {test site:
-        main metric}}, "rejected", "absent", "failed", "declined"} (ResultsLog.cross_site)."""
-        self.absent, self.failed, rejected = [], {}, {}
-        meta = {**self.task_meta, protocol.EVALUATE: self.evaluate, protocol.SUBMIT_MODEL: True}
-        model = self.task_model(round_num, self._scored_params(global_state), meta)
-        reference = state_to_torch(global_state)  # the whole network, the parts the sites keep included
-        states = {}
-        for result in self._ask_models(round_num, protocol.TASK_VALIDATE, model, self.trainers, global_state):
-            site = result.meta.get("client_name", "?")
-            state, problem = tensor_state({} if result.params is None else result.params)
-            problem = problem or check_site_state(state, reference)
-            if problem:
-                self.reject(round_num, site, f"cross-site model: {problem}", rejected, "cross-site model")
-            else:
-                states[site] = state
-        # a site whose own setting keeps its model at home (FAIRFL_SHARE_OWN_MODEL) answers TASK_UNSUPPORTED: it
-        # declined, it did not fail; it still scores the others' models
-        declined = sorted((s for s, rc in self.failed.items() if rc == ReturnCode.TASK_UNSUPPORTED), key=site_key)
-        for site in declined:
-            del self.failed[site]
-            self.info(f"{site} keeps its own model at home (its FAIRFL_SHARE_OWN_MODEL): not cross-evaluated")
-        # bounded like an update before it reaches the other sites: a model far further from the global model than
-        # the others' (1e30 weights are finite) is not sent on
-        norms = {s: distance(state, reference) for s, state in states.items()}
-        for site, problem in norm_outliers(norms, self.max_update_ratio).items():
-            del states[site]
-            self.reject(round_num, site, f"cross-site model: {problem}", rejected, "cross-site model")
-        models = {s: state_to_numpy(state) for s, state in states.items()}
-        matrix = {}
-        for owner in sorted(models, key=site_key):
-            meta = {**self.task_meta, protocol.EVALUATE: protocol.FROM_GLOBAL, protocol.HELD_OUT: list(self.sites)}
-            sent = self.task_model(round_num, models[owner], meta)
-            for result in self.ask(round_num, protocol.TASK_VALIDATE, sent, self.sites):
-                site = result.meta.get("client_name", "?")
-                metrics, problem = self._screen_scores(result, with_global=False)
-                if problem:
-                    self.reject(
-                        round_num, site, f"scoring {owner}'s model: {problem}", rejected, "cross-site evaluation"
-                    )
-                else:
-                    matrix.setdefault(owner, {})[site] = metrics[self.metric]
-        return {
-            "matrix": matrix,
-            "rejected": rejected,
-            "absent": list(self.absent),
-            "failed": dict(self.failed),
-            "declined": declined,
-        }
-
     def task_model(self, round_num, params: dict, meta: dict) -> FLModel:
         """What a task of round `round_num` sends: the full `params` ({} for none) and `meta`."""
         return FLModel(
             params_type=ParamsType.FULL,
             params=params,
             current_round=round_num,
-            total_rounds=self.num_rounds,
+            total_rounds=self.settings.num_rounds,
             meta=meta,
         )
 
@@ -514,17 +456,17 @@ class FairRoundController(Checkpointing, TaskFanOut):
         """The sites' models averaged with `weights` (or by `robust_aggregation`), as numpy arrays."""
         sites = sorted(weights)
         states = [updates[s].state for s in sites]
-        if self.robust_aggregation != "none":
-            return state_to_numpy(robust_average(states, self.robust_aggregation, self.trim_fraction))
+        if self.settings.robust_aggregation != "none":
+            return state_to_numpy(robust_average(states, self.settings.robust_aggregation, self.settings.trim_fraction))
         return state_to_numpy(weighted_average(states, [weights[s] for s in sites]))
 
     def bounded(self, weights: dict) -> dict:
         """`weights` with no site above `max_share` of their total (fairfl.aggregation.cap_shares)."""
-        return cap_shares(weights, self.max_share)
+        return cap_shares(weights, self.settings.max_share)
 
     def answer_fields(self, task_name: str, round_num: int) -> dict:
         """{meta key: a kind of fairfl.kinds, Real or Record} of every field the method's server reads from a site's
-        answer to `task_name` in round `round_num` (FedISM+: the sharpness report; FedCE: the leave-one-out error).
+        answer to `task_name` in round `round_num` (a report of the site's, a score it measured for the method).
         The round loop checks them all before the method sees an answer (`answer_problem`): a site whose field is
         missing or unusable is rejected for the round, naming the field. None by default."""
         return {}
@@ -534,97 +476,97 @@ class FairRoundController(Checkpointing, TaskFanOut):
         return answer_problem(self.answer_fields(task_name, round_num), meta)
 
     def site_weights(self, num_samples: dict) -> dict:
-        if self.weighting == "uniform":
+        if self.settings.weighting == "uniform":
             return {s: 1.0 / len(num_samples) for s in num_samples}
         total = sum(num_samples.values())
         return self.bounded({s: n / total for s, n in num_samples.items()})
 
     def train_meta(self, round_num) -> dict:
-        """Extra meta of the round's `train` task (FedCE: the weights for the leave-one-out model)."""
+        """Extra meta of the round's `train` task (what the method asks the sites to do or measure this round)."""
         return {}
 
     def models_for(self, round_num, global_state, sites) -> dict | None:
-        """{site: the parameters to send it} when every site has its own model (CFFL, CGSV); None: send the global
-        model to all."""
+        """{site: the parameters to send it} when the server keeps a model per site; None: send the global model to
+        all."""
         return None
 
     def site_meta(self) -> dict:
-        """Extra meta of every task (FedNPR-Per: evaluate with the site's own head)."""
+        """Extra meta of every task (the method's settings the sites need in every task)."""
         return {}
 
     def final_extras(self) -> dict:
-        """Extra fields of the results file's `final` record (FedCE: the contributions)."""
+        """Extra fields of the results file's `final` record (what the method estimated over the run)."""
         return {}
 
+    # --- the resume contract: what the method's server carries from one round to the next --------------------
     def method_state(self) -> dict | None:
-        """JSON-safe aggregation state the method carries across rounds; saved to disk after every round."""
+        """Everything, JSON-safe, that the method's server carries from one round to the next (weights, reputations,
+        accumulated contributions, a moving average, the sites it removed), or None when it carries nothing.
+
+        The contract: a fresh controller of the same arguments, given this (`load_method_state`) and
+        `method_tensors` (`load_method_tensors`) from a round's checkpoint, continues exactly as the controller that
+        never stopped: the same next global model and weights. So whatever an aggregation reads that an earlier round
+        wrote is here or in `method_tensors`; only what the settings alone determine (the network's key lists) may be
+        left out. tests/core/test_checkpoint_contract.py holds every registered method variant to it. Saved to
+        method_state.json after every round and into a named run's checkpoint (fairfl.flare.checkpoint)."""
         return None
 
     def method_tensors(self) -> dict | None:
-        """Tensors the method carries across rounds (per-site models): in the checkpoint, not in method_state.json."""
+        """The tensors of that state (models the server keeps per site), {name: tensor or a dict of them}: in a named
+        run's checkpoint, not in method_state.json; None when there are none."""
         return None
 
     def load_method_state(self, state: dict) -> None:
-        """Restore what `method_state` returned (methods that have state override both)."""
+        """Restore what `method_state` returned: a method with state overrides the two together."""
         raise NotImplementedError(f"{type(self).__name__} has no method state to restore")
 
     def load_method_tensors(self, tensors: dict) -> None:
-        """Restore what `method_tensors` returned."""
+        """Restore what `method_tensors` returned: a method with tensors overrides the two together."""
         raise NotImplementedError(f"{type(self).__name__} has no method tensors to restore")
 
     # --- plumbing ----------------------------------------------------------------------------------------
     def common_task_meta(self, sites: list[str]) -> dict:
         """What every task of the run tells every site: the model, the data (built-in: which, its seed, sites and
         test scale), the local optimiser, the run's name and the method's own settings (`site_meta`)."""
+        settings = self.settings
         meta = {
             protocol.MODEL_SPEC: self.model_spec(),
-            protocol.DATASET: self.dataset,
+            protocol.DATASET: settings.dataset,
             protocol.TASK: self.task,
-            protocol.NUM_SITES: max(builtin_dataset(self.dataset).min_sites, len(sites)),
-            protocol.DATA_SEED: self.data_seed,
-            protocol.TEST_SCALE: self.test_scale,
+            protocol.NUM_SITES: max(builtin_dataset(settings.dataset).min_sites, len(sites)),
+            protocol.DATA_SEED: settings.data_seed,
+            protocol.TEST_SCALE: settings.test_scale,
             protocol.OPTIMIZER: {
-                "name": self.local_optimizer,
-                "momentum": self.momentum,
-                "keep_state": self.keep_optimizer_state,
+                "name": settings.local_optimizer,
+                "momentum": settings.momentum,
+                "keep_state": settings.keep_optimizer_state,
             },
         }
-        if self.run_name:
-            meta[protocol.RUN_NAME] = self.run_name
+        if settings.run_name:
+            meta[protocol.RUN_NAME] = settings.run_name
         return {**meta, **self.site_meta()}
 
     def model_spec(self) -> dict:
-        name = self.model or DEFAULT_MODEL[self.task]
-        spec = {"name": name, "in_channels": self.in_channels, "num_classes": self.num_classes}
-        if name in ("unet", "cnn"):
-            spec["channels"] = list(self.model_channels)
-        if name == "unet":
-            spec["strides"] = list(self.model_strides)
-        if self.model_norm:
-            spec["norm"] = self.model_norm
+        """The network of the settings, as fairfl.models.build_model takes it (and every task sends it)."""
+        settings = self.settings
+        spec = {"name": settings.network, "in_channels": settings.in_channels, "num_classes": settings.num_classes}
+        if settings.network in ("unet", "cnn"):
+            spec["channels"] = list(settings.model_channels)
+        if settings.network == "unet":
+            spec["strides"] = list(settings.model_strides)
+        if settings.model_norm:
+            spec["norm"] = settings.model_norm
         return spec
 
     def config(self) -> dict:
         """The run's settings as results.json records them and a resumed run must match: every constructor argument
-        of the controller (each stored under its own name, as resolved: a null model is the task's default), the
-        task and the preset environment; not how often the server polls for answers, which changes no result."""
+        of the controller under its own name (the round's as `settings` resolved them, the method's own as its
+        attributes hold them), the task and the preset environment; not how often the server polls for answers,
+        which changes no result."""
         arguments = [k for k in component_arguments(type(self)) if k != "task_check_period"]
         return {
             "controller": type(self).__name__,
-            **{k: getattr(self, k) for k in arguments},
+            **{k: getattr(self.settings if k in ROUND_ARGUMENTS else self, k) for k in arguments},
             "task": self.task,
             "preset_env": os.environ.get("FAIRFL_PRESET", ""),
         }
-
-    def _track(self, round_num, per_site, train_metrics):
-        """Every site's accepted metrics of the round (training, then evaluation; each under its own name, the round
-        as step) as NVFlare's federated analytics event from that site, fired here on the server: its receivers
-        (fairfl.tracking) record exactly what results.json does, never a rejected site's own numbers. The event
-        looks as NVFlare delivers a site's event to the server (direction "in"), so it is not sent on."""
-        for site in sorted(set(per_site or {}) | set(train_metrics), key=site_key):
-            for name, value in {**train_metrics.get(site, {}), **(per_site or {}).get(site, {})}.items():
-                data = create_analytic_dxo(name, value, AnalyticsDataType.SCALAR, global_step=round_num).to_shareable()
-                data.set_peer_props({ReservedKey.IDENTITY_NAME: site})
-                data.set_header(FedEventHeader.DIRECTION, "in")
-                with self.engine.new_context() as fl_ctx:
-                    self.fire_fed_event(FED_ANALYTIC_EVENT, data, fl_ctx)

@@ -17,13 +17,14 @@ from nvflare.app_common.workflows.model_controller import ModelController
 
 
 class TaskFanOut(ModelController):
-    """ModelController with fairfl's waiting rules. The round engine sets `min_responses`, `task_timeout`,
-    `straggler_timeout` and resets the round's `absent` list and `failed` dict."""
+    """ModelController with fairfl's waiting rules: `task_timeout` and `straggler_timeout` of the engine's
+    `settings` (fairfl.flare.round_settings); the round engine sets `min_responses` and resets the round's `absent`
+    list and `failed` dict."""
 
     def _accept_train_result(self, client_name, result, fl_ctx, is_unknown_task=False) -> bool:
-        """NVFlare's hook for every answer's return code (train, validate, cka): a site whose task failed (an exception,
-        bad task data) is recorded under `failed` with its return code and never ends the job here; the round decides
-        whether enough sites are left."""
+        """NVFlare's hook for every answer's return code (train, validate, a method's own task): a site whose task
+        failed (an exception, bad task data) is recorded under `failed` with its return code and never ends the job
+        here; the round decides whether enough sites are left."""
         rc = result.get_return_code()
         if is_unknown_task or not rc or rc == ReturnCode.OK:
             return super()._accept_train_result(client_name, result, fl_ctx, is_unknown_task)
@@ -43,8 +44,8 @@ class TaskFanOut(ModelController):
             task_name=task_name,
             targets=list(targets),
             min_responses=min(self.min_responses, len(targets)),
-            timeout=self.task_timeout,
-            wait_time_after_min_received=self.straggler_timeout,
+            timeout=self.settings.task_timeout,
+            wait_time_after_min_received=self.settings.straggler_timeout,
         )
         self._record_absent(round_num, task_name, targets, results)
         return results
@@ -56,14 +57,15 @@ class TaskFanOut(ModelController):
                 self.absent.append(site)
                 self.error(
                     f"round {round_num}: no {task_name} answer from {site} within straggler_timeout "
-                    f"{self.straggler_timeout} s of min_clients answers or task_timeout {self.task_timeout} s "
+                    f"{self.settings.straggler_timeout} s of min_clients answers or task_timeout "
+                    f"{self.settings.task_timeout} s "
                     f"(crashed, disconnected or too slow); absent this round"
                 )
 
     def ask_each(self, round_num, task_name, models: dict) -> list:
-        """`ask` with its own task for every site, {site: FLModel} (per-site models: CFFL, CGSV), with the same waiting
-        rules: all answered, or `straggler_timeout` after `min_clients` have, or `task_timeout`; the sites that did not
-        answer are recorded `absent` and their tasks cancelled."""
+        """`ask` with its own task for every site, {site: FLModel} (a method that keeps a model per site), with the
+        same waiting rules: all answered, or `straggler_timeout` after `min_clients` have, or `task_timeout`; the
+        sites that did not answer are recorded `absent` and their tasks cancelled."""
         targets, answers = list(models), []
         for site in targets:  # non-blocking: every site works at once
             self.broadcast_model(
@@ -71,7 +73,7 @@ class TaskFanOut(ModelController):
                 task_name=task_name,
                 targets=[site],
                 min_responses=1,
-                timeout=self.task_timeout,
+                timeout=self.settings.task_timeout,
                 blocking=False,
                 callback=answers.append,
             )
@@ -83,11 +85,11 @@ class TaskFanOut(ModelController):
         while not self.abort_signal.triggered:
             # a site whose task failed is done too (NVFlare counts it in _current_failed_clients when it may be ignored)
             answered = len({r.meta.get("client_name") for r in answers} | self._current_failed_clients)
-            if answered >= len(targets) or time.time() - started > self.task_timeout:
+            if answered >= len(targets) or time.time() - started > self.settings.task_timeout:
                 break
             if answered >= required:
                 enough_at = enough_at or time.time()
-                if time.time() - enough_at > self.straggler_timeout:
+                if time.time() - enough_at > self.settings.straggler_timeout:
                     break
             time.sleep(self._task_check_period)
         results = list(answers)

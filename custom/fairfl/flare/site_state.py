@@ -1,5 +1,6 @@
-"""What a site keeps between rounds of a named run, one version per round: its local model (Solo, FedCE, Fed-LWR,
-the parts FedBN and FedNPR-Per keep), Ditto's personal model, a kept optimiser state.
+"""What a site keeps between rounds of a named run, one version per round: its local model (a method's that trains
+from or scores with it, or keeps parts of it at the site), a personal model a method keeps beside the global one, a
+kept optimiser state.
 
 Each lives in a current file and, once a later round is saved, the previous round's file. A round repeated after a
 restart (the server died after this site had already answered, or trained, the next round, but before its

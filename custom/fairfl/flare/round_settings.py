@@ -1,0 +1,103 @@
+"""The settings of the round every controller runs: the round arguments (fairfl.arguments.ROUND), checked there and
+resolved here once into one frozen object, so the engine, its mixins and the methods read one typed value per name.
+
+Resolved means what the round runs with: a null num_classes, in_channels or model_channels is the dataset's or the
+task's, a null max_share the method's default, the whole-second waits rounded up. The active preset (`preset`,
+FAIRFL_PRESET) applies when the run starts (`with_preset`), as a new object: nothing changes a settings object."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from types import SimpleNamespace
+
+from fairfl.data.builtin import builtin_dataset
+from fairfl.presets import apply_preset, fill_task_defaults
+
+DEFAULT_MODEL = {"segmentation": "unet", "classification": "cnn"}  # the network of a null `model`, per task
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundSettings:
+    """One field per round argument (tests/core/test_round_settings.py keeps them equal to fairfl.arguments.ROUND);
+    each means what fairfl.arguments says. Frozen: no field is ever reassigned; the list fields stay lists, as the job
+    gave them and config() records them."""
+
+    num_rounds: int
+    eval_every: int
+    min_clients: int | str | None  # fairfl.quorum: null, "majority", "all" or a number
+    task_timeout: int
+    seed: int
+    data_seed: int
+    dataset: str
+    num_classes: int  # resolved: the dataset's when null
+    in_channels: int  # resolved: the dataset's when null
+    model: str | None  # null: the task's network (`network`)
+    model_channels: list[int]  # resolved: the task's when null
+    model_strides: list[int]
+    model_norm: str | None
+    weighting: str
+    exclude_sites: list[str]  # sorted
+    preset: str
+    task_check_period: float
+    straggler_timeout: int  # resolved: whole seconds, rounded up
+    run_name: str
+    max_samples: int
+    max_update_ratio: float
+    max_share: float  # resolved: the method's default when null
+    robust_aggregation: str
+    trim_fraction: float
+    local_optimizer: str
+    momentum: float
+    keep_optimizer_state: bool
+    average_last: int
+    test_scale: float
+    cross_site_eval: bool
+
+    @classmethod
+    def resolve(cls, checked: Mapping, default_max_share: float) -> RoundSettings:
+        """The settings from `checked` (fairfl.arguments.check_all's values, the method's own arguments among them:
+        those are left out), with a null max_share taking the method's `default_max_share`."""
+        values = SimpleNamespace(**{field.name: checked[field.name] for field in dataclasses.fields(cls)})
+        data = builtin_dataset(values.dataset)
+        if values.model_norm == "group" and (values.model or DEFAULT_MODEL[data.task]) == "unet":
+            raise ValueError("model_norm 'group' is for the classification networks; the U-Net takes batch or instance")
+        fill_task_defaults(values, data.task)
+        return cls(
+            **{
+                **vars(values),
+                "num_classes": int(values.num_classes or data.num_classes),
+                "in_channels": int(values.in_channels or data.in_channels),
+                "model_strides": list(values.model_strides),
+                "exclude_sites": sorted(values.exclude_sites),
+                # NVFlare waits whole seconds: round up, so a fraction of a second never becomes no wait at all
+                "straggler_timeout": math.ceil(values.straggler_timeout),
+                "max_share": float(default_max_share if values.max_share is None else values.max_share),
+                "max_update_ratio": float(values.max_update_ratio),
+                "trim_fraction": float(values.trim_fraction),
+                "momentum": float(values.momentum),
+                "test_scale": float(values.test_scale),
+            }
+        )
+
+    def with_preset(self) -> RoundSettings:
+        """These settings with the overrides of the active preset for the task (fairfl.presets: FAIRFL_PRESET wins
+        over `preset`)."""
+        values = SimpleNamespace(**{field.name: getattr(self, field.name) for field in dataclasses.fields(self)})
+        apply_preset(values, self.preset, self.task)
+        return dataclasses.replace(self, **vars(values))
+
+    @property
+    def task(self) -> str:
+        """ "segmentation" or "classification": the dataset's."""
+        return builtin_dataset(self.dataset).task
+
+    @property
+    def network(self) -> str:
+        """The network's name: `model`, or the task's default."""
+        return self.model or DEFAULT_MODEL[self.task]
+
+
+# the names of the round's arguments: every other argument of a controller is its method's own
+ROUND_ARGUMENTS = frozenset(field.name for field in dataclasses.fields(RoundSettings))
