@@ -3,7 +3,7 @@
 - time: `layerwise_cka(local, anchor)` over a site's images versus the two plain forward passes it needs
   (local model and anchor over the same batches); runs alternate, the median of the paired ratios is quoted.
 - memory: peak resident memory of the CKA probe in a fresh process at 1x, 4x and 16x the site's data.
-- `--batch-sizes 8 32 64`: instead, per CKA minibatch size (the executor's `cka_batch_size`), the probe's time
+- `--batch-sizes 8 32 64`: instead, per CKA minibatch size (Fed-LWR's `cka_batch_size`), the probe's time
   and peak resident memory, each in a fresh process, on a random sample of `--samples` images of site-1 of the
   built-in prostate data (`cka_batch_size_<image size>px.json`).
 

@@ -16,12 +16,13 @@ import statistics
 import numpy as np
 import torch
 
-from fairfl.aggregation import lwr_layer_weights, weighted_average
+from fairfl.aggregation import weighted_average
 from fairfl.data.builtin import ensure_builtin
 from fairfl.data.datalist import load_datalist
 from fairfl.data.loaders import make_loader, segmentation_transforms
 from fairfl.methods.fedlwr.cka import layerwise_cka
 from fairfl.methods.fedlwr.controller import FedLWRController
+from fairfl.methods.fedlwr.weights import lwr_layer_weights
 from fairfl.models import build_model
 from fairfl.training import load_tensors, site_seed
 

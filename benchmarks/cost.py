@@ -97,6 +97,7 @@ def floor_worker(dataset: str, sites: list[str], num_sites: int, rounds: int) ->
 
     from fairfl.flare import protocol
     from fairfl.flare.executor import FairflExecutor
+    from fairfl.flare.site_task import SiteTask
     from fairfl.methods.fedavg.controller import FedAvgController
     from fairfl.models import initial_state
     from fairfl.presets import apply_preset
@@ -120,7 +121,7 @@ def floor_worker(dataset: str, sites: list[str], num_sites: int, rounds: int) ->
             started = time.time()
             for site, executor in executors.items():
                 task = FLModel(params_type=ParamsType.FULL, params=params, current_round=round_num, meta=meta)
-                executor._train(site, task, os.path.join(state, site))
+                executor._train(SiteTask.of(site, task), os.path.join(state, site))
             seconds.append(time.time() - started)
     print(json.dumps(seconds[1:]))
 

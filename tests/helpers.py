@@ -16,7 +16,8 @@ JOBS = os.path.join(REPO, "jobs")
 
 # Small enough for CI on 2 cores, large enough that training really runs.
 TINY_SERVER = {"num_rounds": 2, "eval_every": 1, "model_channels": [8, 16, 32], "model_strides": [2, 2]}
-TINY_CLIENT = {"image_size": 32, "synthetic_size_scale": 0.5, "cka_max_samples": 16}
+TINY_CLIENT = {"image_size": 32, "synthetic_size_scale": 0.5}
+TINY_METHOD = {"fedlwr": {"cka_max_samples": 16}}  # a method's own tiny settings, by job
 
 
 def segmentation_task_meta(spec: dict) -> dict:
@@ -40,7 +41,7 @@ def make_job(
 ) -> str:
     """jobs/<name> copied to dst with tiny settings (plus any overrides; mlflow as `fairfl run --mlflow`); the repo's
     job stays untouched."""
-    args = {**TINY_SERVER, **TINY_CLIENT, **(server or {}), **(client or {})}
+    args = {**TINY_SERVER, **TINY_METHOD.get(name, {}), **TINY_CLIENT, **(server or {}), **(client or {})}
     return customize_job(os.path.join(JOBS, name), dst, args, client_config=client_extra, mlflow=mlflow)
 
 

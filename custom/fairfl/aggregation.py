@@ -1,24 +1,26 @@
-"""Aggregation of model state dicts: FedAvg's weighted average and Fed-LWR's layer-wise version.
+"""Aggregation of model state dicts: the weighted average, robust statistics instead of it, and the cap on any one
+site's share. A method's own aggregation (a layer-wise one, a step from losses) is its unit's, built on these.
 
 Plain functions on `{key: torch.Tensor}` state dicts; the FLARE components call them.
 
 Integer and bool tensors (BatchNorm's `num_batches_tracked`, masks, indices) are never averaged:
 a mean of counters or indices is not a valid counter or index. `weighted_average` and `robust_average` take
 their coordinate-wise lower median over the sites (`integer_median`: no single site, the first one included,
-sets them); `layerwise_average` takes them from the anchor.
+sets them).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
 __all__ = [
     "weighted_average",
-    "lwr_layer_weights",
-    "layerwise_average",
+    "weighted_sum",
+    "normalised",
+    "is_averaged",
     "robust_average",
     "cap_shares",
     "integer_median",
@@ -27,11 +29,12 @@ __all__ = [
 ]
 
 
-def _is_averaged(t: torch.Tensor) -> bool:
+def is_averaged(t: torch.Tensor) -> bool:
+    """Whether a tensor is averaged (floating or complex); integer and bool tensors never are."""
     return t.is_floating_point() or t.is_complex()
 
 
-def _normalised(weights: Sequence[float], what: str) -> list[float]:
+def normalised(weights: Sequence[float], what: str) -> list[float]:
     """Weights as floats summing to 1; they must be finite, >= 0 and not all 0."""
     w = [float(v) for v in weights]
     if not w:
@@ -44,7 +47,7 @@ def _normalised(weights: Sequence[float], what: str) -> list[float]:
     return [v / total for v in w]
 
 
-def _mix(tensors: Sequence[torch.Tensor], weights: Sequence[float], key: str) -> torch.Tensor:
+def weighted_sum(tensors: Sequence[torch.Tensor], weights: Sequence[float], key: str) -> torch.Tensor:
     """sum_k w_k t_k, accumulated in float64 (complex128) and cast back to the tensors' dtype."""
     first = tensors[0]
     for t in tensors[1:]:
@@ -68,7 +71,7 @@ def integer_median(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def weighted_average(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> dict:
-    """FedAvg (Fed-LWR Eq. 1): w = sum_k (n_k / sum_i n_i) w_k, over state dicts with equal keys.
+    """FedAvg: w = sum_k (n_k / sum_i n_i) w_k, over state dicts with equal keys.
 
     Weights are normalised to sum to 1. Floating tensors are averaged in float64 and cast back;
     integer/bool tensors are the sites' lower median (`integer_median`, see the module docstring).
@@ -77,7 +80,7 @@ def weighted_average(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequ
         raise ValueError("weighted_average: no states")
     if len(weights) != len(states):
         raise ValueError(f"weighted_average: {len(states)} states but {len(weights)} weights")
-    w = _normalised(weights, "weighted_average")
+    w = normalised(weights, "weighted_average")
     keys = list(states[0])
     for i, state in enumerate(states[1:], start=1):
         if set(state) != set(keys):
@@ -86,109 +89,7 @@ def weighted_average(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequ
     out = {}
     for key in keys:
         tensors = [s[key] for s in states]
-        out[key] = _mix(tensors, w, key) if _is_averaged(tensors[0]) else integer_median(tensors)
-    return out
-
-
-def lwr_layer_weights(
-    cka: Mapping[str, Mapping[str, float]],
-    clip: tuple[float, float] | None = None,
-) -> dict[str, dict[str, float]]:
-    """Fed-LWR's layer weights, Eq. 5: rho_k^m = (1 - delta_k^m) / sum_i (1 - delta_i^m).
-
-    Args:
-        cka: {site: {layer: delta}}, the CKA of each site's local layer to the anchor's.
-            Every site must report the same layers.
-        clip: optional (lo, hi); each delta is clipped to [lo, hi] first. The paper has no clip;
-            the authors' code uses (1e-4, 0.99), which makes the weights exactly uniform when
-            every CKA is above 0.99. Without a clip, deltas are still clamped to
-            [0, 1] so that every weight is >= 0.
-
-    Returns:
-        {layer: {site: rho}}, each layer's weights summing to 1. When every site has delta = 1
-        for a layer (all identical to the anchor), Eq. 5 is 0/0 and the weights are uniform.
-    """
-    sites = list(cka)
-    if not sites:
-        raise ValueError("lwr_layer_weights: no sites")
-    lo, hi = (0.0, 1.0) if clip is None else (float(clip[0]), float(clip[1]))
-    if not (0.0 <= lo <= hi <= 1.0):
-        raise ValueError(f"lwr_layer_weights: clip must satisfy 0 <= lo <= hi <= 1, got {clip}")
-    layers = list(cka[sites[0]])
-    for site in sites[1:]:
-        if set(cka[site]) != set(layers):
-            odd = sorted(set(cka[site]) ^ set(layers))
-            raise ValueError(f"lwr_layer_weights: {site} reports other layers than {sites[0]}: {odd[:5]}")
-    weights = {}
-    for layer in layers:
-        diff = {}
-        for site in sites:
-            delta = float(cka[site][layer])
-            if math.isnan(delta):
-                raise ValueError(f"lwr_layer_weights: CKA of {site} for {layer} is NaN")
-            diff[site] = 1.0 - min(max(delta, lo), hi)
-        total = math.fsum(diff.values())
-        if total > 0.0:
-            weights[layer] = {site: d / total for site, d in diff.items()}
-        else:  # every site identical to the anchor: nothing to favour
-            weights[layer] = {site: 1.0 / len(sites) for site in sites}
-    return weights
-
-
-def layerwise_average(
-    states: Mapping[str, Mapping[str, torch.Tensor]],
-    layer_weights: Mapping[str, Mapping[str, float]],
-    layers: Mapping[str, Iterable[str]],
-    anchor: Mapping[str, torch.Tensor],
-) -> dict:
-    """Fed-LWR's re-aggregation, Eq. 6: w_m = sum_k rho_k^m w_{k,m} for every layer m.
-
-    Args:
-        states: {site: local state dict}.
-        layer_weights: {layer: {site: rho}} from `lwr_layer_weights` (normalised again here).
-        layers: {layer: state keys}, e.g. `fairfl.methods.fedlwr.cka.parameter_layers(model)`; every key of
-            `anchor` must belong to exactly one layer, else ValueError (a key outside every
-            layer would have no weights to use).
-        anchor: the FedAvg model of the round; gives the keys, order, and integer buffers.
-
-    Returns:
-        A new state dict with the anchor's keys in the anchor's order.
-    """
-    sites = list(states)
-    if not sites:
-        raise ValueError("layerwise_average: no states")
-    owner: dict[str, str] = {}
-    for layer, keys in layers.items():
-        for key in keys:
-            if key in owner:
-                raise ValueError(f"layerwise_average: {key} is in layers {owner[key]} and {layer}")
-            owner[key] = layer
-    unmapped = [k for k in anchor if k not in owner]
-    if unmapped:
-        raise ValueError(f"layerwise_average: keys in no layer: {unmapped[:5]}")
-    unknown = [k for k in owner if k not in anchor]
-    if unknown:
-        raise ValueError(f"layerwise_average: layer keys not in the anchor: {unknown[:5]}")
-    if set(layer_weights) != set(layers):
-        odd = sorted(set(layer_weights) ^ set(layers))
-        raise ValueError(f"layerwise_average: layer_weights and layers name other layers: {odd[:5]}")
-    for site in sites:
-        missing = [k for k in anchor if k not in states[site]]
-        if missing:
-            raise ValueError(f"layerwise_average: {site} lacks {missing[:5]}")
-    normalised = {}
-    for layer, per_site in layer_weights.items():
-        if set(per_site) != set(sites):
-            raise ValueError(
-                f"layerwise_average: weights of {layer} are for {sorted(per_site)}, states for {sorted(sites)}"
-            )
-        normalised[layer] = _normalised([per_site[s] for s in sites], f"weights of {layer}")
-    out = {}
-    for key, ref in anchor.items():
-        if _is_averaged(ref):
-            out[key] = _mix([states[s][key] for s in sites], normalised[owner[key]], key)
-        else:
-            out[key] = ref.clone()
+        out[key] = weighted_sum(tensors, w, key) if is_averaged(tensors[0]) else integer_median(tensors)
     return out
 
 

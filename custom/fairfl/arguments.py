@@ -292,25 +292,6 @@ EXECUTOR = (
         0,
         "if > 0, a fixed number of optimiser steps per round, equal for every site",
     ),
-    # fairfl.methods.fedlwr.cka.MIN_BATCH: the unbiased HSIC needs 4 samples
-    Argument(
-        "cka_max_samples",
-        Integer(4, 100_000),
-        64,
-        "Fed-LWR measures CKA on a random sample of at most this many images of the site's cka_split",
-    ),
-    Argument(
-        "cka_batch_size",
-        Integer(4, 4096),
-        32,
-        "Fed-LWR's CKA minibatch (at least 4, for the unbiased HSIC; docs/methods/fedlwr.md: measured against 8, 64)",
-    ),
-    Argument(
-        "cka_split",
-        OneOf(("training", "validation")),
-        "training",
-        "the split Fed-LWR samples CKA's images from, drawn afresh every round",
-    ),
     Argument(
         "synthetic_size_scale",
         Nullable(Real(0, 100, low_open=True)),

@@ -9,8 +9,9 @@ training-set size (`samples_problem`: a positive int, at most a cap and at most 
 round), the size of the update against the round's other sites (`norm_outliers`), training and evaluation metrics
 (`metrics_problem`: names, finite numbers, evaluation scores in [0, 1]), and the methods' reports: every field a
 method's server reads from an answer is declared by the method (`FairRoundController.answer_fields`) as a kind
-(fairfl.kinds): a `Real` (losses, sharpness and errors at most MAX_REPORTED) or a `Record` of them (SAGA's sharpness
-report, Fed-LWR's CKA per layer), and `answer_problem` checks them all before the method sees the answer. How much
+(fairfl.kinds): a `Real` (a loss, an error, a score; self-reported measurements at most MAX_REPORTED) or a `Record`
+of them (a report with several numbers, one per layer), and `answer_problem` checks them all before the method sees
+the answer. How much
 any one site can weigh is bounded separately (`fairfl.aggregation.cap_shares`)."""
 
 from __future__ import annotations
@@ -19,15 +20,14 @@ import math
 import posixpath
 import re
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 
-from fairfl.kinds import Kind, Real, Record, shown
+from fairfl.kinds import Kind, Real, shown
 
-CKA_TOLERANCE = 1e-6  # rounding allowed outside [0, 1] by check_cka
-MAX_REPORTED = 1e6  # a self-reported loss, sharpness or error above this is not a measurement of these networks
+MAX_REPORTED = 1e6  # a self-reported loss or error above this is not a measurement of these networks
 MAX_SAMPLES = 10**7  # default cap on a site's training-set size (`max_samples`)
 MAX_METRICS = 64  # metrics one answer may carry ...
 MAX_NAME = 100  # ... and the length of their names
@@ -110,18 +110,6 @@ def check_site_state(state: Mapping, reference: Mapping[str, torch.Tensor]) -> s
         if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
             return f"{'NaN' if bool(torch.isnan(t).any()) else 'Inf'} in {key}"
     return None
-
-
-def cka_report(layers: Iterable[str]) -> Record:
-    """Fed-LWR's CKA report {layer: CKA(local, anchor)}: every layer of `layers` (and no other), each a finite number
-    in [0, 1], allowing CKA_TOLERANCE of rounding (`lwr_layer_weights` clamps it away)."""
-    return Record({name: Real(-CKA_TOLERANCE, 1.0 + CKA_TOLERANCE) for name in layers})
-
-
-def check_cka(cka: Mapping, layers: Iterable[str]) -> str | None:
-    """Why a site's CKA report {layer: value} is unusable (`cka_report`), or None if it is fine."""
-    problem = cka_report(layers).problem(cka)
-    return f"CKA {problem}" if problem else None
 
 
 def samples_problem(num_samples, declared: int | None, cap: int) -> str | None:

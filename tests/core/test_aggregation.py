@@ -7,9 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from fairfl.aggregation import layerwise_average, lwr_layer_weights, weighted_average
+from fairfl.aggregation import weighted_average
 from fairfl.methods.fedlwr.cka import parameter_layers
-from fairfl.site_checks import check_cka, check_site_state
+from fairfl.methods.fedlwr.weights import check_cka, layerwise_average, lwr_layer_weights
+from fairfl.site_checks import check_site_state
 
 AUTHORS_CLIP = (1e-4, 0.99)
 

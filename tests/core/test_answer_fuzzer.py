@@ -22,6 +22,7 @@ from fairfl.flare import protocol
 from fairfl.jobconfig import component_arguments
 from fairfl.methods import JOBS, VARIANTS
 from fairfl.methods.make_jobs import load_class
+from fairfl.methods.steps import registered_tasks
 from fairfl.models import initial_state
 
 SITES = ["site-1", "site-2", "site-3", "site-4"]
@@ -91,7 +92,7 @@ def fields_to_fuzz(controller, round_num) -> list:
     found = [(protocol.TASK_TRAIN, "metrics", ("train_loss",)), (protocol.TASK_VALIDATE, "metrics", (None,))]
     if controller.start_from == protocol.FROM_GLOBAL:
         found += [(protocol.TASK_TRAIN, "meta", (protocol.NUM_SAMPLES,)), (protocol.TASK_TRAIN, "params", (None,))]
-    for task in (protocol.TASK_TRAIN, protocol.TASK_CKA):
+    for task in (protocol.TASK_TRAIN, *registered_tasks()):  # and every method's own site task
         for key, schema in controller.answer_fields(task, round_num).items():
             found += [(task, "meta", (key, *path)) for path, _ in schema.leaves()]
     return found

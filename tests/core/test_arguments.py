@@ -31,6 +31,9 @@ HOSTILE = {
     ("fedavg", "loader_workers"): ["2", -1, 100_000],
     ("fedavg", "device"): [0, "gpu", "cuda:x", "cuda:99999", "cuda:-1"],
     ("fedlwr", "cka_clip"): ["x", [1, 0], [0.5], [0, 2], [0.2, 0.2], [], [NAN, 1]],
+    ("fedlwr", "cka_max_samples"): ["64", 3, 10**9],
+    ("fedlwr", "cka_batch_size"): ["32", 2, 10**6],
+    ("fedlwr", "cka_split"): [1, "testing"],
     ("fedavg", "task_timeout"): ["1h", -1, NAN, 0, INF, 10**9, 1.5],
     ("fedavg", "straggler_timeout"): ["600", -1, 0, NAN, INF, 10**9],
     ("fedavg", "seed"): ["x", -1, 2**40, 1.5, None],
@@ -78,9 +81,6 @@ HOSTILE = {
     ("fedavg", "cross_site_eval"): ["true", 1],
     # the rest of the sites' arguments
     ("fedavg", "data_root"): [5, ["x"], "a\0b", "x" * 5000],
-    ("fedavg", "cka_max_samples"): ["64", 3, 10**9],
-    ("fedavg", "cka_batch_size"): ["32", 2, 10**6],
-    ("fedavg", "cka_split"): [1, "testing"],
     ("fedavg", "synthetic_size_scale"): ["2", 0, -1, 1000, NAN],
     ("fedavg", "logit_adjustment"): ["1", -1, NAN, 1000],
     ("fedavg", "augmentation"): ["flip", ["flip", "flip"], ["shear"], [1]],
@@ -329,6 +329,7 @@ def test_the_declarations_agree_with_the_modules_that_use_the_same_values():
     from fairfl.methods.fedfloor.mixing import DEFAULT_GRID
     from fairfl.methods.fedism import saga, sharpness
     from fairfl.methods.fedism.arguments import FEDISM
+    from fairfl.methods.fedlwr.arguments import CKA_SAMPLE
     from fairfl.methods.fedlwr.cka import MIN_BATCH
     from fairfl.methods.fednpr import npr
     from fairfl.methods.fednpr.arguments import FEDNPR
@@ -348,7 +349,8 @@ def test_the_declarations_agree_with_the_modules_that_use_the_same_values():
         assert (round_[name].kind.kind.low, round_[name].kind.kind.high) == models.SPEC_INTS[name]
     executor = {a.name: a for a in arguments.EXECUTOR}
     assert executor["augmentation"].kind.kind.item.choices == AUGMENTATIONS
-    assert executor["cka_max_samples"].kind.low == executor["cka_batch_size"].kind.low == MIN_BATCH
+    cka_sample = {a.name: a for a in CKA_SAMPLE}
+    assert cka_sample["cka_max_samples"].kind.low == cka_sample["cka_batch_size"].kind.low == MIN_BATCH
     assert {a.name: a.default for a in FEDCE} == {"combine": COMBINE_MODES[0]}
     assert FEDCE[0].kind.choices == COMBINE_MODES
     assert tuple(FEDFLOOR[0].default) == DEFAULT_GRID

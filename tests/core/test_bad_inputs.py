@@ -19,6 +19,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
+from nvflare.app_common.abstract.fl_model import FLModel
 from PIL import Image
 
 from fairfl import cli
@@ -26,6 +27,8 @@ from fairfl.data.datalist import SPLITS, write_datalist
 from fairfl.errors import DataError
 from fairfl.flare import protocol
 from fairfl.flare.executor import FairflExecutor
+from fairfl.flare.site_task import SiteTask, check_meta
+from fairfl.methods.fednpr.protocol import NPR
 
 from helpers import REPO
 
@@ -70,6 +73,11 @@ def set_first(root, key, value, site=SITE):
     path.write_text(json.dumps(datalist))
 
 
+def site_task(meta: dict, site=SITE) -> SiteTask:
+    """A server task of `meta` as the site reads it."""
+    return SiteTask.of(site, FLModel(meta=meta))
+
+
 def load_site(root, site=SITE, in_channels=1, num_classes=2, task="segmentation", max_samples=None):
     """What a site does with its data on its first tasks: read the datalist and dataset.json, then build (decode
     and cache) the loader of every split; with max_samples, the sampling loader (Fed-LWR's CKA), which decodes
@@ -80,7 +88,7 @@ def load_site(root, site=SITE, in_channels=1, num_classes=2, task="segmentation"
         protocol.TASK: task,
     }
     for split in SPLITS:
-        for _ in executor._loader(site, meta, split, train=False, seed=0, max_samples=max_samples):
+        for _ in executor._loader(site_task(meta, site), split, train=False, seed=0, max_samples=max_samples):
             if max_samples is None:
                 break
     return executor
@@ -343,7 +351,7 @@ def test_an_image_declaring_a_huge_size_is_refused_from_its_header_before_any_pi
     tracemalloc.start()
     try:
         with pytest.raises(DataError) as info:
-            executor._load_datalist(SITE, meta)
+            executor._load_datalist(site_task(meta))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -374,7 +382,8 @@ def test_the_sites_own_image_limits_are_its_environments(tmp_path, monkeypatch):
     huge_jpeg(root)
     monkeypatch.setenv("FAIRFL_MAX_IMAGE_SIDE", "9000")
     meta = {protocol.MODEL_SPEC: {"name": "cnn", "in_channels": 1, "num_classes": 2}, protocol.TASK: "classification"}
-    assert FairflExecutor(data_root=str(root))._load_datalist(SITE, meta)["training"][0]["image"].endswith("huge.jpg")
+    datalist = FairflExecutor(data_root=str(root))._load_datalist(site_task(meta))
+    assert datalist["training"][0]["image"].endswith("huge.jpg")
 
 
 def rgb_image_for_two_channels(root):
@@ -457,7 +466,7 @@ def model_spec_check(spec):
     """The network of a server task, checked as a site checks it before anything is built."""
 
     def attempt(tmp_path):
-        FairflExecutor._check_task(SITE, {protocol.MODEL_SPEC: spec})
+        check_meta(SITE, {protocol.MODEL_SPEC: spec})
 
     return attempt
 
@@ -473,7 +482,7 @@ def executor_task(meta_changes):
             protocol.DATA_SEED: 0,
             **meta_changes,
         }
-        FairflExecutor(image_size=16)._load_datalist(SITE, meta)
+        FairflExecutor(image_size=16)._load_datalist(site_task(meta))
 
     return attempt
 
@@ -517,7 +526,7 @@ def server_task_check(meta_changes, **variables):
     def attempt(tmp_path):
         meta = {protocol.MODEL_SPEC: {"name": "cnn", "in_channels": 1, "num_classes": 2}, **meta_changes}
         with mock.patch.dict(os.environ, variables):
-            FairflExecutor._check_task(SITE, meta)
+            check_meta(SITE, meta)
 
     return attempt
 
@@ -528,7 +537,7 @@ def model_spec(**spec):
 
 def npr_settings(**changes):
     settings = {"k": 4, "weight": 1.0, "epsilon": 0.05, "iterations": 50, "temperature": 1.0, "logits": "layernorm"}
-    return server_task_check({protocol.NPR: {**settings, **changes}})
+    return server_task_check({NPR: {**settings, **changes}})
 
 
 # case -> (attempt, what the error must name)
@@ -627,11 +636,11 @@ def test_the_server_task_cannot_make_a_site_a_free_rider(tmp_path, monkeypatch):
     good_site(root)
     good_site(root, site="site-2")
     meta = {protocol.MODEL_SPEC: {"name": "unet", "in_channels": 1, "num_classes": 2}, "free_riders": {SITE: "site-2"}}
-    own = FairflExecutor(data_root=str(root))._load_datalist(SITE, meta)
+    own = FairflExecutor(data_root=str(root))._load_datalist(site_task(meta))
     assert len({e["image"] for e in own["training"]}) == 2 and SITE in own["training"][0]["image"]
     monkeypatch.setenv("FAIRFL_FREE_RIDERS", f"site-9,{SITE}")
     monkeypatch.setenv("FAIRFL_FREE_RIDER_SOURCE", "site-2")
-    rider = FairflExecutor(data_root=str(root))._load_datalist(SITE, meta)
+    rider = FairflExecutor(data_root=str(root))._load_datalist(site_task(meta))
     assert len({e["image"] for e in rider["training"]}) == 1 and "site-2" in rider["training"][0]["image"]
 
 
@@ -642,7 +651,7 @@ def test_the_sites_data_root_wins_over_the_jobs(tmp_path, monkeypatch):
     good_site(job_root)
     monkeypatch.setenv("FAIRFL_DATA_ROOT", str(tmp_path / "site_data"))
     meta = {protocol.MODEL_SPEC: {"name": "unet", "in_channels": 1, "num_classes": 2}}
-    datalist = FairflExecutor(data_root=str(job_root))._load_datalist(SITE, meta)
+    datalist = FairflExecutor(data_root=str(job_root))._load_datalist(site_task(meta))
     assert all(e["image"].startswith(str(tmp_path / "site_data")) for s in SPLITS for e in datalist[s])
 
 
@@ -669,9 +678,8 @@ def test_checkpoint_or_local_model_holding_a_pickled_object_is_refused_and_never
     local = tmp_path / protocol.LOCAL_MODEL_FILE
     torch.save({"weight": Payload(str(marker))}, local)
     with pytest.raises(ValueError, match="not a readable file of tensors") as info:
-        FairflExecutor()._own_model(
-            "site-1", {protocol.MODEL_SPEC: {"name": "unet", "in_channels": 1, "num_classes": 2}}, str(tmp_path), 1
-        )
+        spec = {"name": "unet", "in_channels": 1, "num_classes": 2}
+        FairflExecutor()._own_model(site_task({protocol.MODEL_SPEC: spec}, "site-1"), str(tmp_path), 1)
     assert str(local) in str(info.value)
     assert not marker.exists()
 

@@ -4,6 +4,8 @@ server sends is checked before anything is built: every task field the steps and
 the weights; and a site sends its own model for cross-site evaluation only where its own setting lets it."""
 
 import contextlib
+import importlib
+import importlib.util
 import inspect
 import logging
 import math
@@ -21,13 +23,30 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
+import fairfl.flare.executor as executor_module
 import fairfl.methods.steps as steps_module
 from fairfl.errors import DataError
 from fairfl.flare import protocol
-from fairfl.flare.executor import TASK_FIELDS, FairflExecutor
-from fairfl.kinds import Boolean, Integer
-from fairfl.methods import CLIENT_STEPS
-from fairfl.methods.steps import ClientStep, TaskSteps, declared_fields, problems, registered_steps
+from fairfl.flare.executor import FairflExecutor
+from fairfl.flare.site_task import TASK_FIELDS, check_meta
+from fairfl.kinds import Boolean, Integer, Real
+from fairfl.methods import CLIENT_STEPS, UNITS
+from fairfl.methods.ditto.protocol import DITTO_LAMBDA
+from fairfl.methods.fedce.protocol import LOO_WEIGHTS
+from fairfl.methods.fedfloor.protocol import MIX_GRID
+from fairfl.methods.fedism.protocol import SALT_ALPHA, SALT_RHO, SHARPNESS_RHO
+from fairfl.methods.fednpr.protocol import NPR
+from fairfl.methods.fedprox.protocol import PROX_MU
+from fairfl.methods.qfedavg.protocol import MEASURE_LOSS
+from fairfl.methods.steps import (
+    ClientStep,
+    MethodTask,
+    TaskSteps,
+    declared_fields,
+    problems,
+    registered_steps,
+    registered_tasks,
+)
 from fairfl.models import initial_state
 
 from helpers import segmentation_task_meta
@@ -147,7 +166,7 @@ def test_two_steps_that_both_replace_the_loss_or_both_train_are_a_bad_task(monke
         {"applies": classmethod(lambda cls, meta: True), "train": lambda self, *args: {"steps": 0}},
     )
     npr_meta = {
-        protocol.NPR: {
+        NPR: {
             "k": 2,
             "weight": 1.0,
             "epsilon": 0.05,
@@ -159,13 +178,13 @@ def test_two_steps_that_both_replace_the_loss_or_both_train_are_a_bad_task(monke
     }
     found = problems(npr_meta, (*registered_steps(), replacing))
     assert len(found) == 1 and "NPRObjective" in found[0] and "OtherObjective" in found[0] and "loss" in found[0]
-    found = problems({protocol.SALT_RHO: 0.1}, (*registered_steps(), training))
+    found = problems({SALT_RHO: 0.1}, (*registered_steps(), training))
     assert len(found) == 1 and "SALTTraining" in found[0] and "OtherLoop" in found[0]
-    assert problems({**npr_meta, protocol.PROX_MU: 0.01}) == []  # FedProx + NPR: one replaces, one adds a term
+    assert problems({**npr_meta, PROX_MU: 0.01}) == []  # FedProx + NPR: one replaces, one adds a term
     real = registered_steps()
     monkeypatch.setattr(steps_module, "registered_steps", lambda: (*real, replacing))
     with pytest.raises(DataError, match="site-2.*the server's task.*would all replace the local loss"):
-        FairflExecutor._check_task("site-2", {**META, **npr_meta})
+        check_meta("site-2", {**META, **npr_meta})
 
 
 def test_a_step_replacing_the_loss_runs_before_steps_adding_a_term_whatever_the_registry_order():
@@ -194,22 +213,59 @@ def test_the_registry_names_step_classes_in_the_units_and_imports_without_torch(
     classes = registered_steps()
     assert len(classes) == len(CLIENT_STEPS) == len(set(classes))
     assert all(issubclass(cls, ClientStep) and cls.__module__.endswith(".client") for cls in classes)
+    tasks = registered_tasks()
+    assert tasks and all(issubclass(cls, MethodTask) and cls.__module__.endswith(".client") for cls in tasks.values())
+    assert all(name == cls.name for name, cls in tasks.items())
+    assert not set(tasks) & {protocol.TASK_TRAIN, protocol.TASK_VALIDATE}  # the executor's own tasks
     code = "import sys, fairfl.methods; assert 'torch' not in sys.modules and 'nvflare' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class Probe(MethodTask):
+    """A method's own site task reading one field: replies what it measured and a metric."""
+
+    name = "probe"
+    fields = {"probe_scale": Real(0.0, 10.0)}
+
+    def run(self, ctx):
+        ctx.reply["probed"] = ctx.round * ctx.meta["probe_scale"]
+        ctx.metrics["probe_seconds"] = 0.0
+
+
+def test_the_executor_answers_a_methods_own_task_by_its_name_and_refuses_one_lacking_its_fields(
+    site, caplog, monkeypatch
+):
+    run, state_dir = site
+    for module in (steps_module, executor_module):  # the registry the executor dispatches and checks by
+        monkeypatch.setattr(module, "registered_tasks", lambda: {"probe": Probe})
+    reply = run("probe", {**META, "probe_scale": 2.0})
+    assert reply.get_return_code() == ReturnCode.OK
+    result = FLModelUtils.from_shareable(reply)
+    assert result.meta["probed"] == 2.0 and result.metrics == {"probe_seconds": 0.0} and not result.params
+    code, log = answered(run, caplog, META, task_name="probe")
+    assert code == ReturnCode.BAD_TASK_DATA and "site-2] the server's task: task field probe_scale is missing" in log
+    code, log = answered(run, caplog, {**META, "probe_scale": 11.0})  # a declared field is checked in every task
+    assert code == ReturnCode.BAD_TASK_DATA and "task field probe_scale is 11.0" in log and nothing_done(run, state_dir)
+    code, log = answered(run, caplog, META, task_name="probes")
+    assert code == ReturnCode.TASK_UNKNOWN and "this executor answers ['probe', 'train', 'validate']" in log
 
 
 # ------------------------------------------------------------------------------------ what the server sends
 HOSTILE = (math.nan, math.inf, -1e9, 1e9, "x", "../x", [1], {}, None, True)
 # (field, hostile value) pairs that are honest settings: the grid of Ditto itself, FedCE's weights without this site
-HONEST = {(protocol.MIX_GRID, "[1]"), (protocol.LOO_WEIGHTS, "{}"), (protocol.RUN_NAME, "'x'")}
+HONEST = {(MIX_GRID, "[1]"), (LOO_WEIGHTS, "{}"), (protocol.RUN_NAME, "'x'")}
 
 
 def task_fields():
-    """{meta key: (who reads it, its Field)}: the executor's own and every registered step's."""
+    """{meta key: (who reads it, its Field)}: the executor's own and every registered step's and method task's."""
     fields = {key: ("FairflExecutor", field) for key, field in TASK_FIELDS.items()}
-    for step in registered_steps():
-        fields.update({key: (step.__name__, field) for key, field in step.fields.items()})
+    for reader in (*registered_steps(), *registered_tasks().values()):
+        fields.update({key: (reader.__name__, field) for key, field in reader.fields.items()})
     return fields
+
+
+def has_protocol(unit) -> bool:
+    return importlib.util.find_spec(f"{unit.package}.protocol") is not None
 
 
 def answered(run, caplog, meta, task_name=protocol.TASK_TRAIN, **options):
@@ -246,13 +302,20 @@ def test_every_declared_task_field_refuses_each_hostile_value_naming_the_field_b
     assert not failures, "\n".join(failures)
 
 
+def sent_keys(module) -> set:
+    """The keys of a protocol module's server -> site block (up to its first blank line)."""
+    source = inspect.getsource(module)
+    block = source.split("# server -> site\n")[1].split("\n\n")[0] if "# server -> site" in source else ""
+    return {getattr(module, name) for name in re.findall(r"^([A-Z_]+) = ", block, re.M) if not name.startswith("FROM_")}
+
+
 def test_the_declarations_cover_every_key_the_server_sends_and_agree():
-    """A key of the protocol's server -> site block is declared (by the executor or a step) or checked by one of the
-    executor's own checks; a new method key without a declaration fails here."""
-    source = inspect.getsource(protocol).split("# server -> site")[1].split("# site -> server")[0]
-    sent = {
-        getattr(protocol, name) for name in re.findall(r"^([A-Z_]+) = ", source, re.M) if not name.startswith("FROM_")
-    }
+    """A key of a server -> site block, the shared protocol's or a unit's (fairfl.methods.<name>.protocol), is
+    declared (by the executor, a step or a method task) or checked by one of the executor's own checks; a new method
+    key without a declaration fails here."""
+    units = [importlib.import_module(f"{unit.package}.protocol") for unit in UNITS if has_protocol(unit)]
+    sent = set().union(*(sent_keys(module) for module in (protocol, *units)))
+    assert len(units) >= 10 and {PROX_MU, "cka_split"} <= sent
     checked_elsewhere = {  # tests/core/test_bad_inputs.py CONFIG_CASES
         protocol.MODEL_SPEC,
         protocol.NUM_SITES,
@@ -264,30 +327,30 @@ def test_the_declarations_cover_every_key_the_server_sends_and_agree():
     assert sent - checked_elsewhere - set(task_fields()) == set()
     assert declared_fields() == {k: f for k, (_, f) in task_fields().items() if k not in TASK_FIELDS}
     with pytest.raises(ValueError, match="declare task field 'prox_mu' differently"):
-        declared_fields((*registered_steps(), type("Other", (ClientStep,), {"fields": {protocol.PROX_MU: Boolean()}})))
+        declared_fields((*registered_steps(), type("Other", (ClientStep,), {"fields": {PROX_MU: Boolean()}})))
 
 
 def test_honest_settings_at_their_bounds_are_accepted():
     honest = {
-        protocol.DITTO_LAMBDA: 1000.0,
-        protocol.PROX_MU: 0.0,
-        protocol.SALT_RHO: 10.0,
-        protocol.SALT_ALPHA: 1,
-        protocol.SHARPNESS_RHO: np.float32(0.05),
-        protocol.MEASURE_LOSS: False,
-        protocol.LOO_WEIGHTS: {"site-1": 0.25, "site-2": 1.0},
-        protocol.MIX_GRID: [0.0, 0.5, 1.0],
+        DITTO_LAMBDA: 1000.0,
+        PROX_MU: 0.0,
+        SALT_RHO: 10.0,
+        SALT_ALPHA: 1,
+        SHARPNESS_RHO: np.float32(0.05),
+        MEASURE_LOSS: False,
+        LOO_WEIGHTS: {"site-1": 0.25, "site-2": 1.0},
+        MIX_GRID: [0.0, 0.5, 1.0],
         protocol.TASK: "classification",
     }
-    assert problems(honest) == [] and FairflExecutor._check_task("site-2", {**META, **honest}) is None
-    too_far = {protocol.DITTO_LAMBDA: 1000.001, protocol.LOO_WEIGHTS: {"site-1": 1.5}, protocol.MIX_GRID: [0.0] * 0}
+    assert problems(honest) == [] and check_meta("site-2", {**META, **honest}) is None
+    too_far = {DITTO_LAMBDA: 1000.001, LOO_WEIGHTS: {"site-1": 1.5}, MIX_GRID: [0.0] * 0}
     found = problems(too_far)
     assert len(found) == 3 and all(
         any(text in line for line in found)
         for text in ("ditto_lambda is 1000.001, expected a finite number in [0, 1000]", "['site-1'] is 1.5", "mix_grid")
     )
     assert Integer(0, 10).problem(10**5000).startswith("is an integer of 16610 bits")
-    assert "more than the 101" in problems({protocol.MIX_GRID: [i / 200 for i in range(201)]})[0]
+    assert "more than the 101" in problems({MIX_GRID: [i / 200 for i in range(201)]})[0]
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,10 @@ from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController, SiteUpdate
 from fairfl.flare.executor import FairflExecutor
 from fairfl.methods.fedism.controller import FedISMController
+from fairfl.methods.fedism.protocol import SALT_ALPHA, SALT_RHO, SHARPNESS, SHARPNESS_RHO
 from fairfl.methods.fedism.saga import SagaState
 from fairfl.methods.qfedavg.controller import QFedAvgController
+from fairfl.methods.qfedavg.protocol import GLOBAL_LOSS, MEASURE_LOSS
 from fairfl.models import initial_state, state_to_torch
 from fairfl.presets import PRESETS, apply_preset, resolve_preset
 from fairfl.site_checks import number_problem
@@ -105,13 +107,13 @@ def mixture(updates, weights):
 def test_fedism_schedule_and_names():
     plus = FedISMController(**TINY)
     assert plus.method == "fedismplus_s" and FedISMController(variant="L", **TINY).method == "fedismplus_l"
-    rhos = [plus.train_meta(r)[protocol.SALT_RHO] for r in range(4)]
+    rhos = [plus.train_meta(r)[SALT_RHO] for r in range(4)]
     assert rhos == pytest.approx([0.1 * ((r + 1) / 4) ** 0.5 for r in range(4)]) and rhos[-1] == pytest.approx(0.1)
     meta = plus.train_meta(1)
-    assert meta[protocol.SHARPNESS_RHO] == meta[protocol.SALT_RHO] and meta[protocol.SALT_ALPHA] == 0.1
+    assert meta[SHARPNESS_RHO] == meta[SALT_RHO] and meta[SALT_ALPHA] == 0.1
     fixed = FedISMController(rho_max=0.05, tau=0.0, **TINY)
     assert fixed.method == "fedism" and FedISMController(tau=0, variant="L", **TINY).method == "fedism_l"
-    assert {fixed.train_meta(r)[protocol.SALT_RHO] for r in range(4)} == {0.05}
+    assert {fixed.train_meta(r)[SALT_RHO] for r in range(4)} == {0.05}
     with pytest.raises(ValueError):
         FedISMController(variant="X", **TINY)
 
@@ -128,7 +130,7 @@ def test_fedism_aggregates_by_saga_weights_and_rejects_bad_reports(variant):
         "site-5": None,
     }  # site-4: absurd (a negative one is clipped to 0)
     rejected = {}
-    updates = screened(controller, 0, updates_with(state0, reports, protocol.SHARPNESS), rejected)
+    updates = screened(controller, 0, updates_with(state0, reports, SHARPNESS), rejected)
     new, extras = controller.aggregate(0, state0, updates, rejected)
     assert set(rejected) == {"site-3", "site-4", "site-5"} and all("sharpness" in r for r in rejected.values())
     values = {"site-1": 0.1, "site-2": 0.3} if variant == "S" else {"site-1": 1.1, "site-2": 2.3}
@@ -142,7 +144,7 @@ def test_fedism_aggregates_by_saga_weights_and_rejects_bad_reports(variant):
     _, extras1 = controller.aggregate(
         1,
         new,
-        updates_with(new, {"site-1": sharpness(0.3, 1.0), "site-2": sharpness(0.1, 2.0)}, protocol.SHARPNESS),
+        updates_with(new, {"site-1": sharpness(0.3, 1.0), "site-2": sharpness(0.1, 2.0)}, SHARPNESS),
         {},
     )
     values1 = {"site-1": 0.3, "site-2": 0.1} if variant == "S" else {"site-1": 1.3, "site-2": 2.1}
@@ -156,10 +158,10 @@ def test_salt_only_ablation_aggregates_like_fedavg_and_asks_for_no_sharpness():
     controller = FedISMController(saga=False, **TINY)
     assert controller.method == "salt" and controller.config()["saga"] is False
     meta = controller.train_meta(0)
-    assert protocol.SALT_RHO in meta and protocol.SHARPNESS_RHO not in meta
+    assert SALT_RHO in meta and SHARPNESS_RHO not in meta
     state0 = initial_state(controller.model_spec(), seed=0)
     reports = {"site-1": sharpness(0.9), "site-2": None, "site-3": sharpness(float("nan"))}  # ignored, never rejected
-    updates = updates_with(state0, reports, protocol.SHARPNESS)
+    updates = updates_with(state0, reports, SHARPNESS)
     rejected = {}
     new, extras = controller.aggregate(0, state0, updates, rejected)
     expected = {s: u.num_samples / sum(v.num_samples for v in updates.values()) for s, u in updates.items()}
@@ -175,7 +177,7 @@ def test_fedism_keeps_the_global_model_when_no_report_is_valid():
     controller = FedISMController(**TINY)
     state0 = initial_state(controller.model_spec(), seed=0)
     rejected = {}
-    updates = screened(controller, 0, updates_with(state0, {"site-1": None}, protocol.SHARPNESS), rejected)
+    updates = screened(controller, 0, updates_with(state0, {"site-1": None}, SHARPNESS), rejected)
     new, extras = controller.aggregate(0, state0, updates, rejected)
     assert new is state0 and "weights" not in extras and set(rejected) == {"site-1"}
     assert controller.saga_state.rounds == 0  # the next round still starts from raw weights
@@ -186,12 +188,12 @@ def test_fedism_state_on_disk_gives_the_same_next_round_as_staying_up():
     state = initial_state(up.model_spec(), seed=0)
     for r in range(2):
         reports = {s: sharpness(0.1 * (i + 1 + r)) for i, s in enumerate(SITES)}
-        state, _ = up.aggregate(r, state, updates_with(state, reports, protocol.SHARPNESS, seed=r), {})
+        state, _ = up.aggregate(r, state, updates_with(state, reports, SHARPNESS, seed=r), {})
     saved = json.loads(json.dumps(up.method_state()))  # what method_state.json holds
     restarted = FedISMController(**TINY)
     restarted.load_method_state(saved)
     assert isinstance(restarted.saga_state, SagaState) and restarted.saga_state.rounds == 2
-    updates = updates_with(state, {s: sharpness(0.05 * (i + 1)) for i, s in enumerate(SITES)}, protocol.SHARPNESS, 2)
+    updates = updates_with(state, {s: sharpness(0.05 * (i + 1)) for i, s in enumerate(SITES)}, SHARPNESS, 2)
     new_up, extras_up = up.aggregate(2, state, updates, {})
     new_restarted, extras_restarted = restarted.aggregate(2, state, updates, {})
     assert extras_up["weights"] == extras_restarted["weights"]
@@ -204,9 +206,7 @@ def test_qfedavg_with_lipschitz_zero_is_loss_weighted_fedavg_and_rejects_bad_los
     assert controller.method == "qfedavg_lossweighted" and QFedAvgController(**TINY).method == "qfedavg"
     state0 = initial_state(controller.model_spec(), seed=0)
     rejected = {}
-    updates = updates_with(
-        state0, {"site-1": 1.0, "site-2": 2.0, "site-3": float("nan"), "site-4": None}, protocol.GLOBAL_LOSS
-    )
+    updates = updates_with(state0, {"site-1": 1.0, "site-2": 2.0, "site-3": float("nan"), "site-4": None}, GLOBAL_LOSS)
     updates = screened(controller, 0, updates, rejected)
     new, extras = controller.aggregate(0, state0, updates, rejected)
     assert set(rejected) == {"site-3", "site-4"}
@@ -221,7 +221,7 @@ def test_qfedavg_with_lipschitz_zero_is_loss_weighted_fedavg_and_rejects_bad_los
 def test_qfedavg_lipschitz_from_the_sites_lr_keeps_part_of_the_global_model():
     controller = QFedAvgController(q=1.0, **TINY)
     state0 = initial_state(controller.model_spec(), seed=0)
-    updates = updates_with(state0, {"site-1": 1.0, "site-2": 2.0}, protocol.GLOBAL_LOSS, lr=1e-3)
+    updates = updates_with(state0, {"site-1": 1.0, "site-2": 2.0}, GLOBAL_LOSS, lr=1e-3)
     _, extras = controller.aggregate(0, state0, updates, {})
     assert extras["lipschitz"] == pytest.approx(1e3)
     assert 0 < extras["global_share"] < 1 and sum(extras["weights"].values()) + extras["global_share"] == pytest.approx(
@@ -229,10 +229,10 @@ def test_qfedavg_lipschitz_from_the_sites_lr_keeps_part_of_the_global_model():
     )
     # a site without an lr, or with another lr than most sites', is rejected; the job goes on
     rejected = {}
-    updates = screened(controller, 0, updates_with(state0, {"site-1": 1.0}, protocol.GLOBAL_LOSS), rejected)
+    updates = screened(controller, 0, updates_with(state0, {"site-1": 1.0}, GLOBAL_LOSS), rejected)
     new, extras = controller.aggregate(0, state0, updates, rejected)
     assert new is state0 and extras == {} and "no lr in the answer" in rejected["site-1"]
-    updates = updates_with(state0, {"site-1": 1.0, "site-2": 2.0, "site-3": 1.5}, protocol.GLOBAL_LOSS, lr=1e-3)
+    updates = updates_with(state0, {"site-1": 1.0, "site-2": 2.0, "site-3": 1.5}, GLOBAL_LOSS, lr=1e-3)
     updates["site-2"].meta[protocol.LR] = 1e-9  # a tiny lr would make L huge and freeze the model
     rejected = {}
     _, extras = controller.aggregate(0, state0, updates, rejected)
@@ -244,6 +244,7 @@ def test_executor_trains_with_salt_measures_and_evaluates_clean_and_corrupted(tm
     from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
     from fairfl.flare.executor import FairflExecutor
+    from fairfl.flare.site_task import SiteTask
 
     controller = FedISMController(dataset="skin", model_channels=[4, 8], num_rounds=2)
     meta = {
@@ -253,42 +254,32 @@ def test_executor_trains_with_salt_measures_and_evaluates_clean_and_corrupted(tm
         protocol.NUM_SITES: 4,
         protocol.DATA_SEED: 0,
         protocol.START_FROM: protocol.FROM_GLOBAL,
-        protocol.MEASURE_LOSS: True,
+        MEASURE_LOSS: True,
         **controller.train_meta(1),
     }
     executor = FairflExecutor(image_size=32, batch_size=16, lr=3e-4, weight_decay=5e-4, synthetic_size_scale=0.2)
     params = initial_state(controller.model_spec(), 0)
-    result = executor._train(
-        "site-4", FLModel(params_type=ParamsType.FULL, params=params, current_round=1, meta=meta), str(tmp_path)
-    )
-    report = result.meta[protocol.SHARPNESS]
+    sent = FLModel(params_type=ParamsType.FULL, params=params, current_round=1, meta=meta)
+    result = executor._train(SiteTask.of("site-4", sent), str(tmp_path))
+    report = result.meta[SHARPNESS]
     assert report["rho"] == pytest.approx(0.1) and report["samples"] == result.meta[protocol.NUM_SAMPLES]
     assert report["sharpness"] == pytest.approx(report["perturbed_loss"] - report["loss"])
-    assert result.meta[protocol.GLOBAL_LOSS] == report["loss"] and result.meta[protocol.LR] == 3e-4
+    assert result.meta[GLOBAL_LOSS] == report["loss"] and result.meta[protocol.LR] == 3e-4
     assert result.metrics["rho"] == pytest.approx(0.1) and "train_perturbed_loss" in result.metrics
     assert result.metrics["probe_seconds"] > 0
     changed = [k for k in params if not np.array_equal(params[k], result.params[k])]
     assert changed  # it trained
-    scores = executor._validate(
-        "site-4",
-        FLModel(
-            params_type=ParamsType.FULL, params=result.params, meta={**meta, protocol.EVALUATE: protocol.FROM_GLOBAL}
-        ),
-        str(tmp_path),
-    ).metrics
+    trained = FLModel(
+        params_type=ParamsType.FULL, params=result.params, meta={**meta, protocol.EVALUATE: protocol.FROM_GLOBAL}
+    )
+    scores = executor._validate(SiteTask.of("site-4", trained), str(tmp_path)).metrics
     names = ("accuracy", "balanced_accuracy", "auc", "balanced_accuracy_se", "auc_se")  # with their standard errors
     assert set(scores) == {*names, "corrupted_site", *(f"{q}_{n}" for n in names for q in ("clean", "corrupted"))}
     assert all(0.0 <= v <= 1.0 and math.isfinite(v) for v in scores.values())
     # site-4 of 4 is the corrupted one (the last 20%): its own-quality scores are the corrupted test set's
     assert scores["corrupted_site"] == 1.0 and all(scores[n] == scores[f"corrupted_{n}"] for n in names)
     other_site = FairflExecutor(image_size=32, batch_size=16, synthetic_size_scale=0.2)  # one site per process
-    clean = other_site._validate(
-        "site-1",
-        FLModel(
-            params_type=ParamsType.FULL, params=result.params, meta={**meta, protocol.EVALUATE: protocol.FROM_GLOBAL}
-        ),
-        str(tmp_path / "site-1"),
-    ).metrics
+    clean = other_site._validate(SiteTask.of("site-1", trained), str(tmp_path / "site-1")).metrics
     assert clean["corrupted_site"] == 0.0 and all(clean[n] == clean[f"clean_{n}"] for n in names)
     assert clean["clean_auc"] == scores["clean_auc"]  # one shared test set: the same model scores the same
 
@@ -311,7 +302,7 @@ def test_checkpoint_restores_round_model_saga_state_and_results_and_refuses_othe
 
     first = controller()
     state0 = initial_state(first.model_spec(), seed=0)
-    updates = updates_with(state0, {"site-1": sharpness(0.2), "site-2": sharpness(0.4)}, protocol.SHARPNESS)
+    updates = updates_with(state0, {"site-1": sharpness(0.2), "site-2": sharpness(0.4)}, SHARPNESS)
     state1, extras = first.aggregate(0, state0, updates, {})
     first.results.add_round(0, 1.0, weights=extras["weights"])
     first.results.cross_site(0, {"site-1": {"site-1": 0.5, "site-2": 0.25}})  # kept by a resubmitted run

@@ -12,7 +12,9 @@ from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from fairfl.flare import protocol
 from fairfl.flare.executor import FairflExecutor
+from fairfl.methods.fedism.protocol import SALT_RHO, SHARPNESS, SHARPNESS_RHO
 from fairfl.methods.fedlwr.cka import _GramWorkspace
+from fairfl.methods.fedlwr.protocol import CKA, CKA_BATCH_SIZE, CKA_MAX_SAMPLES, CKA_SPLIT, TASK_CKA
 from fairfl.models import build_model, initial_state
 from fairfl.training import TrainSettings, mixed_precision, train_local
 
@@ -100,13 +102,13 @@ def test_a_site_with_amp_runs_fedism_plus_and_fedlwr_tasks_in_bfloat16(tmp_path,
         return FLModelUtils.from_shareable(reply)
 
     sent = initial_state(SPEC, 0)
-    fedism = {**META, protocol.SHARPNESS_RHO: 0.05, protocol.SALT_RHO: 0.05}
+    fedism = {**META, SHARPNESS_RHO: 0.05, SALT_RHO: 0.05}
     trained = run(protocol.TASK_TRAIN, fedism, sent)
-    assert np.isfinite(trained.meta[protocol.SHARPNESS]["sharpness"])
+    assert np.isfinite(trained.meta[SHARPNESS]["sharpness"])
     assert np.isfinite(trained.metrics["train_loss"]) and np.isfinite(trained.metrics["train_perturbed_loss"])
     assert {k: v.dtype for k, v in trained.params.items()} == {k: v.dtype for k, v in sent.items()}
     assert all(np.isfinite(v).all() for v in trained.params.values())
-    cka = run(protocol.TASK_CKA, META, sent).meta[protocol.CKA]
+    cka = run(TASK_CKA, {**META, CKA_SPLIT: "training", CKA_MAX_SAMPLES: 64, CKA_BATCH_SIZE: 32}, sent).meta[CKA]
     assert cka and all(0.0 <= v <= 1.0 for v in cka.values())
     scores = run(protocol.TASK_VALIDATE, META, trained.params).metrics
     assert 0.0 <= scores["dice"] <= 1.0

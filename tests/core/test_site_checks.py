@@ -20,11 +20,16 @@ from fairfl.flare.engine import FairRoundController
 from fairfl.methods.ditto.controller import DittoController
 from fairfl.methods.fedbn.controller import FedBNController
 from fairfl.methods.fedce.controller import FedCEController
+from fairfl.methods.fedce.protocol import LOO_ERROR
 from fairfl.methods.fedism.controller import FedISMController
+from fairfl.methods.fedism.protocol import SHARPNESS
 from fairfl.methods.fedlwr.controller import FedLWRController
+from fairfl.methods.fedlwr.protocol import CKA
 from fairfl.methods.qfedavg.controller import QFedAvgController
+from fairfl.methods.qfedavg.protocol import GLOBAL_LOSS
 from fairfl.methods.qfedavg.qffl import qffl_coefficients
 from fairfl.methods.rewards.controller import CFFLController, CGSVController
+from fairfl.methods.rewards.protocol import VAL_METRIC
 from fairfl.methods.solo.controller import SoloController
 from fairfl.models import initial_state, state_to_torch
 from fairfl.results import ResultsLog
@@ -382,7 +387,7 @@ def check_only_rejected(rejected, site, word, extras, weights_key="weights"):
 def test_qfedavg_rejects_an_absurd_or_malformed_loss(bad):
     controller = make(QFedAvgController, q=2.0)
     state0 = initial_state(controller.model_spec(), 0)
-    updates, rejected = reports_round(controller, state0, protocol.GLOBAL_LOSS, [0.5, 0.7, bad, 0.6])
+    updates, rejected = reports_round(controller, state0, GLOBAL_LOSS, [0.5, 0.7, bad, 0.6])
     new, extras = controller.aggregate(0, state0, updates, rejected)
     check_only_rejected(rejected, "site-3", "loss", extras)
     assert all(math.isfinite(v) for v in extras["weights"].values())
@@ -417,7 +422,7 @@ def test_qffl_shares_stay_finite_for_huge_losses_and_large_q():
 def test_qfedavg_a_huge_loss_cannot_take_more_than_max_share():
     controller = make(QFedAvgController, q=2.0, lipschitz=0)
     state0 = initial_state(controller.model_spec(), 0)
-    updates, rejected = reports_round(controller, state0, protocol.GLOBAL_LOSS, [0.5, 0.7, 1e5, 0.6])
+    updates, rejected = reports_round(controller, state0, GLOBAL_LOSS, [0.5, 0.7, 1e5, 0.6])
     _, extras = controller.aggregate(0, state0, updates, rejected)
     assert not rejected and extras["weights"]["site-3"] == pytest.approx(0.5)
 
@@ -427,7 +432,7 @@ def test_fedce_rejects_a_bad_leave_one_out_error(bad):
     controller = make(FedCEController)
     state0 = initial_state(controller.model_spec(), 0)
     state1, _ = controller.aggregate(0, state0, train_round(controller, state0, honest_answers(state0))[0], {})
-    updates, rejected = reports_round(controller, state1, protocol.LOO_ERROR, [0.3, 0.2, bad, 0.25], 1)
+    updates, rejected = reports_round(controller, state1, LOO_ERROR, [0.3, 0.2, bad, 0.25], 1)
     _, extras = controller.aggregate(1, state1, updates, rejected)
     check_only_rejected(rejected, "site-3", "loo_error", extras)
 
@@ -447,7 +452,7 @@ def test_fedism_rejects_absurd_sharpness_and_keeps_rounding(bad, word):
     state0 = initial_state(controller.model_spec(), 0)
     report = {"loss": 1.0, "perturbed_loss": 1.1, "sharpness": 0.1, "grad_norm": 0.5}
     reports = [report, {**report, "sharpness": -1e-8}, {**report, "sharpness": bad}, {**report, "sharpness": 0.2}]
-    updates, rejected = reports_round(controller, state0, protocol.SHARPNESS, reports)
+    updates, rejected = reports_round(controller, state0, SHARPNESS, reports)
     _, extras = controller.aggregate(0, state0, updates, rejected)
     check_only_rejected(rejected, "site-3", word, extras)
     assert extras["weights"]["site-2"] == 0.0  # a sharpness of -1e-8 is rounding: 0, accepted
@@ -458,7 +463,7 @@ def test_fedism_keeps_a_site_with_a_negative_sharpness_at_zero_raw_weight():
     state0 = initial_state(controller.model_spec(), 0)
     report = {"loss": 1.0, "perturbed_loss": 1.1, "sharpness": 0.1, "grad_norm": 0.5}
     updates, rejected = reports_round(
-        controller, state0, protocol.SHARPNESS, [report, report, {**report, "sharpness": -0.5}, report]
+        controller, state0, SHARPNESS, [report, report, {**report, "sharpness": -0.5}, report]
     )
     _, extras = controller.aggregate(0, state0, updates, rejected)
     assert not rejected and extras["raw_weights"]["site-3"] == 0.0
@@ -469,7 +474,7 @@ def test_fedism_a_huge_sharpness_under_the_bound_cannot_take_more_than_max_share
     state0 = initial_state(controller.model_spec(), 0)
     report = {"loss": 1.0, "perturbed_loss": 1.1, "sharpness": 0.1, "grad_norm": 0.5}
     updates, rejected = reports_round(
-        controller, state0, protocol.SHARPNESS, [report, report, {**report, "sharpness": 1e5}, report]
+        controller, state0, SHARPNESS, [report, report, {**report, "sharpness": 1e5}, report]
     )
     _, extras = controller.aggregate(0, state0, updates, rejected)
     assert not rejected and extras["weights"]["site-3"] == pytest.approx(0.5)
@@ -480,7 +485,7 @@ def test_fedism_a_huge_sharpness_under_the_bound_cannot_take_more_than_max_share
 def test_cffl_rejects_a_bad_validation_metric(tmp_path, bad, word):
     controller = make(CFFLController, tmp_path)
     state0 = initial_state(controller.model_spec(), 0)
-    updates, rejected = reports_round(controller, state0, protocol.VAL_METRIC, [0.6, 0.7, bad, 0.65])
+    updates, rejected = reports_round(controller, state0, VAL_METRIC, [0.6, 0.7, bad, 0.65])
     _, extras = controller.aggregate(0, state0, updates, rejected)
     check_only_rejected(rejected, "site-3", word, extras)
 
@@ -529,7 +534,7 @@ def test_cgsv_gamma_is_the_median_norm_so_one_large_update_cannot_set_it(tmp_pat
     ],
 )
 def test_fedlwr_rejects_bad_cka_and_a_set_max_share_caps_cka_near_zero(values, word):
-    assert FedLWRController(**SEG).max_share == 1.0 and FairRoundController(**SEG).max_share == 0.5  # null: defaults
+    assert FedLWRController(**SEG).settings.max_share == 1.0 and FairRoundController(**SEG).settings.max_share == 0.5
     controller = make(FedLWRController, max_share=0.5)
     state0 = initial_state(controller.model_spec(), 0)
     updates, rejected, _ = train_round(controller, state0, honest_answers(state0))
@@ -543,7 +548,7 @@ def test_fedlwr_rejects_bad_cka_and_a_set_max_share_caps_cka_near_zero(values, w
         cka["site-2"] = {layer: 1.0 + 1e-7 for layer in layers}  # rounding above 1: accepted
         bad = values if isinstance(values, str) else {layer: next(iter(values.values())) for layer in layers}
         cka["site-3"] = bad
-        return [FLModel(params={}, meta={"client_name": s, protocol.CKA: cka[s]}) for s in targets]
+        return [FLModel(params={}, meta={"client_name": s, CKA: cka[s]}) for s in targets]
 
     controller.ask = ask
     new, extras = controller.aggregate(0, state0, updates, rejected)

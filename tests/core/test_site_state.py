@@ -9,6 +9,7 @@ from fairfl.errors import DataError
 from fairfl.flare import protocol
 from fairfl.flare.executor import FairflExecutor
 from fairfl.flare.site_state import keep_version, kept_model_versions, kept_versions, newest_before
+from fairfl.flare.site_task import SiteTask
 from fairfl.models import build_model
 
 FILES = ("state.pt", "state_previous.pt")
@@ -74,11 +75,12 @@ def test_a_train_task_of_round_r_works_from_the_local_model_before_r_and_later_t
             for p in model.parameters():
                 p.normal_()
         states[round_num] = model.state_dict()
-        executor._keep_local_model("site-1", meta, str(tmp_path), model, round_num)
+        trained = SiteTask.of("site-1", FLModel(current_round=round_num, meta=meta))
+        executor._keep_local_model(trained, str(tmp_path), model)
 
     def own(round_num, trains):
         task = FLModel(params_type=ParamsType.FULL, params={}, current_round=round_num, meta=meta)
-        return executor._context("site-1", task, str(tmp_path), trains=trains).own_model()
+        return executor._context(SiteTask.of("site-1", task), str(tmp_path), trains=trains).own_model()
 
     def same(a, b):
         return all(torch.equal(a[k], b[k]) for k in b)

@@ -16,6 +16,7 @@ from fairfl.files import save_atomic
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
 from fairfl.flare.executor import FairflExecutor
+from fairfl.flare.site_task import SiteTask, check_meta
 from fairfl.models import initial_state
 from fairfl.report.runs import group_of
 from fairfl.training import (
@@ -160,16 +161,10 @@ def site(cache_dir):
 
 def train(executor, meta, params, state_dir, round_num, **optimizer):
     chosen = {"name": "adam", "momentum": 0.0, "keep_state": False, **optimizer}
-    return executor._train(
-        "site-2",
-        FLModel(
-            params_type=ParamsType.FULL,
-            params=params,
-            current_round=round_num,
-            meta={**meta, protocol.OPTIMIZER: chosen},
-        ),
-        str(state_dir),
+    task = FLModel(
+        params_type=ParamsType.FULL, params=params, current_round=round_num, meta={**meta, protocol.OPTIMIZER: chosen}
     )
+    return executor._train(SiteTask.of("site-2", task), str(state_dir))
 
 
 def test_a_kept_optimiser_state_carries_adams_moments_into_the_next_round(site, tmp_path):
@@ -224,7 +219,7 @@ def test_a_hostile_servers_optimiser_settings_are_bad_task_data(site):
         {"name": "sgd", "momentum": 1e300, "keep_state": False},
     ):
         with pytest.raises(DataError, match="the server's task.*optimizer"):
-            FairflExecutor._check_task("site-1", {**meta, protocol.OPTIMIZER: bad})
+            check_meta("site-1", {**meta, protocol.OPTIMIZER: bad})
 
 
 def test_local_sgd_trains_the_unet(site):
@@ -233,7 +228,7 @@ def test_local_sgd_trains_the_unet(site):
     from fairfl.models import build_model
 
     model = build_model(controller.model_spec())
-    loader = executor._loader("site-2", meta, "training", train=True, seed=0)
+    loader = executor._loader(SiteTask.of("site-2", FLModel(meta=meta)), "training", train=True, seed=0)
     first = train_local(
         model, loader, TrainSettings(lr=0.5, weight_decay=0.0, optimizer="sgd", local_epochs=1), torch.device("cpu")
     )
@@ -296,7 +291,7 @@ def test_switching_orientation_augmentation_off_leaves_every_mask_as_it_is(site,
     """With flips and quarter turns off, every training mask is one of the site's unaugmented masks exactly (the
     intensity jitter never touches a mask); with them on, some are mirrored or turned."""
     _, meta, executor = site
-    entries = executor._loader("site-2", meta, "training", train=False, seed=0).dataset.data
+    entries = executor._loader(SiteTask.of("site-2", FLModel(meta=meta)), "training", train=False, seed=0).dataset.data
     kwargs = dict(image_size=32, num_classes=2, batch_size=4, seed=3, site="site-2")
     plain = masks(make_loader(entries, train=False, **kwargs))
     augmented = masks(make_loader(entries, train=True, augmentation=names, **kwargs))
@@ -328,12 +323,12 @@ def test_test_scale_goes_from_the_servers_config_to_the_sites_built_in_data(tmp_
     meta = controller.common_task_meta(["site-1", "site-2"])
     assert controller.config()["test_scale"] == meta[protocol.TEST_SCALE] == 2.0
     site = FairflExecutor(image_size=32, synthetic_size_scale=0.2)
-    scaled, default = site._data_root("site-1", meta), site._data_root("site-1", {**meta, protocol.TEST_SCALE: 1.0})
+    scaled = site._data_root(SiteTask.of("site-1", FLModel(meta=meta)))
+    default = site._data_root(SiteTask.of("site-1", FLModel(meta={**meta, protocol.TEST_SCALE: 1.0})))
     assert os.path.basename(default) == "prostate-v1-n6-s32-seed0-x0.2"
     assert os.path.basename(scaled) == "prostate-v1-n6-s32-seed0-x0.2-t2.0"
-    assert os.path.basename(
-        site._data_root("site-1", {k: v for k, v in meta.items() if k != protocol.TEST_SCALE})
-    ) == os.path.basename(default)  # a server from before test_scale
+    before = {k: v for k, v in meta.items() if k != protocol.TEST_SCALE}  # a server from before test_scale
+    assert os.path.basename(site._data_root(SiteTask.of("site-1", FLModel(meta=before)))) == os.path.basename(default)
 
 
 def test_a_named_run_from_before_test_scale_resumes_at_test_scale_1_only(tmp_path):

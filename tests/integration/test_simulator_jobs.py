@@ -633,7 +633,9 @@ def test_ditto_scores_sites_with_personal_and_global_models_and_a_held_out_site_
 
     from fairfl.flare import protocol
     from fairfl.flare.executor import FairflExecutor
+    from fairfl.flare.site_task import SiteTask
     from fairfl.methods.ditto.controller import DittoController
+    from fairfl.methods.ditto.protocol import PERSONAL_MODEL_FILE, PREVIOUS_PERSONAL_MODEL_FILE
     from fairfl.models import state_to_numpy
 
     state_root = tmp_path / "state"
@@ -670,23 +672,27 @@ def test_ditto_scores_sites_with_personal_and_global_models_and_a_held_out_site_
         protocol.NUM_SITES: 3,
         protocol.DATA_SEED: 0,
     }
-    assert not (state_root / "site-3" / "trial" / protocol.PERSONAL_MODEL_FILE).exists()
+    assert not (state_root / "site-3" / "trial" / PERSONAL_MODEL_FILE).exists()
     held_out = FairflExecutor(image_size=32, batch_size=8, synthetic_size_scale=0.5)._validate(
-        "site-3",
-        FLModel(params_type=ParamsType.FULL, params=global_state, meta={**meta, protocol.EVALUATE: "global"}),
+        SiteTask.of(
+            "site-3",
+            FLModel(params_type=ParamsType.FULL, params=global_state, meta={**meta, protocol.EVALUATE: "global"}),
+        ),
         str(tmp_path / "none"),
     )
     assert results["final"]["per_site"]["site-3"]["dice"] == pytest.approx(held_out.metrics["dice"], abs=1e-6)
     differs = []
     for site in sites:
         state_dir = state_root / site / "trial"
-        assert torch.load(state_dir / protocol.PERSONAL_MODEL_FILE)["round"] == 1
-        assert torch.load(state_dir / protocol.PREVIOUS_PERSONAL_MODEL_FILE)["round"] == 0
+        assert torch.load(state_dir / PERSONAL_MODEL_FILE)["round"] == 1
+        assert torch.load(state_dir / PREVIOUS_PERSONAL_MODEL_FILE)["round"] == 0
         executor = FairflExecutor(image_size=32, batch_size=8, synthetic_size_scale=0.5)
         scores = {
             choice: executor._validate(
-                site,
-                FLModel(params_type=ParamsType.FULL, params=global_state, meta={**meta, protocol.EVALUATE: choice}),
+                SiteTask.of(
+                    site,
+                    FLModel(params_type=ParamsType.FULL, params=global_state, meta={**meta, protocol.EVALUATE: choice}),
+                ),
                 str(state_dir),
             ).metrics["dice"]
             for choice in (protocol.FROM_PERSONAL, protocol.FROM_GLOBAL)
@@ -710,8 +716,10 @@ def test_fedfloor_scores_each_site_with_the_mix_it_validated_and_a_held_out_site
 
     from fairfl.flare import protocol
     from fairfl.flare.executor import FairflExecutor
+    from fairfl.flare.site_task import SiteTask
     from fairfl.methods.fedfloor.controller import FedFloorController
     from fairfl.methods.fedfloor.mixing import DEFAULT_GRID
+    from fairfl.methods.fedfloor.protocol import MIX_GRID
     from fairfl.models import state_to_numpy
 
     state_root = tmp_path / "state"
@@ -730,14 +738,13 @@ def test_fedfloor_scores_each_site_with_the_mix_it_validated_and_a_held_out_site
     meta = {
         **segmentation_task_meta(spec),
         protocol.EVALUATE: protocol.FROM_PERSONAL,
-        protocol.MIX_GRID: list(DEFAULT_GRID),
+        MIX_GRID: list(DEFAULT_GRID),
     }
     for site in sites:
         scores = (
             FairflExecutor(image_size=32, batch_size=8, synthetic_size_scale=0.5)
             ._validate(
-                site,
-                FLModel(params_type=ParamsType.FULL, params=global_state, meta=meta),
+                SiteTask.of(site, FLModel(params_type=ParamsType.FULL, params=global_state, meta=meta)),
                 str(state_root / site / "trial"),
             )
             .metrics

@@ -26,6 +26,7 @@ from fairfl.methods import (
     JOBS as SPEC_JOBS,
 )
 from fairfl.methods.make_jobs import differences, job_configs, load_class, write_jobs
+from fairfl.methods.steps import registered_tasks
 
 from helpers import JOBS, REPO
 
@@ -77,6 +78,18 @@ def test_job_arguments_are_the_fairfl_constructors_own_with_the_most_derived_def
     assert lwr["weighting"] == "uniform" and lwr["model_strides"] == [2, 2, 2] and "cka_clip" in lwr
     assert "persistor_id" not in lwr and "ignore_result_error" not in lwr  # NVFlare's ModelController's, not ours
     assert list(lwr).index("num_rounds") < list(lwr).index("cka_clip")  # the shared arguments first
+
+
+def test_a_job_lists_train_validate_and_its_own_units_site_tasks_only():
+    """The sites route a task to the executor only if the job lists it: each job lists the two every method runs and
+    the site tasks of its own unit (Fed-LWR's cka), no other unit's."""
+    tasks = registered_tasks()
+    for unit in UNITS:
+        own = [load_class(path).name for path in unit.site_tasks]
+        assert set(own) <= set(tasks), unit.name
+        for job in unit.jobs:
+            assert job.tasks == ("train", "validate", *own), job.name
+    assert [unit.name for unit in UNITS if unit.site_tasks] == ["fedlwr"]
 
 
 def test_names_are_unique_and_duplicates_refused():

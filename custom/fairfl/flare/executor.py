@@ -1,15 +1,17 @@
-"""The one client Executor of every fairfl job: it answers `train`, `validate` and `cka`.
+"""The one client Executor of every fairfl job: it answers `train`, `validate` and the methods' own site tasks.
 
 The executor keeps the data, the loaders, the seeding, the site's state dir and the task protocol: the server decides
 per task whether the site trains from the global model or from its own, which it evaluates, segmentation or
 classification. What a method changes at the sites (a probe of the model sent, a loss, a training loop, a step after
-training, another evaluated model) is a step of its unit run in fixed phases (fairfl.methods.steps), switched on by
-the task's meta, so every method shares this class.
+training, another evaluated model) is a step of its unit run in fixed phases, switched on by the task's meta, and a
+measurement a method asks for between its tasks is a site task of its unit, answered by its name
+(fairfl.methods.steps); so every method shares this class.
 
-Classification (meta `task` "classification") trains with the logit-adjusted cross-entropy of the site's
-training labels and reports accuracy, balanced accuracy and AUC on a clean and a corrupted test set (`_validate`).
-What a site must remember between tasks (its trained local model; Ditto's personal model) lives on disk in the
-site's state dir (`_state_dir`: the job's run workspace, or the named run's, so a resumed run finds it):
+Every task is read and checked once, before anything is built (fairfl.flare.site_task), into the `SiteTask` the
+helpers below share. Classification (meta `task` "classification") trains with the logit-adjusted cross-entropy of the
+site's training labels and reports accuracy, balanced accuracy and AUC on a clean and a corrupted test set
+(`_validate`). What a site must remember between tasks (its trained local model; what a method's step keeps) lives on
+disk in the site's state dir (`_state_dir`: the job's run workspace, or the named run's, so a resumed run finds it):
 with `nvflare simulator -t` smaller than `-n`, or after a restart, the process is new."""
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from fairfl.arguments import check_all
 from fairfl.classification import LogitAdjustedCrossEntropy, class_counts, evaluate_classification
-from fairfl.data.builtin import BUILTIN_DATASETS, builtin_dataset, check_test_scale, ensure_builtin
+from fairfl.data.builtin import builtin_dataset, check_test_scale, ensure_builtin
 from fairfl.data.classification_sites import CORRUPTED_SPLIT
 from fairfl.data.datalist import load_datalist, load_dataset_info
 from fairfl.data.free_rider import free_rider_datalist
@@ -36,19 +38,14 @@ from fairfl.data.loaders import make_loader
 from fairfl.errors import DataError
 from fairfl.flare import protocol
 from fairfl.flare.site_state import keep_version, kept_model_versions, kept_versions, newest_before
-from fairfl.kinds import Boolean, Checked, Integer, OneOf
-from fairfl.methods.fedlwr.cka import layerwise_cka
-from fairfl.methods.steps import StepContext, TaskSteps, field_problems
-from fairfl.methods.steps import problems as step_problems
-from fairfl.models import build_model, check_model_spec, is_int_in, load_numpy_state, state_to_numpy
-from fairfl.names import safe_name
+from fairfl.flare.site_task import CLASSIFICATION, SEGMENTATION, SERVERS_TASK, SiteTask, read_task
+from fairfl.methods.steps import MethodTask, StepContext, TaskSteps, registered_tasks
+from fairfl.models import build_model, is_int_in, load_numpy_state, state_to_numpy
 from fairfl.presets import apply_preset
 from fairfl.results import GLOBAL_PREFIX
-from fairfl.site_checks import check_site_state, tensor_state
 from fairfl.site_settings import SHARE_OWN_MODEL_ENV, site_settings
 from fairfl.training import (
     TrainSettings,
-    check_optimizer_settings,
     configure_threads,
     evaluate_dice,
     load_optimizer_state,
@@ -62,21 +59,9 @@ from fairfl.training import (
     train_local,
 )
 
-SEGMENTATION, CLASSIFICATION = "segmentation", "classification"
-LOO_SCORE = {SEGMENTATION: "dice", CLASSIFICATION: "balanced_accuracy"}  # validation_score (FedCE: 1 - this, CFFL)
+# the score of a model on the validation split (StepContext.validation_score), per task
+VALIDATION_METRIC = {SEGMENTATION: "dice", CLASSIFICATION: "balanced_accuracy"}
 MAX_SITES = 1000  # the most built-in sites a server may ask a site to generate
-MAX_ROUND = 10**6  # the highest round number a task may carry (it names the site's kept files' rounds)
-# the task meta keys this executor reads itself (the methods' steps declare theirs: fairfl.methods.steps)
-TASK_FIELDS = {
-    protocol.TASK: OneOf((SEGMENTATION, CLASSIFICATION)),
-    protocol.START_FROM: OneOf((protocol.FROM_GLOBAL, protocol.FROM_LOCAL)),
-    protocol.EVALUATE: OneOf((protocol.FROM_GLOBAL, protocol.FROM_LOCAL, protocol.FROM_PERSONAL)),
-    protocol.SEND_PARAMS: Boolean(),
-    protocol.SCORE_GLOBAL: Boolean(),
-    protocol.SUBMIT_MODEL: Boolean(),
-    protocol.DATASET: OneOf(tuple(BUILTIN_DATASETS)),
-    protocol.RUN_NAME: Checked(lambda value: safe_name(value, protocol.RUN_NAME), "a safe name (a folder at the site)"),
-}
 
 
 class Declined(Exception):
@@ -85,11 +70,12 @@ class Declined(Exception):
 
 class FairflExecutor(Executor):
     def __init__(self, **arguments):
-        """Local training, evaluation and CKA probing for one site. Its arguments, each declared with its kind, default
-        and meaning in fairfl.arguments (EXECUTOR), are checked there before anything is built, the error naming the
-        argument, and each becomes an attribute of its own name. What a site reads beyond its data root, whether it is
-        a free rider and how large a network it builds are the site's settings alone (fairfl.site_settings: its
-        environment), never the job's. A CUDA `device` this site lacks is refused here, when the site loads the job."""
+        """Local training, evaluation and the methods' own site tasks for one site. Its arguments, each declared with
+        its kind, default and meaning in fairfl.arguments (EXECUTOR), are checked there before anything is built, the
+        error naming the argument, and each becomes an attribute of its own name. What a site reads beyond its data
+        root, whether it is a free rider and how large a network it builds are the site's settings alone
+        (fairfl.site_settings: its environment), never the job's. A CUDA `device` this site lacks is refused here,
+        when the site loads the job."""
         checked = check_all(type(self), arguments)
         super().__init__()
         vars(self).update(checked)
@@ -103,28 +89,30 @@ class FairflExecutor(Executor):
                     f"{f'CUDA devices cuda:0 to cuda:{count - 1}' if count else 'no CUDA device'}"
                 )
         self._datalist, self._regions, self._corrupted_sites = None, None, []
-        self._loaders = {}  # cached per process: CacheDataset reads the files once
+        # cached per process, for every task's loaders (CacheDataset reads the files once): the key is (split, train,
+        # max_samples, batch_size), so a method's sample of a split is a loader of its own
+        self._loaders = {}
 
     # --- task dispatch ---------------------------------------------------------------------------------
     def execute(self, task_name, shareable, fl_ctx, abort_signal):
-        handlers = {
-            protocol.TASK_TRAIN: self._train,
-            protocol.TASK_VALIDATE: self._validate,
-            protocol.TASK_CKA: self._cka,
-        }
-        if task_name not in handlers:
-            self.log_error(fl_ctx, f"unknown task {task_name!r}; this executor answers {sorted(handlers)}")
+        answers = {protocol.TASK_TRAIN: self._train, protocol.TASK_VALIDATE: self._validate}
+        method_task = None if task_name in answers else registered_tasks().get(task_name)
+        if task_name not in answers and method_task is None:
+            known = sorted([*answers, *registered_tasks()])
+            self.log_error(fl_ctx, f"unknown task {task_name!r}; this executor answers {known}")
             return make_reply(ReturnCode.TASK_UNKNOWN)
         site = fl_ctx.get_identity_name()
         try:
-            task = self._read_task(site, shareable)
-            self._check_task(site, task.meta or {})
-            self._check_sent(site, task)
-            if task_name == protocol.TASK_VALIDATE and (task.meta or {}).get(protocol.SUBMIT_MODEL):
+            task = read_task(site, shareable, method_task)
+            if task_name == protocol.TASK_VALIDATE and task.submit_model:
                 self._check_sharing(site, fl_ctx)
-            apply_preset(self, self.preset, self._task(task.meta))
+            apply_preset(self, self.preset, task.kind)
             configure_threads(self.num_threads)
-            result = handlers[task_name](site, task, self._state_dir(fl_ctx, task.meta or {}))
+            state_dir = self._state_dir(fl_ctx, task)
+            if method_task is None:
+                result = answers[task_name](task, state_dir)
+            else:
+                result = self._method_task(method_task, task, state_dir)
         except DataError as e:
             self.log_error(fl_ctx, f"bad data: {e}")
             return make_reply(ReturnCode.BAD_TASK_DATA)
@@ -139,32 +127,33 @@ class FairflExecutor(Executor):
         return FLModelUtils.to_shareable(result)
 
     # --- tasks -----------------------------------------------------------------------------------------
-    def _train(self, site, task: FLModel, state_dir: str) -> FLModel:
-        """Local training from the model the task names (meta[START_FROM]), with the methods' steps
+    def _train(self, task: SiteTask, state_dir: str) -> FLModel:
+        """Local training from the model the task names (start_from), with the methods' steps
         (fairfl.methods.steps) in their phases; the trained model becomes the site's local model."""
-        ctx, steps = self._context(site, task, state_dir, trains=True), TaskSteps(task.meta)
-        meta, device, seed = task.meta, ctx.device, ctx.seed
-        seed_everything(seed)
-        steps.before_start(ctx)  # the previous local model is still there (FedCE)
-        model = self._model_for(ctx, steps, protocol.START_FROM)
+        ctx, steps = self._context(task, state_dir, trains=True), TaskSteps(task.meta)
+        seed_everything(ctx.seed)
+        steps.before_start(ctx)  # the previous local model is still there
+        model = self._model_for(ctx, steps, task.start_from)
         steps.before_training(ctx, model)
-        if site_settings(site).free_rider:  # recorded by the server with the training metrics
+        if site_settings(task.site).free_rider:  # recorded by the server with the training metrics
             ctx.metrics[protocol.FREE_RIDER] = 1.0
-        loader = self._loader(site, meta, "training", train=True, seed=seed)
+        loader = self._loader(task, "training", train=True, seed=ctx.seed)
         with contextlib.ExitStack() as stack:
-            loss_fn = steps.loss(ctx, self._loss(meta), model, stack)
+            loss_fn = steps.loss(ctx, self._loss(task), model, stack)
             started = time.time()
-            settings = self._train_settings(meta)
-            optimizer = self._optimizer(site, meta, model.to(device), settings, state_dir, ctx.round)
+            settings = self._train_settings(task)
+            optimizer = self._optimizer(task, model.to(ctx.device), settings, state_dir)
             stats = steps.train(ctx, model, loader, settings, loss_fn, optimizer)
             if stats is None:  # no step has a loop of its own
-                stats = train_local(model, loader, settings, device, loss_fn=loss_fn, optimizer=optimizer, amp=self.amp)
+                stats = train_local(
+                    model, loader, settings, ctx.device, loss_fn=loss_fn, optimizer=optimizer, amp=self.amp
+                )
             ctx.metrics["train_seconds"] = time.time() - started  # local training alone (cost benchmarks)
-            if self._optimizer_settings(meta).get("keep_state"):
-                self._keep_optimizer_state(site, optimizer, settings, state_dir, ctx.round)
-        self._keep_local_model(site, meta, state_dir, model, ctx.round)
+            if task.keep_optimizer_state:
+                self._keep_optimizer_state(task, optimizer, settings, state_dir)
+        self._keep_local_model(task, state_dir, model)
         steps.after_training(ctx, model)
-        params = state_to_numpy(model.state_dict()) if meta.get(protocol.SEND_PARAMS, True) else {}
+        params = state_to_numpy(model.state_dict()) if task.send_params else {}
         params = steps.outgoing(ctx, params, model)
         metrics = {
             **ctx.metrics,
@@ -182,33 +171,32 @@ class FairflExecutor(Executor):
             },
         )
 
-    def _validate(self, site, task: FLModel, state_dir: str) -> FLModel:
+    def _validate(self, task: SiteTask, state_dir: str) -> FLModel:
         """Segmentation: Dice on the `testing` split. Classification: accuracy, balanced accuracy and macro
         one-vs-rest AUC on `testing` (clean_accuracy, clean_balanced_accuracy, clean_auc) and, when the datalist
         has it, `testing_corrupted`, the same images corrupted as the corrupted sites' are (corrupted_*); and,
         without prefix, on the test set of this site's own image quality (corrupted_* at a site listed under
         `corrupted_sites` in the data root's dataset.json, clean_* elsewhere; `corrupted_site` 1.0 or 0.0), so that
-        the spread of `auc` across sites is FedISM+'s Table IV ("client-level testing").
+        the spread of `auc` across sites is the spread of client-level testing under quality shift.
 
-        A site the server holds out of training (meta HELD_OUT) scores the model sent as it is. With meta SCORE_GLOBAL,
-        a site scored with a model of its own (Ditto's personal model, its own head or normalisation layers) also
-        scores the model sent as it is, in the same task: those metrics prefixed GLOBAL_PREFIX (global_dice, ...).
-        With meta SUBMIT_MODEL (the server's cross-site evaluation) the site returns the model it would score, as
-        its params, unscored."""
-        meta, ctx, steps = task.meta, self._context(site, task, state_dir, trains=False), TaskSteps(task.meta)
-        held_out = site in meta.get(protocol.HELD_OUT, [])
+        A site the server holds out of training (held_out) scores the model sent as it is. With score_global, a site
+        scored with a model of its own (a step's own model, a part of the model it keeps) also scores the model sent
+        as it is, in the same task: those metrics prefixed GLOBAL_PREFIX (global_dice, ...). With submit_model (the
+        server's cross-site evaluation) the site returns the model it would score, as its params, unscored."""
+        ctx, steps = self._context(task, state_dir, trains=False), TaskSteps(task.meta)
+        held_out = task.site in task.held_out
         if held_out:
-            model = self._sent_model(meta, task.params)
+            model = self._sent_model(task)
         else:
-            model = steps.evaluated_model(ctx)  # a model of the site's own (Ditto's personal one), or None
-            model = self._model_for(ctx, steps, protocol.EVALUATE) if model is None else model
-        if meta.get(protocol.SUBMIT_MODEL):
+            model = steps.evaluated_model(ctx)  # a model of the site's own that a step keeps, or None
+            model = self._model_for(ctx, steps, task.evaluate) if model is None else model
+        if task.submit_model:
             return FLModel(params_type=ParamsType.FULL, params=state_to_numpy(model.state_dict()), metrics={})
-        loader = self._loader(site, meta, "testing", train=False, seed=self.seed)
-        metrics = self._test_scores(site, model, loader, meta)
-        if meta.get(protocol.SCORE_GLOBAL) and not held_out:
-            sent = self._sent_model(meta, task.params)
-            metrics.update({GLOBAL_PREFIX + k: v for k, v in self._test_scores(site, sent, loader, meta).items()})
+        loader = self._loader(task, "testing", train=False, seed=self.seed)
+        metrics = self._test_scores(task, model, loader)
+        if task.score_global and not held_out:
+            sent = self._sent_model(task)
+            metrics.update({GLOBAL_PREFIX + k: v for k, v in self._test_scores(task, sent, loader).items()})
         return FLModel(
             params_type=ParamsType.FULL,
             params={},
@@ -216,16 +204,23 @@ class FairflExecutor(Executor):
             meta={protocol.NUM_SAMPLES: len(loader.dataset)},
         )
 
-    def _test_scores(self, site, model, loader, meta: dict) -> dict:
+    def _method_task(self, method_task: type[MethodTask], task: SiteTask, state_dir: str) -> FLModel:
+        """A method's own site task (fairfl.methods.steps.MethodTask): its reply meta and metrics, no weights. It comes
+        after the round's training, so it works from the local model this site trained in the task's round."""
+        ctx = self._context(task, state_dir, trains=False)
+        method_task().run(ctx)
+        return FLModel(params_type=ParamsType.FULL, params={}, metrics=ctx.metrics or None, meta=ctx.reply)
+
+    def _test_scores(self, task: SiteTask, model, loader) -> dict:
         """`model`'s metrics on this site's test split (`loader`) and corrupted test split, as `_validate` reports."""
-        metrics = self._evaluate(model, loader, meta)
-        if self._task(meta) == CLASSIFICATION:  # under quality shift: clean, corrupted, and the site's own quality
+        metrics = self._evaluate(model, loader, task)
+        if task.kind == CLASSIFICATION:  # under quality shift: clean, corrupted, and the site's own quality
             scores = {"clean": metrics}
             if CORRUPTED_SPLIT in self._datalist:
                 scores["corrupted"] = self._evaluate(
-                    model, self._loader(site, meta, CORRUPTED_SPLIT, train=False, seed=self.seed), meta
+                    model, self._loader(task, CORRUPTED_SPLIT, train=False, seed=self.seed), task
                 )
-            corrupted_site = site in self._corrupted_sites and "corrupted" in scores
+            corrupted_site = task.site in self._corrupted_sites and "corrupted" in scores
             metrics = {
                 **scores["corrupted" if corrupted_site else "clean"],
                 "corrupted_site": float(corrupted_site),
@@ -233,224 +228,136 @@ class FairflExecutor(Executor):
             }
         return metrics
 
-    def _cka(self, site, task: FLModel, state_dir: str) -> FLModel:
-        """Per-layer CKA between the site's local model and the anchor on a random sample of the site's images,
-        drawn afresh every round from the site's seed and the round, in random order (make_loader's max_samples).
-        Never in datalist order: minibatches of neighbouring slices of one or two patients show the unbiased
-        HSIC only within-patient variation, and CKA comes out too high at exactly the small sites."""
-        meta, round_num = task.meta, int(task.current_round or 0)
-        local = self._model_of(meta, self._own_model(site, meta, state_dir, round_num + 1), state_dir)
-        anchor = self._sent_model(meta, task.params)
-        loader = self._loader(
-            site,
-            meta,
-            self.cka_split,
-            train=False,
-            seed=site_seed(self.seed, site) + round_num,
-            max_samples=self.cka_max_samples,
-            batch_size=self.cka_batch_size,
-        )
-        device = select_device(self.device)
-        with mixed_precision(device, self.amp):
-            cka = layerwise_cka(local, anchor, (b["image"] for b in loader), device=device)
-        return FLModel(params_type=ParamsType.FULL, params={}, meta={protocol.CKA: cka})
-
-    def _validation_score(self, site, model, meta: dict, device):
+    def _validation_score(self, task: SiteTask, model, device):
         """Dice (classification: balanced accuracy) of `model` on the validation split; None when NaN (no foreground
         to score)."""
-        score = self._evaluate(
-            model, self._loader(site, meta, "validation", train=False, seed=self.seed), meta, device
-        )[LOO_SCORE[self._task(meta)]]
+        loader = self._loader(task, "validation", train=False, seed=self.seed)
+        score = self._evaluate(model, loader, task, device)[VALIDATION_METRIC[task.kind]]
         return score if score == score else None
 
-    # --- helpers ---------------------------------------------------------------------------------------
-    @staticmethod
-    def _check_task(site, meta: dict) -> None:
-        """The server's model spec and the methods' settings (fairfl.methods.steps) within what this site builds and
-        loops over; else bad task data naming the field (the server is not trusted with this site's memory)."""
-        problem = check_model_spec(meta.get(protocol.MODEL_SPEC), site_settings(site).max_model_parameters)
-        if problem:
-            raise DataError(site, "the server's task", f"{protocol.MODEL_SPEC} {problem}")
-        problems = field_problems(meta, TASK_FIELDS) + step_problems(meta)  # this executor's fields, the methods'
-        if problems:
-            raise DataError(site, "the server's task", "; ".join(problems))
-        problem = check_optimizer_settings(meta[protocol.OPTIMIZER]) if protocol.OPTIMIZER in meta else None
-        if problem:
-            raise DataError(site, "the server's task", f"{protocol.OPTIMIZER} settings: {problem}")
-        held_out = meta.get(protocol.HELD_OUT, [])
-        if not (isinstance(held_out, list) and all(isinstance(s, str) for s in held_out)):
-            raise DataError(site, "the server's task", f"{protocol.HELD_OUT} is not a list of site names")
-
-    @staticmethod
-    def _read_task(site, shareable) -> FLModel:
-        """The task as a model; a task NVFlare cannot read as one (a negative or non-integer round, another kind of
-        data) is bad task data."""
-        try:
-            return FLModelUtils.from_shareable(shareable)
-        except (TypeError, ValueError, KeyError) as e:
-            raise DataError(site, "the server's task", f"cannot be read as a model task: {e}") from e
-
-    @staticmethod
-    def _check_sent(site, task: FLModel) -> None:
-        """The task's round (a whole number: it seeds and names the site's kept files) and its weights: none, or every
-        tensor of the task's network with its shape, finite (a NaN trained on would poison the site's own models
-        too); else bad task data naming the tensor. The network is built on torch's meta device: nothing allocated."""
-        problem = None if task.current_round is None else Integer(0, MAX_ROUND).problem(task.current_round)
-        if problem:
-            raise DataError(site, "the server's task", f"round {problem}")
-        if task.params is None or (isinstance(task.params, dict) and not task.params):
-            return
-        state, problem = tensor_state(task.params)
-        if problem is None:
-            with torch.device("meta"):
-                reference = build_model(task.meta[protocol.MODEL_SPEC]).state_dict()
-            problem = check_site_state(state, reference)
-        if problem:
-            raise DataError(site, "the server's task", f"the weights sent: {problem}")
-
-    @staticmethod
-    def _check_sharing(site, fl_ctx) -> None:
-        """Declined unless this site sends its own or personal model when the server asks for it (cross-site
-        evaluation): its FAIRFL_SHARE_OWN_MODEL, or where unset only in NVFlare's simulator, whose sites are one
-        person's data on one machine; POC and provisioned sites keep their models unless they set it to 1."""
-        chosen = site_settings(site).share_own_model
-        if chosen is None and not fl_ctx.get_prop(FLContextKey.SIMULATE_MODE, False):
-            setting = f"{SHARE_OWN_MODEL_ENV} is unset, which shares only in NVFlare's simulator"
-        elif chosen is False:
-            setting = f"{SHARE_OWN_MODEL_ENV} is 0"
-        else:
-            return
-        raise Declined(f"[{site}] declines to send its own model for cross-site evaluation: {setting} at this site")
-
-    @staticmethod
-    def _task(meta: dict) -> str:
-        return meta.get(protocol.TASK, SEGMENTATION)
-
-    def _evaluate(self, model, loader, meta: dict, device=None) -> dict:
+    def _evaluate(self, model, loader, task: SiteTask, device=None) -> dict:
         """Dice (segmentation) or accuracy, balanced accuracy and AUC (classification) of `model` on `loader`."""
-        num_classes, device = meta[protocol.MODEL_SPEC]["num_classes"], device or select_device(self.device)
+        device = device or select_device(self.device)
         with mixed_precision(device, self.amp):
-            if self._task(meta) == CLASSIFICATION:
-                return evaluate_classification(model, loader, num_classes, device)
-            return evaluate_dice(model, loader, num_classes, device, regions=self._regions)
+            if task.kind == CLASSIFICATION:
+                return evaluate_classification(model, loader, task.num_classes, device)
+            return evaluate_dice(model, loader, task.num_classes, device, regions=self._regions)
 
-    def _loss(self, meta: dict):
-        """The local training loss: Dice for segmentation; for classification the logit-adjusted cross-entropy
-        of this site's training labels (logit_adjustment 0: plain cross-entropy)."""
-        if self._task(meta) != CLASSIFICATION:
-            return segmentation_loss()
-        return LogitAdjustedCrossEntropy(self._class_counts(meta), tau=self.logit_adjustment)
-
-    def _class_counts(self, meta: dict) -> list[int]:
-        """How many training images of each class this site has (its datalist is loaded by then)."""
-        return class_counts([e["label"] for e in self._datalist["training"]], meta[protocol.MODEL_SPEC]["num_classes"])
-
-    def _model_for(self, ctx: StepContext, steps: TaskSteps, choice: str):
-        """The model a task asks for under meta[choice]: the site's own (FROM_LOCAL) or the one sent, as the task's
-        steps receive it (FedNPR-Per puts this site's own head on it).
-
-        A site asked for its own model before it has one (Solo's first round) starts from the one sent."""
-        own = ctx.own_model() if ctx.meta.get(choice) == protocol.FROM_LOCAL else None
-        if own is not None or (ctx.meta.get(choice) == protocol.FROM_LOCAL and not ctx.params):
-            return self._model_of(ctx.meta, own, ctx.state_dir)
-        model = self._sent_model(ctx.meta, ctx.params)
-        steps.received(ctx, model)
-        return model
-
-    def _context(self, site, task: FLModel, state_dir: str, trains: bool) -> StepContext:
-        """What the methods' steps see of this task and of this site (fairfl.methods.steps.StepContext). `trains`: a
-        train task of round r works from the site's own model of a round before r, a later task of round r (its
-        evaluation, CKA) from the one it trained in round r."""
-        meta, device, round_num = task.meta, select_device(self.device), int(task.current_round or 0)
+    # --- what the methods' steps and tasks see -----------------------------------------------------------
+    def _context(self, task: SiteTask, state_dir: str, trains: bool) -> StepContext:
+        """What the methods' steps and tasks see of this task and of this site (fairfl.methods.steps.StepContext).
+        `trains`: a train task of round r works from the site's own model of a round before r, a later task of round r
+        (its evaluation, a method's task) from the one it trained in round r."""
+        device = select_device(self.device)
+        before = task.round if trains else task.round + 1
+        # read once per task: a probe, the start model and the parts a site keeps may all ask for it
+        own_model = functools.cache(lambda: self._own_model(task, state_dir, before))
         return StepContext(
-            site=site,
-            meta=meta,
+            site=task.site,
+            meta=task.meta,
             params=task.params,
-            round=round_num,
-            seed=site_seed(self.seed, site) + round_num,
+            round=task.round,
+            seed=site_seed(self.seed, task.site) + task.round,
             device=device,
             state_dir=state_dir,
-            task=self._task(meta),
-            loader=lambda split, train, seed=None: self._loader(
-                site, meta, split, train=train, seed=self.seed if seed is None else seed
+            task=task.kind,
+            loader=lambda split, train, seed=None, max_samples=None, batch_size=None: self._loader(
+                task, split, train, self.seed if seed is None else seed, max_samples, batch_size
             ),
-            validation_score=lambda model: self._validation_score(site, model, meta, device),
-            base_loss=lambda: self._loss(meta),
-            class_counts=lambda: self._class_counts(meta),
-            train_settings=lambda: self._train_settings(meta),
-            # read once per task: FedCE's probe, the start model and the parts a site keeps all ask for it
-            own_model=functools.cache(
-                lambda: self._own_model(site, meta, state_dir, round_num if trains else round_num + 1)
-            ),
-            sent_model=lambda: self._sent_model(meta, task.params),
+            validation_score=lambda model: self._validation_score(task, model, device),
+            base_loss=lambda: self._loss(task),
+            class_counts=lambda: self._class_counts(task),
+            train_settings=lambda: self._train_settings(task),
+            own_model=own_model,
+            own_network=lambda: self._model_of(task, own_model(), state_dir),
+            sent_model=lambda: self._sent_model(task),
             log_error=self.logger.error,
             amp=self.amp,
         )
 
     @staticmethod
-    def _sent_model(meta: dict, params: dict):
+    def _model_for(ctx: StepContext, steps: TaskSteps, choice: str):
+        """The model a task's `choice` (its start_from or evaluate) asks for: the site's own (FROM_LOCAL) or the one
+        sent, as the task's steps receive it (with a part the site keeps on it).
+
+        A site asked for its own model before it has one (the first round) starts from the one sent."""
+        own = ctx.own_model() if choice == protocol.FROM_LOCAL else None
+        if own is not None or (choice == protocol.FROM_LOCAL and not ctx.params):
+            return ctx.own_network()
+        model = ctx.sent_model()
+        steps.received(ctx, model)
+        return model
+
+    # --- the site's models -----------------------------------------------------------------------------
+    @staticmethod
+    def _sent_model(task: SiteTask):
         """The job's network with the weights a task sent (numpy arrays), as they are."""
-        return load_numpy_state(build_model(meta[protocol.MODEL_SPEC]), params)
+        return load_numpy_state(build_model(task.model_spec), task.params)
 
     @staticmethod
-    def _model_of(meta: dict, state: dict | None, state_dir: str):
+    def _model_of(task: SiteTask, state: dict | None, state_dir: str):
         """The job's network with the site's own weights `state` (`_own_model`); none is an error."""
         if state is None:
             path = os.path.join(state_dir, protocol.LOCAL_MODEL_FILE)
             raise RuntimeError(f"no local model at {path}: this site has not trained in this run yet")
-        model = build_model(meta[protocol.MODEL_SPEC])
+        model = build_model(task.model_spec)
         model.load_state_dict(state)
         return model
 
     @staticmethod
-    def _local_versions(site, meta: dict, state_dir: str) -> list:
+    def _local_versions(task: SiteTask, state_dir: str) -> list:
         """The site's local models on disk (`fairfl.flare.site_state.kept_model_versions`)."""
         remedy = "delete it (or use another run_name) to start this site's local model afresh"
-        reference = build_model(meta[protocol.MODEL_SPEC]).state_dict()
-        return kept_model_versions(site, state_dir, protocol.LOCAL_MODEL_FILES, "local model", remedy, reference)
+        reference = build_model(task.model_spec).state_dict()
+        return kept_model_versions(task.site, state_dir, protocol.LOCAL_MODEL_FILES, "local model", remedy, reference)
 
-    def _own_model(self, site, meta: dict, state_dir: str, before_round: int) -> dict | None:
+    def _own_model(self, task: SiteTask, state_dir: str, before_round: int) -> dict | None:
         """The state dict of the site's newest local model trained before round `before_round`, None when none."""
-        saved = newest_before(self._local_versions(site, meta, state_dir), before_round)
+        saved = newest_before(self._local_versions(task, state_dir), before_round)
         return None if saved is None else saved["model"]
 
-    def _keep_local_model(self, site, meta: dict, state_dir: str, model, round_num: int) -> None:
-        """Save the model trained in round `round_num` as the site's local model (the previous round's kept too)."""
-        versions = self._local_versions(site, meta, state_dir)
-        keep_version({"round": round_num, "model": model.state_dict()}, state_dir, protocol.LOCAL_MODEL_FILES, versions)
+    def _keep_local_model(self, task: SiteTask, state_dir: str, model) -> None:
+        """Save the model trained in the task's round as the site's local model (the previous round's kept too)."""
+        saved, versions = {"round": task.round, "model": model.state_dict()}, self._local_versions(task, state_dir)
+        keep_version(saved, state_dir, protocol.LOCAL_MODEL_FILES, versions)
 
-    @staticmethod
-    def _optimizer_settings(meta: dict) -> dict:
-        """The server's optimiser settings ({"name", "momentum", "keep_state"}; checked by `_check_task`)."""
-        return meta.get(protocol.OPTIMIZER) or {}
+    # --- local training --------------------------------------------------------------------------------
+    def _loss(self, task: SiteTask):
+        """The local training loss: Dice for segmentation; for classification the logit-adjusted cross-entropy
+        of this site's training labels (logit_adjustment 0: plain cross-entropy)."""
+        if task.kind != CLASSIFICATION:
+            return segmentation_loss()
+        return LogitAdjustedCrossEntropy(self._class_counts(task), tau=self.logit_adjustment)
 
-    def _train_settings(self, meta: dict) -> TrainSettings:
-        chosen = self._optimizer_settings(meta)
+    def _class_counts(self, task: SiteTask) -> list[int]:
+        """How many training images of each class this site has (its datalist is loaded by then)."""
+        return class_counts([e["label"] for e in self._datalist["training"]], task.num_classes)
+
+    def _train_settings(self, task: SiteTask) -> TrainSettings:
         return TrainSettings(
             lr=self.lr,
             weight_decay=self.weight_decay,
             batch_size=self.batch_size,
             local_epochs=self.local_epochs,
             local_steps=self.local_steps,
-            optimizer=chosen.get("name", "adam"),
-            momentum=float(chosen.get("momentum", 0.0)),
+            optimizer=task.optimizer,
+            momentum=task.momentum,
         )
 
-    def _optimizer(self, site, meta: dict, model, settings: TrainSettings, state_dir: str, round_num: int):
+    def _optimizer(self, task: SiteTask, model, settings: TrainSettings, state_dir: str):
         """A fresh local optimiser for this round or, with keep_state, one carrying the state this site kept after
-        round round_num - 1 (the current file, or the previous one when this round is a repeat after a restart).
-        Settings are always the job's. No such state (the first round, a new run under an old run_name): fresh. A
-        kept file that cannot be read or does not fit is an error naming the site and the file."""
+        the round before the task's (the current file, or the previous one when this round is a repeat after a
+        restart). Settings are always the job's. No such state (the first round, a new run under an old run_name):
+        fresh. A kept file that cannot be read or does not fit is an error naming the site and the file."""
         optimizer = make_optimizer(model, settings)
-        if not self._optimizer_settings(meta).get("keep_state"):
+        if not task.keep_optimizer_state:
             return optimizer
-        versions = self._optimizer_versions(site, state_dir)
-        for saved_round, saved, name in versions:
-            if saved_round == round_num - 1:
+        for saved_round, saved, name in self._optimizer_versions(task, state_dir):
+            if saved_round == task.round - 1:
                 problem = load_optimizer_state(optimizer, settings.optimizer, saved)
                 if problem:
                     raise DataError(
-                        site,
+                        task.site,
                         os.path.join(state_dir, name),
                         f"the kept optimiser state cannot be used ({problem}); delete it to "
                         f"start this site's optimiser afresh",
@@ -458,34 +365,36 @@ class FairflExecutor(Executor):
         return optimizer
 
     @staticmethod
-    def _optimizer_versions(site, state_dir: str) -> list:
+    def _optimizer_versions(task: SiteTask, state_dir: str) -> list:
         """The site's kept optimiser states ({"round", "optimizer", "moments"}; fairfl.flare.site_state)."""
         remedy = "delete it to start this site's optimiser afresh"
-        return kept_versions(site, state_dir, protocol.OPTIMIZER_STATE_FILES, "kept optimiser state", remedy)
+        return kept_versions(task.site, state_dir, protocol.OPTIMIZER_STATE_FILES, "kept optimiser state", remedy)
 
-    def _keep_optimizer_state(self, site, optimizer, settings: TrainSettings, state_dir: str, round_num: int):
-        """Save the optimiser's state after round `round_num`; the state of an earlier round becomes the previous
+    def _keep_optimizer_state(self, task: SiteTask, optimizer, settings: TrainSettings, state_dir: str):
+        """Save the optimiser's state after the task's round; the state of an earlier round becomes the previous
         file, so a round repeated after a restart starts from the same state as its first try."""
-        saved = optimizer_state(optimizer, settings.optimizer, round_num)
-        keep_version(saved, state_dir, protocol.OPTIMIZER_STATE_FILES, self._optimizer_versions(site, state_dir))
+        saved = optimizer_state(optimizer, settings.optimizer, task.round)
+        keep_version(saved, state_dir, protocol.OPTIMIZER_STATE_FILES, self._optimizer_versions(task, state_dir))
 
-    def _loader(self, site, meta, split, train, seed, max_samples=None, batch_size=None):
-        spec = meta[protocol.MODEL_SPEC]
+    # --- the site's data -------------------------------------------------------------------------------
+    def _loader(self, task: SiteTask, split, train, seed, max_samples=None, batch_size=None):
+        """The site's loader of `split` (a random sample of at most `max_samples`, in minibatches of `batch_size`,
+        default the job's), built once per process and re-seeded with `seed` for this task."""
         if self._datalist is None:
-            self._datalist = self._load_datalist(site, meta)
+            self._datalist = self._load_datalist(task)
         key = (split, train, max_samples, batch_size)
         if key not in self._loaders:
             self._loaders[key] = make_loader(
                 self._datalist[split],
                 image_size=self.image_size,
-                num_classes=spec["num_classes"],
+                num_classes=task.num_classes,
                 batch_size=batch_size or self.batch_size,
                 train=train,
                 seed=self.seed,
                 max_samples=max_samples,
-                in_channels=spec["in_channels"],
-                task=self._task(meta),
-                site=site,
+                in_channels=task.in_channels,
+                task=task.kind,
+                site=task.site,
                 augmentation=self.augmentation,
                 num_workers=self.loader_workers if train else 0,
             )
@@ -497,45 +406,45 @@ class FairflExecutor(Executor):
         loader.dataset.transform.set_random_state(seed=seed % (2**32))
         return loader
 
-    def _load_datalist(self, site, meta) -> dict:
+    def _load_datalist(self, task: SiteTask) -> dict:
         """This site's datalist, the label regions Dice is reported for (`regions` in dataset.json) and the sites
         whose images are corrupted (`corrupted_sites`). Classification datalists may also have a corrupted test set
         (`testing_corrupted`)."""
-        root, num_classes = self._data_root(site, meta), meta[protocol.MODEL_SPEC]["num_classes"]
+        site, root = task.site, self._data_root(task)
         own = site_settings(site)
         options = dict(
-            num_classes=num_classes,
-            task=self._task(meta),
+            num_classes=task.num_classes,
+            task=task.kind,
             allow_absolute_paths=own.allow_absolute_paths,
             max_image_side=own.max_image_side,
             max_image_voxels=own.max_image_voxels,
-            optional_splits=(CORRUPTED_SPLIT,) if self._task(meta) == CLASSIFICATION else (),
+            optional_splits=(CORRUPTED_SPLIT,) if task.kind == CLASSIFICATION else (),
         )
-        info = load_dataset_info(root, site, num_classes)
+        info = load_dataset_info(root, site, task.num_classes)
         self._regions, self._corrupted_sites = info.get("regions"), info.get("corrupted_sites", [])
         if own.free_rider:  # this site's own test switch: one image of another site, repeated
             return free_rider_datalist(load_datalist(root, own.free_rider_source, **options))
         return load_datalist(root, site, **options)
 
-    def _data_root(self, site, meta: dict) -> str:
+    def _data_root(self, task: SiteTask) -> str:
         """This site's data root, or the built-in data the server's task names (checked: the dataset, its seed, number
         of sites and test scale become a cache folder name)."""
-        root = site_settings(site).data_root or self.data_root
+        root = site_settings(task.site).data_root or self.data_root
         if root:
             return root
-        seed, num_sites = meta.get(protocol.DATA_SEED, 0), meta.get(protocol.NUM_SITES)
+        seed, num_sites = task.data_seed, task.num_sites
         if not (is_int_in(seed, 0, 2**32 - 1) and is_int_in(num_sites, 1, MAX_SITES)):
             raise DataError(
-                site,
-                "the server's task",
+                task.site,
+                SERVERS_TASK,
                 f"data_seed {seed!r} or num_sites {num_sites!r} out of range "
                 f"(integers in [0, 2^32 - 1] and [1, {MAX_SITES}])",
             )
         try:
-            dataset = builtin_dataset(meta.get(protocol.DATASET, "prostate")).name
-            test_scale = check_test_scale(meta.get(protocol.TEST_SCALE, 1.0))
+            dataset = builtin_dataset(task.dataset).name
+            test_scale = check_test_scale(task.test_scale)
         except ValueError as e:
-            raise DataError(site, "the server's task", str(e)) from e
+            raise DataError(task.site, SERVERS_TASK, str(e)) from e
         return str(
             ensure_builtin(
                 dataset,
@@ -547,11 +456,26 @@ class FairflExecutor(Executor):
             )
         )
 
+    # --- the site's own settings and state dir ---------------------------------------------------------
     @staticmethod
-    def _state_dir(fl_ctx, meta: dict) -> str:
+    def _check_sharing(site, fl_ctx) -> None:
+        """Declined unless this site sends its own model (or a model a step keeps) when the server asks for it
+        (cross-site evaluation): its FAIRFL_SHARE_OWN_MODEL, or where unset only in NVFlare's simulator, whose sites
+        are one person's data on one machine; POC and provisioned sites keep their models unless they set it to 1."""
+        chosen = site_settings(site).share_own_model
+        if chosen is None and not fl_ctx.get_prop(FLContextKey.SIMULATE_MODE, False):
+            setting = f"{SHARE_OWN_MODEL_ENV} is unset, which shares only in NVFlare's simulator"
+        elif chosen is False:
+            setting = f"{SHARE_OWN_MODEL_ENV} is 0"
+        else:
+            return
+        raise Declined(f"[{site}] declines to send its own model for cross-site evaluation: {setting} at this site")
+
+    @staticmethod
+    def _state_dir(fl_ctx, task: SiteTask) -> str:
         """This site's state (its local model): in the job's run directory, or for a named run where a
         resubmitted job finds it (protocol.run_state_dir)."""
         workspace = fl_ctx.get_engine().get_workspace()
-        if meta.get(protocol.RUN_NAME):  # checked there: a safe name, never a path
-            return protocol.run_state_dir(workspace.get_root_dir(), fl_ctx.get_identity_name(), meta[protocol.RUN_NAME])
+        if task.run_name:  # checked there: a safe name, never a path
+            return protocol.run_state_dir(workspace.get_root_dir(), fl_ctx.get_identity_name(), task.run_name)
         return os.path.join(workspace.get_run_dir(fl_ctx.get_job_id()), "fairfl_site")

@@ -132,6 +132,9 @@ class MethodSpec:
     # before Ditto's personal step. A step replacing the loss (FedNPR's) runs before those adding a term (FedProx's)
     # whatever the ranks (ClientStep.replaces_loss).
     client_steps: tuple = ()
+    # The unit's own site tasks (fairfl.methods.steps.MethodTask), as dotted class paths: a site's executor answers
+    # each by its name beside train and validate, and the unit's job lists it among its tasks.
+    site_tasks: tuple = ()
 
     @property
     def package(self) -> str:

@@ -1,24 +1,29 @@
-"""A method's client side: the steps a site runs in fixed phases of its `train` and `validate` tasks.
+"""A method's client side: the steps a site runs in fixed phases of its `train` and `validate` tasks, and the site
+tasks of a method's own.
 
 The site's executor (fairfl.flare.executor) keeps the data, the loaders, the seeding, the state dir and the task
 protocol; what a method changes at the sites is a `ClientStep` in its unit (`methods/<name>/client.py`), switched on
 per task by the server's meta (`applies`). A task runs, in this order:
 
-    before_start(ctx)                  before the start model is loaded (FedCE: the previous local model is still there)
-    received(ctx, model)               the model sent, as this site uses it (FedNPR-Per: its own head on it)
-    before_training(ctx, model)        probes on the model sent (SAGA's sharpness, q-FedAvg's loss; Ditto keeps w_t)
-    loss(ctx, loss_fn, model, stack)   the local loss: steps that replace it (FedNPR) before those adding a term
-    (FedProx)
-    train(ctx, model, loader, settings, loss_fn, optimizer)   a training loop of the step's own (SALT); None: the usual
-    after_training(ctx, model)         the trained model (CFFL's validation score, Ditto's personal step)
-    outgoing(ctx, params, model)       what is sent back (FedNPR-Per keeps its head home)
-    evaluated_model(ctx)               `validate` only: a model of the site's own to score instead (Ditto's personal)
+    before_start(ctx)                  before the start model is loaded (the site's previous local model is still
+                                       there: a probe of the model sent against it)
+    received(ctx, model)               the model sent, as this site uses it (with a part of the site's own on it)
+    before_training(ctx, model)        probes on the model sent (its loss on the site's data; a copy kept for later)
+    loss(ctx, loss_fn, model, stack)   the local loss: steps that replace it before those adding a term
+    train(ctx, model, loader, settings, loss_fn, optimizer)   a training loop of the step's own; None: the usual
+    after_training(ctx, model)         the trained model (a validation score of it; a second model trained beside it)
+    outgoing(ctx, params, model)       what is sent back (a part of the model kept at home)
+    evaluated_model(ctx)               `validate` only: a model of the site's own to score instead
 
 Steps add reply meta (`ctx.reply`) and metrics (`ctx.metrics`). Every phase runs the applying steps in the registry's
-order (fairfl.methods.CLIENT_STEPS). Each step declares the task meta keys it reads and what each value must be
-(`fields`, of the kinds of fairfl.kinds: `Real`, `Boolean`, `OneOf`, `MappingOf`, `Checked`); the site checks every
-declared key a task carries, whether or not it switches the step on, before anything is built (`problems`). This
-module imports neither torch nor FLARE."""
+order (fairfl.methods.CLIENT_STEPS). A method may also answer a task of its own beside `train` and `validate` (a
+measurement the server asks for between them): a `MethodTask` of its unit, listed by its spec (`site_tasks`), which the
+executor answers by name with the same services (`run(ctx)`).
+
+Each step and task declares the task meta keys it reads and what each value must be (`fields`, of the kinds of
+fairfl.kinds: `Real`, `Boolean`, `OneOf`, `MappingOf`, `Checked`); the site checks every declared key a task carries,
+whether or not it switches the step on, before anything is built (`problems`), and a method's task refuses a task
+that lacks one of its fields. This module imports neither torch nor FLARE."""
 
 from __future__ import annotations
 
@@ -44,12 +49,15 @@ class StepContext:
     device: Any
     state_dir: str  # what the site keeps between tasks (fairfl.flare.executor)
     task: str  # "segmentation" or "classification"
-    loader: Callable  # (split, train, seed=None): the site's loader, re-seeded (None: the base seed)
+    loader: Callable  # (split, train, seed=None, max_samples=None, batch_size=None): the site's loader, cached per
+    # process and re-seeded (seed None: the base seed; max_samples: a random sample of the split; batch_size None: the
+    # site's)
     validation_score: Callable  # (model) -> Dice or balanced accuracy on the validation split; None when NaN
     base_loss: Callable  # () -> the site's usual training loss (a new one per call)
     class_counts: Callable  # () -> the training split's count per class
     train_settings: Callable  # () -> TrainSettings of this task
     own_model: Callable  # () -> state dict of the site's own (local) model for this task, None before it has one
+    own_network: Callable  # () -> the job's network with own_model's weights; an error before the site has one
     sent_model: Callable  # () -> the model sent, built afresh
     log_error: Callable  # (message)
     amp: bool = False  # the executor's: forward passes in mixed precision (fairfl.training.mixed_precision)
@@ -100,6 +108,18 @@ class ClientStep:
         return None
 
 
+class MethodTask:
+    """A site task of a method's own, answered by the executor beside `train` and `validate` when the server asks for
+    it by `name`: `run` measures what the method's server reads, with the same services as a step (the site's own model,
+    the model sent, its loaders), into `ctx.reply` and `ctx.metrics`. A new instance serves one task."""
+
+    name: ClassVar[str] = ""  # the task's name, as the server sends it and the method's job lists it
+    fields: ClassVar[dict[str, Kind]] = {}  # the task meta keys it reads, and what each must be: every one required
+
+    def run(self, ctx: StepContext) -> None:
+        raise NotImplementedError
+
+
 @cache
 def registered_steps() -> tuple[type[ClientStep], ...]:
     """The registry's step classes, imported on first use (they import torch)."""
@@ -112,18 +132,35 @@ def registered_steps() -> tuple[type[ClientStep], ...]:
     return tuple(classes)
 
 
+@cache
+def registered_tasks() -> dict[str, type[MethodTask]]:
+    """{task name: MethodTask class} of every unit's site tasks (its spec's `site_tasks`), imported on first use (they
+    import torch); two units' tasks of one name are an error."""
+    from fairfl.methods import UNITS
+
+    found = {}
+    for unit in UNITS:
+        for path in unit.site_tasks:
+            module, name = path.rsplit(".", 1)
+            cls = getattr(importlib.import_module(module), name)
+            if found.setdefault(cls.name, cls) is not cls:
+                raise ValueError(f"two site tasks named {cls.name!r}: {found[cls.name].__name__}, {cls.__name__}")
+    return found
+
+
 def applying(meta: dict, classes: tuple[type[ClientStep], ...] | None = None) -> list[type[ClientStep]]:
     """The step classes (default: the registry's) that `meta` switches on, in their order."""
     return [cls for cls in (registered_steps() if classes is None else classes) if cls.applies(meta)]
 
 
-def declared_fields(classes: tuple[type[ClientStep], ...] | None = None) -> dict[str, Kind]:
-    """{meta key: Kind} of every step (default: the registry's); two steps reading one key must agree on it."""
+def declared_fields(classes: tuple[type, ...] | None = None) -> dict[str, Kind]:
+    """{meta key: Kind} of every step and method task (default: the registry's); two reading one key must agree on
+    it."""
     found = {}
-    for cls in registered_steps() if classes is None else classes:
+    for cls in (*registered_steps(), *registered_tasks().values()) if classes is None else classes:
         for key, field_ in cls.fields.items():
             if found.setdefault(key, field_) != field_:
-                raise ValueError(f"two client steps declare task field {key!r} differently: {found[key]}, {field_}")
+                raise ValueError(f"two readers declare task field {key!r} differently: {found[key]}, {field_}")
     return found
 
 
@@ -137,11 +174,14 @@ def field_problems(meta: dict, fields: dict[str, Kind]) -> list[str]:
     return found
 
 
-def problems(meta: dict, classes: tuple[type[ClientStep], ...] | None = None) -> list[str]:
-    """What is wrong with the server's settings for the steps: every declared field the task carries
-    (`declared_fields`), switched on or not, and two steps that would both replace the loss or both run their own
-    training loop (one would silently be lost)."""
+def problems(
+    meta: dict, classes: tuple[type[ClientStep], ...] | None = None, task: type[MethodTask] | None = None
+) -> list[str]:
+    """What is wrong with the server's settings for the steps and method tasks: every declared field the task carries
+    (`declared_fields`), switched on or not, a field the method task `task` reads that the task lacks, and two steps
+    that would both replace the loss or both run their own training loop (one would silently be lost)."""
     found = field_problems(meta, declared_fields(classes))
+    found += [f"task field {key} is missing" for key in (task.fields if task else {}) if key not in meta]
     chosen = applying(meta, classes)
     for what, clash in (
         ("replace the local loss", [c for c in chosen if c.replaces_loss]),

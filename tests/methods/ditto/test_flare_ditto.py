@@ -13,8 +13,10 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from fairfl.errors import DataError
 from fairfl.flare import protocol
 from fairfl.flare.executor import FairflExecutor
+from fairfl.flare.site_task import SiteTask, check_meta
 from fairfl.methods.ditto.client import train_personal
 from fairfl.methods.ditto.controller import DittoController
+from fairfl.methods.ditto.protocol import DITTO_LAMBDA, PERSONAL_MODEL_FILE, PREVIOUS_PERSONAL_MODEL_FILE
 from fairfl.methods.fedprox.client import with_proximal_term
 from fairfl.models import build_model, initial_state, load_numpy_state, state_to_numpy
 from fairfl.training import TrainSettings, train_local
@@ -93,9 +95,9 @@ def test_lambda_zero_is_plain_local_training():
 def test_controller_settings_and_refusal():
     controller = DittoController(**TINY)
     assert controller.method == "ditto" and controller.evaluate == protocol.FROM_PERSONAL
-    assert controller.train_meta(0) == {protocol.DITTO_LAMBDA: 0.1}
+    assert controller.train_meta(0) == {DITTO_LAMBDA: 0.1}
     assert controller.config()["ditto_lambda"] == 0.1
-    assert DittoController(ditto_lambda=0, **TINY).train_meta(3) == {protocol.DITTO_LAMBDA: 0.0}
+    assert DittoController(ditto_lambda=0, **TINY).train_meta(3) == {DITTO_LAMBDA: 0.0}
     assert DittoController(dataset="skin").task == "classification"
     with pytest.raises(ValueError, match="ditto_lambda"):
         DittoController(ditto_lambda=-0.1)
@@ -118,16 +120,13 @@ def setup(cache_dir):
 
 
 def train(executor, meta, params, state_dir, round_num, lam=None):
-    extra = {} if lam is None else {protocol.DITTO_LAMBDA: lam}
-    return executor._train(
-        "site-2",
-        FLModel(params_type=ParamsType.FULL, params=params, current_round=round_num, meta={**meta, **extra}),
-        str(state_dir),
-    )
+    extra = {} if lam is None else {DITTO_LAMBDA: lam}
+    task = FLModel(params_type=ParamsType.FULL, params=params, current_round=round_num, meta={**meta, **extra})
+    return executor._train(SiteTask.of("site-2", task), str(state_dir))
 
 
 def personal_state(state_dir):
-    return torch.load(os.path.join(state_dir, protocol.PERSONAL_MODEL_FILE))["model"]
+    return torch.load(os.path.join(state_dir, PERSONAL_MODEL_FILE))["model"]
 
 
 def test_personal_model_persists_across_rounds_and_the_returned_model_is_fedavgs(setup, tmp_path):
@@ -140,7 +139,7 @@ def test_personal_model_persists_across_rounds_and_the_returned_model_is_fedavgs
     ditto = train(executor, meta, w0, ditto_dir, 0, lam=0.0)
     plain = train(executor, meta, w0, plain_dir, 0)
     assert all(np.array_equal(ditto.params[k], plain.params[k]) for k in plain.params)
-    assert not os.path.exists(plain_dir / protocol.PERSONAL_MODEL_FILE)
+    assert not os.path.exists(plain_dir / PERSONAL_MODEL_FILE)
     assert math.isfinite(ditto.metrics["personal_train_loss"]) and ditto.metrics["personal_train_seconds"] > 0
     p0 = personal_state(ditto_dir)
     # with lambda 0 and v_0 = w_0, the personal step is the same training as the global one
@@ -158,10 +157,10 @@ def test_personal_model_persists_across_rounds_and_the_returned_model_is_fedavgs
 
     # a resumed run that repeats round 1 (the server died before recording it) starts again from the round-0
     # personal model, kept as the previous one, not from the first try's result: the repeat gives the same model
-    assert torch.load(ditto_dir / protocol.PREVIOUS_PERSONAL_MODEL_FILE)["round"] == 0
+    assert torch.load(ditto_dir / PREVIOUS_PERSONAL_MODEL_FILE)["round"] == 0
     train(executor, meta, w1, ditto_dir, 1, lam=0.0)
-    assert torch.load(ditto_dir / protocol.PERSONAL_MODEL_FILE)["round"] == 1
-    assert torch.load(ditto_dir / protocol.PREVIOUS_PERSONAL_MODEL_FILE)["round"] == 0
+    assert torch.load(ditto_dir / PERSONAL_MODEL_FILE)["round"] == 1
+    assert torch.load(ditto_dir / PREVIOUS_PERSONAL_MODEL_FILE)["round"] == 0
     assert all(torch.allclose(personal_state(ditto_dir)[k], p1[k], atol=1e-6) for k in p1)
 
     # a lambda > 0 holds the personal model to the sent w1: it ends nearer to w1 than the lambda-0 one
@@ -174,7 +173,7 @@ def test_personal_model_persists_across_rounds_and_the_returned_model_is_fedavgs
 
     strong = tmp_path / "strong"
     strong.mkdir()
-    torch.save({"round": 0, "model": p0}, strong / protocol.PERSONAL_MODEL_FILE)
+    torch.save({"round": 0, "model": p0}, strong / PERSONAL_MODEL_FILE)
     train(executor, meta, w1, strong, 1, lam=100.0)
     assert distance(personal_state(strong)) < distance(p1)
 
@@ -185,34 +184,37 @@ def test_evaluation_uses_the_personal_model_and_the_sent_one_before_there_is_one
     w0 = initial_state(spec, 0)
     train(executor, meta, w0, tmp_path, 0, lam=0.1)
     task = FLModel(params_type=ParamsType.FULL, params=w0, meta={**meta, protocol.EVALUATE: protocol.FROM_PERSONAL})
-    scores = executor._validate("site-2", task, str(tmp_path)).metrics
+    scores = executor._validate(SiteTask.of("site-2", task), str(tmp_path)).metrics
     personal = build_model(spec)
     personal.load_state_dict(personal_state(tmp_path))
-    loader = executor._loader("site-2", meta, "testing", train=False, seed=executor.seed)
-    expected = executor._evaluate(personal, loader, meta)["dice"]
-    on_global = executor._evaluate(load_numpy_state(build_model(spec), w0), loader, meta)["dice"]
+    read = SiteTask.of("site-2", task)
+    loader = executor._loader(read, "testing", train=False, seed=executor.seed)
+    expected = executor._evaluate(personal, loader, read)["dice"]
+    on_global = executor._evaluate(load_numpy_state(build_model(spec), w0), loader, read)["dice"]
     assert scores["personal_model"] == 1.0 and scores["dice"] == pytest.approx(expected, abs=1e-9)
     assert scores["dice"] != pytest.approx(on_global, abs=1e-6)  # not the model sent
     # a site that never trained (exclude_sites) is scored with the model sent: Ditto's v_k starts as w
-    fresh = executor._validate("site-2", task, str(tmp_path / "never_trained")).metrics
+    fresh = executor._validate(SiteTask.of("site-2", task), str(tmp_path / "never_trained")).metrics
     assert fresh["personal_model"] == 0.0 and fresh["dice"] == pytest.approx(on_global, abs=1e-9)
     # asked for the global model's score too: the same task also scores the model sent as it is, the personal
     # model's scores unchanged
-    both = executor._validate("site-2", with_meta(task, {protocol.SCORE_GLOBAL: True}), str(tmp_path)).metrics
-    sent = executor._evaluate(load_numpy_state(build_model(spec), w0), loader, meta)
+    both = executor._validate(
+        SiteTask.of("site-2", with_meta(task, {protocol.SCORE_GLOBAL: True})), str(tmp_path)
+    ).metrics
+    sent = executor._evaluate(load_numpy_state(build_model(spec), w0), loader, read)
     assert both["dice"] == pytest.approx(expected, abs=1e-9) and both["personal_model"] == 1.0
     assert {k: both["global_" + k] for k in sent} == pytest.approx(sent) and sent["dice"] == on_global
     # a held-out site is scored with the model sent, never with a personal model it may hold (a stale one here)
     held_out = {protocol.SCORE_GLOBAL: True, protocol.HELD_OUT: ["site-2"]}
-    alone = executor._validate("site-2", with_meta(task, held_out), str(tmp_path)).metrics
+    alone = executor._validate(SiteTask.of("site-2", with_meta(task, held_out)), str(tmp_path)).metrics
     assert alone["dice"] == pytest.approx(on_global, abs=1e-9) and not {"personal_model", "global_dice"} & set(alone)
     # cross-site evaluation: the site hands over the model it is scored with, its personal one, unscored
-    submitted = executor._validate("site-2", with_meta(task, {protocol.SUBMIT_MODEL: True}), str(tmp_path))
+    submitted = executor._validate(SiteTask.of("site-2", with_meta(task, {protocol.SUBMIT_MODEL: True})), str(tmp_path))
     assert not submitted.metrics and set(submitted.params) == set(personal_state(tmp_path))
     assert all(np.array_equal(submitted.params[k], v.numpy()) for k, v in personal_state(tmp_path).items())
     for bad in ("site-2", [3]):  # the server's list is checked: a bad one is bad task data naming the field
         with pytest.raises(DataError, match="held_out is not a list of site names"):
-            executor._check_task("site-2", {**task.meta, protocol.HELD_OUT: bad})
+            check_meta("site-2", {**task.meta, protocol.HELD_OUT: bad})
 
 
 def with_meta(task, extra):
@@ -222,7 +224,7 @@ def with_meta(task, extra):
 @pytest.mark.parametrize("damage", ["garbage", "bare_state_dict", "other_network", "nan"])
 def test_a_broken_personal_model_is_an_error_naming_site_and_file(setup, tmp_path, damage):
     controller, meta, executor = setup
-    path = tmp_path / protocol.PERSONAL_MODEL_FILE
+    path = tmp_path / PERSONAL_MODEL_FILE
     if damage == "garbage":
         path.write_bytes(b"not a checkpoint")
     elif damage == "bare_state_dict":
@@ -241,7 +243,7 @@ def test_a_broken_personal_model_is_an_error_naming_site_and_file(setup, tmp_pat
         meta={**meta, protocol.EVALUATE: protocol.FROM_PERSONAL},
     )
     with pytest.raises(DataError) as error:
-        executor._validate("site-2", task, str(tmp_path))
+        executor._validate(SiteTask.of("site-2", task), str(tmp_path))
     assert "[site-2]" in str(error.value) and str(path) in str(error.value)
     assert {
         "garbage": "unreadable",
@@ -267,13 +269,11 @@ def test_personal_step_and_evaluation_on_classification_and_multiclass_segmentat
     }
     executor = FairflExecutor(image_size=32, batch_size=16, synthetic_size_scale=0.2, lr=3e-4, weight_decay=5e-4)
     params = initial_state(controller.model_spec(), 0)
-    result = executor._train(
-        "site-1", FLModel(params_type=ParamsType.FULL, params=params, current_round=0, meta=meta), str(tmp_path)
-    )
+    sent = FLModel(params_type=ParamsType.FULL, params=params, current_round=0, meta=meta)
+    result = executor._train(SiteTask.of("site-1", sent), str(tmp_path))
     assert math.isfinite(result.metrics["personal_train_loss"])
-    scores = executor._validate(
-        "site-1",
-        FLModel(params_type=ParamsType.FULL, params=params, meta={**meta, protocol.EVALUATE: protocol.FROM_PERSONAL}),
-        str(tmp_path),
-    ).metrics
+    personal = FLModel(
+        params_type=ParamsType.FULL, params=params, meta={**meta, protocol.EVALUATE: protocol.FROM_PERSONAL}
+    )
+    scores = executor._validate(SiteTask.of("site-1", personal), str(tmp_path)).metrics
     assert scores["personal_model"] == 1.0 and 0.0 <= scores[controller.metric] <= 1.0

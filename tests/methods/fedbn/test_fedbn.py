@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from fairfl.flare import protocol
 from fairfl.flare.engine import SiteUpdate
 from fairfl.methods.fedbn.client import LocalNorm
 from fairfl.methods.fedbn.controller import FedBNController
+from fairfl.methods.fedbn.protocol import LOCAL_NORM
 from fairfl.models import build_model, initial_state, norm_state_keys, state_to_numpy, state_to_torch
 
 TINY = {"model_channels": [4, 8], "model_strides": [2], "model_norm": "batch"}
@@ -29,7 +29,7 @@ def test_norm_keys_are_exactly_the_normalisation_layers_state():
 
 def test_fedbn_averages_everything_but_the_norm_layers_which_stay_as_they_were():
     controller = FedBNController(**TINY)
-    assert controller.method == "fedbn" and controller.site_meta() == {protocol.LOCAL_NORM: True}
+    assert controller.method == "fedbn" and controller.site_meta() == {LOCAL_NORM: True}
     global_state = initial_state(controller.model_spec(), 0)
     norm = set(norm_state_keys(controller.model_spec()))
     reference = controller.update_reference(global_state)
@@ -70,7 +70,7 @@ def test_the_site_trains_with_its_own_norm_layers_and_never_sends_them(tmp_path)
     spec = FedBNController(**TINY).model_spec()
     kept = {}  # the site's own model, as the executor's StepContext.own_model gives it
     step, ctx = LocalNorm(), SimpleNamespace(state_dir=str(tmp_path), own_model=lambda: kept.get("model"))
-    assert LocalNorm.applies({protocol.LOCAL_NORM: True}) and not LocalNorm.applies({})
+    assert LocalNorm.applies({LOCAL_NORM: True}) and not LocalNorm.applies({})
     sent = build_model(spec)
     before = {k: v.clone() for k, v in sent.state_dict().items()}
     step.received(ctx, sent)  # no local model yet: the site starts from the one sent

@@ -7,14 +7,19 @@ import pytest
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
-from fairfl.aggregation import lwr_layer_weights
 from fairfl.data.builtin import ensure_builtin
 from fairfl.data.datalist import load_datalist
 from fairfl.data.loaders import make_loader, segmentation_transforms
+from fairfl.errors import DataError
 from fairfl.files import save_atomic
 from fairfl.flare import protocol
 from fairfl.flare.executor import FairflExecutor
+from fairfl.flare.site_task import SiteTask, check_meta
 from fairfl.methods.fedlwr.cka import layerwise_cka
+from fairfl.methods.fedlwr.client import AnchorCKA
+from fairfl.methods.fedlwr.controller import FedLWRController
+from fairfl.methods.fedlwr.protocol import CKA, CKA_BATCH_SIZE, CKA_MAX_SAMPLES, CKA_SPLIT
+from fairfl.methods.fedlwr.weights import lwr_layer_weights
 from fairfl.models import build_model, initial_state, load_numpy_state, state_to_numpy
 from fairfl.training import TrainSettings, train_local
 
@@ -107,27 +112,38 @@ def test_layer_weights_match_the_whole_site_and_ignore_the_datalists_order(prost
     assert max(abs(patient_ordered[s] - whole[s]) for s in SITES) > 0.2, (patient_ordered, whole)
 
 
-def test_executor_measures_cka_on_a_fresh_sample_every_round_in_minibatches_of_cka_batch_size(
+def test_a_site_measures_cka_on_a_fresh_sample_every_round_in_minibatches_of_cka_batch_size(
     prostate, models, tmp_path, monkeypatch
 ):
+    """The cka task (AnchorCKA, through the executor's loaders) with the sample the server sends in its meta: the
+    Fed-LWR controller's arguments cka_split, cka_max_samples and cka_batch_size, which a site checks as task fields
+    (a missing one too)."""
     monkeypatch.setenv("FAIRFL_DATA_ROOT", str(prostate[0]))
     anchor, local = models
     save_atomic({"round": 3, "model": local["site-2"].state_dict()}, str(tmp_path / protocol.LOCAL_MODEL_FILE))
     meta = {protocol.MODEL_SPEC: SPEC, protocol.NUM_SITES: len(SITES)}
+    executor = FairflExecutor(image_size=SIZE, batch_size=8)
 
-    def cka(executor, round_num):
+    def cka(round_num, batch_size, split="training"):
+        sample = {CKA_SPLIT: split, CKA_MAX_SAMPLES: 64, CKA_BATCH_SIZE: batch_size}
         task = FLModel(
-            params_type=ParamsType.FULL, params=state_to_numpy(anchor.state_dict()), current_round=round_num, meta=meta
+            params_type=ParamsType.FULL,
+            params=state_to_numpy(anchor.state_dict()),
+            current_round=round_num,
+            meta={**meta, **sample},
         )
-        return executor._cka("site-2", task, str(tmp_path)).meta[protocol.CKA]
+        return executor._method_task(AnchorCKA, SiteTask.of("site-2", task), str(tmp_path)).meta[CKA]
 
-    small = FairflExecutor(image_size=SIZE, batch_size=8, cka_batch_size=8)
-    first = cka(small, 3)
-    assert cka(small, 3) == first and cka(small, 4) != first  # seeded by site and round
-    whole = FairflExecutor(image_size=SIZE, batch_size=8, cka_batch_size=64)  # the site in one minibatch
-    assert cka(whole, 3) == pytest.approx(cka(whole, 4), abs=1e-12)
-    validation = cka(FairflExecutor(image_size=SIZE, batch_size=8, cka_batch_size=64, cka_split="validation"), 3)
-    assert validation.keys() == first.keys() and validation != cka(whole, 3)  # the authors' split: other images
+    first = cka(3, 8)
+    assert cka(3, 8) == first and cka(4, 8) != first  # seeded by site and round
+    whole = cka(3, 64)  # the site in one minibatch
+    assert whole == pytest.approx(cka(4, 64), abs=1e-12)
+    validation = cka(3, 64, "validation")
+    assert validation.keys() == first.keys() and validation != whole  # the authors' split: other images
+    controller = FedLWRController(cka_batch_size=8)
+    controller.task_meta = meta  # every task's meta, set when the job starts
+    sent = controller.cka_meta()
+    assert {k: sent[k] for k in AnchorCKA.fields} == {CKA_SPLIT: "training", CKA_MAX_SAMPLES: 64, CKA_BATCH_SIZE: 8}
     for bad in (
         {"cka_batch_size": 3},
         {"cka_split": "testing"},
@@ -136,4 +152,8 @@ def test_executor_measures_cka_on_a_fresh_sample_every_round_in_minibatches_of_c
         {"cka_batch_size": 32.5},
     ):
         with pytest.raises(ValueError, match="cka"):
-            FairflExecutor(**bad)
+            FedLWRController(**bad)
+        with pytest.raises(DataError, match=f"task field {next(iter(bad))} is"):
+            check_meta("site-2", {**meta, **sent, **bad}, AnchorCKA)
+    with pytest.raises(DataError, match="task field cka_split is missing"):
+        check_meta("site-2", {**meta, CKA_MAX_SAMPLES: 64, CKA_BATCH_SIZE: 8}, AnchorCKA)

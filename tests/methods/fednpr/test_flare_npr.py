@@ -10,9 +10,12 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from fairfl.flare import protocol
 from fairfl.flare.engine import SiteUpdate
 from fairfl.flare.executor import FairflExecutor
+from fairfl.flare.site_task import SiteTask
 from fairfl.methods.fednpr.controller import FedNPRController
+from fairfl.methods.fednpr.protocol import NPR
 from fairfl.methods.fedprox.client import with_proximal_term
 from fairfl.methods.fedprox.controller import FedProxController
+from fairfl.methods.fedprox.protocol import PROX_MU
 from fairfl.methods.steps import TaskSteps
 from fairfl.models import build_model, head_state_keys, initial_state, load_numpy_state, state_to_torch
 
@@ -38,13 +41,13 @@ def test_method_names_settings_and_refusals():
     assert FedNPRController(**TINY).method == "fednpr"
     assert FedNPRController(personal_head=True, **TINY).method == "fednpr_per"
     assert FedNPRController(mu=0.01, **TINY).method == "fedprox_npr"
-    assert FedProxController().method == "fedprox" and FedProxController().train_meta(0) == {protocol.PROX_MU: 0.01}
+    assert FedProxController().method == "fedprox" and FedProxController().train_meta(0) == {PROX_MU: 0.01}
     meta = FedNPRController(num_subclusters=1, **TINY).train_meta(0)
-    assert meta[protocol.NPR]["k"] == 1 and protocol.PROX_MU not in meta
+    assert meta[NPR]["k"] == 1 and PROX_MU not in meta
     # the authors' regulariser by default: LayerNorm'd logits, weight 1; Eq. 3 as printed on request
-    assert meta[protocol.NPR]["logits"] == "layernorm" and meta[protocol.NPR]["weight"] == 1.0
+    assert meta[NPR]["logits"] == "layernorm" and meta[NPR]["weight"] == 1.0
     cosine = FedNPRController(npr_logits="cosine", temperature=0.1, **TINY)
-    assert cosine.train_meta(0)[protocol.NPR]["logits"] == "cosine" and cosine.config()["npr_logits"] == "cosine"
+    assert cosine.train_meta(0)[NPR]["logits"] == "cosine" and cosine.config()["npr_logits"] == "cosine"
     for bad in ({"npr_logits": "LayerNorm"}, {"temperature": 0.0}, {"npr_weight": -1}):
         with pytest.raises(ValueError):
             FedNPRController(**bad, **TINY)
@@ -99,16 +102,13 @@ def test_executor_trains_with_npr_and_evaluates_with_its_own_head(tmp_path, cach
     }
     executor = FairflExecutor(image_size=32, batch_size=16, lr=3e-4, weight_decay=5e-4, synthetic_size_scale=0.3)
     params = initial_state(controller.model_spec(), 0)
-    result = executor._train(
-        "site-2", FLModel(params_type=ParamsType.FULL, params=params, current_round=0, meta=meta), str(tmp_path)
-    )
+    first = SiteTask.of("site-2", FLModel(params_type=ParamsType.FULL, params=params, current_round=0, meta=meta))
+    result = executor._train(first, str(tmp_path))
     assert result.metrics["prototype_seconds"] > 0 and math.isfinite(result.metrics["train_loss"])
     assert 1.0 < result.metrics["npr_grad_ratio"] < 1e4  # LayerNorm'd NPR at weight 1 pulls harder than BSM
     # in mixed precision (bfloat16 here): prototypes and features from bfloat16 passes, the loss still float32
     mixed = FairflExecutor(image_size=32, batch_size=16, lr=3e-4, weight_decay=5e-4, synthetic_size_scale=0.3, amp=True)
-    mixed = mixed._train(
-        "site-2", FLModel(params_type=ParamsType.FULL, params=params, current_round=0, meta=meta), str(tmp_path / "amp")
-    )
+    mixed = mixed._train(first, str(tmp_path / "amp"))
     assert math.isfinite(mixed.metrics["train_loss"]) and 0.0 < mixed.metrics["npr_grad_ratio"] < 1e4
     assert all(v.dtype == params[k].dtype and np.isfinite(v).all() for k, v in mixed.params.items())
     head = head_state_keys(controller.model_spec())
@@ -117,9 +117,9 @@ def test_executor_trains_with_npr_and_evaluates_with_its_own_head(tmp_path, cach
     own_head = {k: own[k].numpy() for k in head}
     assert any(not np.array_equal(own_head[k], params[k]) for k in head)  # the head trained
     # next round the server sends its global model (head unchanged); the site puts its own head back on it
-    sent = FLModel(params_type=ParamsType.FULL, params=params, current_round=1, meta=meta)
-    ctx = executor._context("site-2", sent, str(tmp_path), trains=True)
-    model = executor._model_for(ctx, TaskSteps(meta), protocol.START_FROM)
+    sent = SiteTask.of("site-2", FLModel(params_type=ParamsType.FULL, params=params, current_round=1, meta=meta))
+    ctx = executor._context(sent, str(tmp_path), trains=True)
+    model = executor._model_for(ctx, TaskSteps(meta), sent.start_from)
     state = model.state_dict()
     assert all(np.array_equal(state[k].numpy(), own_head[k]) for k in head)
     body = [k for k in params if k not in head and params[k].dtype.kind == "f"]
@@ -129,11 +129,11 @@ def test_executor_trains_with_npr_and_evaluates_with_its_own_head(tmp_path, cach
     assert FedNPRController(personal_head=True, **TINY).scores_global and not FedNPRController(**TINY).scores_global
     validate = {**meta, protocol.EVALUATE: protocol.FROM_GLOBAL, protocol.SCORE_GLOBAL: True}
     scores = executor._validate(
-        "site-2", FLModel(params_type=ParamsType.FULL, params=params, meta=validate), str(tmp_path)
+        SiteTask.of("site-2", FLModel(params_type=ParamsType.FULL, params=params, meta=validate)), str(tmp_path)
     ).metrics
-    loader = executor._loader("site-2", meta, "testing", train=False, seed=executor.seed)
-    own_scores = executor._evaluate(model, loader, meta)
-    sent_scores = executor._evaluate(load_numpy_state(build_model(controller.model_spec()), params), loader, meta)
+    loader = executor._loader(sent, "testing", train=False, seed=executor.seed)
+    own_scores = executor._evaluate(model, loader, sent)
+    sent_scores = executor._evaluate(load_numpy_state(build_model(controller.model_spec()), params), loader, sent)
     assert scores["clean_auc"] == pytest.approx(own_scores["auc"]) and 0.0 <= scores["balanced_accuracy"] <= 1.0
     assert scores["global_clean_auc"] == pytest.approx(sent_scores["auc"]) != own_scores["auc"]
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from fairfl.flare import protocol
 from fairfl.flare.engine import SiteUpdate
 from fairfl.methods.rewards.controller import SITE_MODELS_FILE, CFFLController, CGSVController
+from fairfl.methods.rewards.protocol import VAL_METRIC, VALIDATE_TRAINED
 from fairfl.methods.rewards.reward import (
     apply_threshold,
     cffl_reputations,
@@ -128,7 +128,7 @@ def trained_updates(models: dict, seed: int, report=None) -> dict:
             k: (t + 0.01 * (i + 1) * torch.randn(t.shape, generator=generator) if t.is_floating_point() else t + 1)
             for k, t in state_to_torch(state).items()
         }
-        meta = {protocol.VAL_METRIC: report[site]} if report else {}
+        meta = {VAL_METRIC: report[site]} if report else {}
         updates[site] = SiteUpdate(new, 10 * (i + 1), meta)
     return updates
 
@@ -181,7 +181,7 @@ def test_cgsv_controller_gives_each_site_its_reward_and_keeps_a_rejected_site(tm
 
 def test_cffl_controller_weights_by_smoothed_sinh_reputations(tmp_path):
     c = controller(CFFLController, tmp_path)
-    assert c.train_meta(0) == {protocol.VALIDATE_TRAINED: True}
+    assert c.train_meta(0) == {VALIDATE_TRAINED: True}
     state0 = initial_state(c.model_spec(), seed=0)
     metrics = {"site-1": 0.9, "site-2": 0.5, "site-3": None}  # site-3 cannot be scored: rejected
     rejected = {}

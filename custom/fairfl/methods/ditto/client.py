@@ -9,6 +9,7 @@ import copy
 from fairfl.flare import protocol
 from fairfl.flare.site_state import keep_version, kept_model_versions
 from fairfl.kinds import Real
+from fairfl.methods.ditto.protocol import DITTO_LAMBDA, PERSONAL_MODEL_FILES
 from fairfl.methods.fedprox.arguments import MAX_PROXIMAL_WEIGHT
 from fairfl.methods.fedprox.client import with_proximal_term
 from fairfl.methods.steps import ClientStep, StepContext
@@ -38,7 +39,7 @@ def personal_versions(ctx: StepContext) -> list:
     reference = build_model(ctx.meta[protocol.MODEL_SPEC]).state_dict()
     versions = []
     for saved_round, saved, name in kept_model_versions(
-        ctx.site, ctx.state_dir, protocol.PERSONAL_MODEL_FILES, "Ditto personal model", remedy, reference
+        ctx.site, ctx.state_dir, PERSONAL_MODEL_FILES, "Ditto personal model", remedy, reference
     ):
         model = build_model(ctx.meta[protocol.MODEL_SPEC])
         model.load_state_dict(saved["model"])
@@ -55,11 +56,11 @@ class PersonalTraining(ClientStep):
     server died after this site's answer but before its checkpoint), the repeat starts where the first try did, so
     the run matches one that never stopped. For that the site keeps the previous round's model as well."""
 
-    fields = {protocol.DITTO_LAMBDA: Real(0.0, MAX_PROXIMAL_WEIGHT)}
+    fields = {DITTO_LAMBDA: Real(0.0, MAX_PROXIMAL_WEIGHT)}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:
-        return protocol.DITTO_LAMBDA in meta
+        return DITTO_LAMBDA in meta
 
     def before_training(self, ctx: StepContext, model) -> None:
         self.sent = copy.deepcopy(model)  # w_t, before any probe or training touches it
@@ -77,11 +78,11 @@ class PersonalTraining(ClientStep):
                 ctx.train_settings(),
                 ctx.device,
                 ctx.base_loss(),
-                float(ctx.meta[protocol.DITTO_LAMBDA]),
+                float(ctx.meta[DITTO_LAMBDA]),
                 amp=ctx.amp,
             )
         saved = {"round": ctx.round, "model": personal.state_dict()}
-        keep_version(saved, ctx.state_dir, protocol.PERSONAL_MODEL_FILES, versions)
+        keep_version(saved, ctx.state_dir, PERSONAL_MODEL_FILES, versions)
         ctx.metrics["personal_train_loss"] = float(stats["train_loss"])
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
+from fairfl.methods.ditto.protocol import DITTO_LAMBDA
 
 
 class DittoController(FairRoundController):
@@ -15,8 +16,8 @@ class DittoController(FairRoundController):
     own (`personal_model` 1.0 in its metrics; 0.0 for a site that has not trained yet, scored with the global model)
     and, in the same task, with the global model it received (`global_dice`, ...). A site held out of training
     (`exclude_sites`) is scored with the global model alone. They live in the site's state dir
-    (protocol.PERSONAL_MODEL_FILE, with the previous round's), so a named run (run_name) resumes with them, a
-    repeated round included. The global_model.pt saved is FedAvg's global model."""
+    (fairfl.methods.ditto.protocol.PERSONAL_MODEL_FILE, with the previous round's), so a named run (run_name) resumes
+    with them, a repeated round included. The global_model.pt saved is FedAvg's global model."""
 
     method = "ditto"
     evaluate = protocol.FROM_PERSONAL
@@ -27,4 +28,4 @@ class DittoController(FairRoundController):
         self.ditto_lambda = float(self.ditto_lambda)
 
     def train_meta(self, round_num) -> dict:
-        return {protocol.DITTO_LAMBDA: self.ditto_lambda}
+        return {DITTO_LAMBDA: self.ditto_lambda}

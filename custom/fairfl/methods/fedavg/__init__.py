@@ -6,6 +6,6 @@ SPEC = MethodSpec(
     name="fedavg",
     order=20,
     doc="methods/fedavg.md",
-    jobs=(Job("fedavg", "fairfl.methods.fedavg.controller.FedAvgController", tasks=("train", "validate", "cka")),),
+    jobs=(Job("fedavg", "fairfl.methods.fedavg.controller.FedAvgController"),),
     variants=(Variant("fedavg", "FedAvg", "fedavg", families=("segmentation", "quality_shift", "imbalanced")),),
 )

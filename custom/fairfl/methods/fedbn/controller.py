@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
+from fairfl.methods.fedbn.protocol import LOCAL_NORM
 from fairfl.models import norm_state_keys
 
 
@@ -30,4 +30,4 @@ class FedBNController(FairRoundController):
         return self._norm_keys
 
     def site_meta(self) -> dict:
-        return {protocol.LOCAL_NORM: True}
+        return {LOCAL_NORM: True}

@@ -8,7 +8,7 @@ SPEC = MethodSpec(
     order=80,
     client_steps=(("fairfl.methods.fedce.client.LeaveOneOutError", 10),),
     doc="methods/fedce.md",
-    jobs=(Job("fedce", "fairfl.methods.fedce.controller.FedCEController", tasks=("train", "validate", "cka")),),
+    jobs=(Job("fedce", "fairfl.methods.fedce.controller.FedCEController"),),
     variants=(
         Variant("fedce_sum", "FedCE (Sum.)", "fedce", {"combine": "sum"}, families=("segmentation", "quality_shift")),
         Variant("fedce_product", "FedCE (Multi.)", "fedce", {"combine": "product"}, families=("segmentation",)),

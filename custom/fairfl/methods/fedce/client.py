@@ -10,6 +10,7 @@ from nvflare.app_opt.pt.fedce import PTFedCEHelper
 from fairfl.flare import protocol
 from fairfl.kinds import MappingOf, Real
 from fairfl.methods.fedce.contribution import leave_one_out_error
+from fairfl.methods.fedce.protocol import LOO_ERROR, LOO_WEIGHTS
 from fairfl.methods.steps import ClientStep, StepContext
 from fairfl.models import build_model, load_numpy_state
 
@@ -33,19 +34,19 @@ class LeaveOneOutError(ClientStep):
     validation split; None when it cannot be built (the server then leaves this site out of the round). Its seconds
     are probe_seconds."""
 
-    fields = {protocol.LOO_WEIGHTS: MappingOf(Real(0.0, 1.0), "site names")}
+    fields = {LOO_WEIGHTS: MappingOf(Real(0.0, 1.0), "site names")}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:
-        return protocol.LOO_WEIGHTS in meta
+        return LOO_WEIGHTS in meta
 
     def before_start(self, ctx: StepContext) -> None:
         with ctx.timed("probe_seconds"):
-            ctx.reply[protocol.LOO_ERROR] = self.error(ctx)
+            ctx.reply[LOO_ERROR] = self.error(ctx)
 
     @staticmethod
     def error(ctx: StepContext):
-        weight = float(ctx.meta[protocol.LOO_WEIGHTS].get(ctx.site, 0.0))
+        weight = float(ctx.meta[LOO_WEIGHTS].get(ctx.site, 0.0))
         if weight >= FULL_WEIGHT:
             return 1.0  # without this site there is no global model at all: the largest possible error
         previous = ctx.own_model() if weight > 0.0 else {}  # the local model the global one was averaged from

@@ -10,6 +10,7 @@ from fairfl.methods.fedce.contribution import (
     flatten,
     gradient_terms,
 )
+from fairfl.methods.fedce.protocol import LOO_ERROR, LOO_WEIGHTS
 from fairfl.models import state_to_torch, trainable_names
 
 
@@ -40,12 +41,12 @@ class FedCEController(FairRoundController):
     def train_meta(self, round_num) -> dict:
         if not self.contribution.weights:
             return {}  # round 0: nothing to leave out of
-        return {protocol.LOO_WEIGHTS: dict(self.contribution.weights)}
+        return {LOO_WEIGHTS: dict(self.contribution.weights)}
 
     def answer_fields(self, task_name, round_num) -> dict:
         """From round 1 on, every train answer carries the leave-one-out error, a number in [0, 1]."""
         if task_name == protocol.TASK_TRAIN and self.contribution.weights:
-            return {protocol.LOO_ERROR: Real(0.0, 1.0)}
+            return {LOO_ERROR: Real(0.0, 1.0)}
         return {}
 
     def aggregate(self, round_num, global_state, updates, rejected):
@@ -55,7 +56,7 @@ class FedCEController(FairRoundController):
             weights = self.site_weights({s: updates[s].num_samples for s in sorted(updates)})
             self.contribution.weights = dict(weights)
             return self.average_updates(updates, weights), {"weights": weights}
-        errors = {s: float(updates[s].meta[protocol.LOO_ERROR]) for s in sorted(updates)}  # checked: answer_fields
+        errors = {s: float(updates[s].meta[LOO_ERROR]) for s in sorted(updates)}  # checked: answer_fields
         if not errors:
             self.contribution.weights = {}
             return global_state, {}

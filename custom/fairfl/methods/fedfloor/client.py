@@ -7,6 +7,7 @@ from fairfl.flare import protocol
 from fairfl.kinds import Checked
 from fairfl.methods.ditto.client import PersonalEvaluation
 from fairfl.methods.fedfloor.mixing import check_grid, choose_alpha, mix_states
+from fairfl.methods.fedfloor.protocol import MIX_GRID
 from fairfl.methods.steps import StepContext
 
 MAX_GRID = 101  # alphas a site scores on its validation split in one task (0, 0.01, ..., 1): one pass each
@@ -26,11 +27,11 @@ class ValidatedMix(PersonalEvaluation):
     validation split, and the test split scores the best (metric mix_alpha). Before the site has a personal model it
     is scored with the model sent (mix_alpha 0). Runs before Ditto's PersonalEvaluation, which it replaces."""
 
-    fields = {protocol.MIX_GRID: Checked(grid_problem, "FedFloor's grid of mixes", reports=True)}
+    fields = {MIX_GRID: Checked(grid_problem, "FedFloor's grid of mixes", reports=True)}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:
-        return protocol.MIX_GRID in meta and meta.get(protocol.EVALUATE) == protocol.FROM_PERSONAL
+        return MIX_GRID in meta and meta.get(protocol.EVALUATE) == protocol.FROM_PERSONAL
 
     def evaluated_model(self, ctx: StepContext):
         personal = super().evaluated_model(ctx)  # Ditto's newest personal model (and its metric), or None
@@ -42,7 +43,7 @@ class ValidatedMix(PersonalEvaluation):
         global_state = {k: v.clone() for k, v in sent.state_dict().items()}
         personal_state = personal.state_dict()
         scores = {}
-        for alpha in check_grid(ctx.meta[protocol.MIX_GRID]):
+        for alpha in check_grid(ctx.meta[MIX_GRID]):
             sent.load_state_dict(mix_states(global_state, personal_state, alpha))
             scores[alpha] = ctx.validation_score(sent)
         alpha = choose_alpha(scores)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fairfl.flare import protocol
 from fairfl.methods.ditto.controller import DittoController
 from fairfl.methods.fedfloor.mixing import check_grid
+from fairfl.methods.fedfloor.protocol import MIX_GRID
 
 
 class FedFloorController(DittoController):
@@ -24,4 +24,4 @@ class FedFloorController(DittoController):
             self.method = "fedfloor_pick"
 
     def site_meta(self) -> dict:
-        return {**super().site_meta(), protocol.MIX_GRID: self.mix_grid}
+        return {**super().site_meta(), MIX_GRID: self.mix_grid}

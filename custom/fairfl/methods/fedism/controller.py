@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
+from fairfl.methods.fedism.protocol import SALT_ALPHA, SALT_RHO, SHARPNESS, SHARPNESS_RHO
 from fairfl.methods.fedism.saga import SHARPNESS_REPORT, SagaState
 from fairfl.methods.fedism.sharpness import search_distance
 
@@ -42,22 +43,22 @@ class FedISMController(FairRoundController):
         return f"fedismplus_{self.variant.lower()}"
 
     def rho(self, round_num: int) -> float:
-        return search_distance(round_num + 1, self.num_rounds, self.rho_max, self.tau)
+        return search_distance(round_num + 1, self.settings.num_rounds, self.rho_max, self.tau)
 
     def train_meta(self, round_num) -> dict:
         rho = self.rho(round_num)
-        probe = {protocol.SHARPNESS_RHO: rho} if self.saga else {}
-        return {protocol.SALT_RHO: rho, protocol.SALT_ALPHA: self.gsam_alpha, **probe}
+        probe = {SHARPNESS_RHO: rho} if self.saga else {}
+        return {SALT_RHO: rho, SALT_ALPHA: self.gsam_alpha, **probe}
 
     def answer_fields(self, task_name, round_num) -> dict:
         """SAGA reads the whole sharpness report of every train answer (every field checked, not only the variant's)."""
-        return {protocol.SHARPNESS: SHARPNESS_REPORT} if self.saga and task_name == protocol.TASK_TRAIN else {}
+        return {SHARPNESS: SHARPNESS_REPORT} if self.saga and task_name == protocol.TASK_TRAIN else {}
 
     def aggregate(self, round_num, global_state, updates, rejected):
         if not self.saga:  # the SALT-only ablation: FedAvg's aggregation
             new_state, extras = super().aggregate(round_num, global_state, updates, rejected)
             return new_state, {**extras, "rho": self.rho(round_num)}
-        reports = {s: updates[s].meta[protocol.SHARPNESS] for s in sorted(updates)}  # checked: answer_fields
+        reports = {s: updates[s].meta[SHARPNESS] for s in sorted(updates)}  # checked: answer_fields
         if not reports:
             return global_state, {"rho": self.rho(round_num)}
         saga = self.saga_state.update(reports)

@@ -8,6 +8,7 @@ SPEC = MethodSpec(
     order=90,
     doc="methods/fedlwr.md",
     jobs=(Job("fedlwr", "fairfl.methods.fedlwr.controller.FedLWRController", tasks=("train", "validate", "cka")),),
+    site_tasks=("fairfl.methods.fedlwr.client.AnchorCKA",),
     variants=(Variant("fedlwr", "Fed-LWR", "fedlwr", families=("segmentation",)),),
     claims=(
         Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "std", family="segmentation"),

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from fairfl.aggregation import layerwise_average, lwr_layer_weights
-from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
 from fairfl.methods.fedlwr.cka import parameter_layers
+from fairfl.methods.fedlwr.protocol import CKA, CKA_BATCH_SIZE, CKA_MAX_SAMPLES, CKA_SPLIT, TASK_CKA
+from fairfl.methods.fedlwr.weights import cka_report, layerwise_average, lwr_layer_weights
 from fairfl.models import build_model, state_to_numpy, state_to_torch
-from fairfl.site_checks import cka_report
 
 
 class FedLWRController(FairRoundController):
     """Fed-LWR (Yan et al., MICCAI 2024): layer-wise re-weighting by CKA to an averaged anchor.
 
     After local training the server averages an anchor (the uniform mean of the local models, Eq. 1 and
-    Algorithm 1 line 7) and sends it with the `cka` task; each site returns, per layer (module that owns
-    parameters, matched by name), CKA(local, anchor) on a random sample of its data; the server re-aggregates
+    Algorithm 1 line 7) and sends it with the `cka` task (fairfl.methods.fedlwr.client.AnchorCKA), with the sample to
+    measure on; each site returns, per layer (module that owns parameters, matched by name), CKA(local, anchor) on a
+    random sample of its data; the server re-aggregates
     every layer with weights (1 - CKA_k) / sum_i (1 - CKA_i) (Eq. 5-6)."""
 
     method = "fedlwr"
@@ -24,15 +24,25 @@ class FedLWRController(FairRoundController):
     default_max_share = 1.0
 
     def __init__(self, **arguments):
-        """cka_clip (fairfl.arguments.FEDLWR) besides the round's arguments (FairRoundController), whose weighting
-        (of the anchor) is uniform here by default: 1/K, the paper's and the authors' code."""
+        """cka_clip and the CKA sample (cka_split, cka_max_samples, cka_batch_size: fairfl.methods.fedlwr.arguments)
+        besides the round's arguments (FairRoundController), whose weighting (of the anchor) is uniform here by
+        default: 1/K, the paper's and the authors' code."""
         super().__init__(**arguments)
         self.cka_clip = list(self.cka_clip) if self.cka_clip else None
         self._layers = None
 
     def answer_fields(self, task_name, round_num) -> dict:
         """The `cka` task's answer: CKA(local, anchor) for every layer of the network (`cka_report`)."""
-        return {protocol.CKA: cka_report(self.layers())} if task_name == protocol.TASK_CKA else {}
+        return {CKA: cka_report(self.layers())} if task_name == TASK_CKA else {}
+
+    def cka_meta(self) -> dict:
+        """The `cka` task's meta: every task's, and the sample each site measures CKA on."""
+        return {
+            **self.task_meta,
+            CKA_SPLIT: self.cka_split,
+            CKA_MAX_SAMPLES: self.cka_max_samples,
+            CKA_BATCH_SIZE: self.cka_batch_size,
+        }
 
     def layers(self) -> dict:
         """{layer: its state keys} of the network (`parameter_layers`): the same every round, mapped once."""
@@ -43,20 +53,15 @@ class FedLWRController(FairRoundController):
     def aggregate(self, round_num, global_state, updates, rejected):
         anchor_np, extras = super().aggregate(round_num, global_state, updates, rejected)
         layers = self.layers()
-        results = self.ask(
-            round_num,
-            protocol.TASK_CKA,
-            self.task_model(round_num, anchor_np, self.task_meta),
-            sorted(updates),
-        )
+        results = self.ask(round_num, TASK_CKA, self.task_model(round_num, anchor_np, self.cka_meta()), sorted(updates))
         cka = {}
         for result in results:
             site = result.meta.get("client_name", "?")
-            problem = self.answer_problem(protocol.TASK_CKA, round_num, result.meta)
+            problem = self.answer_problem(TASK_CKA, round_num, result.meta)
             if problem:
                 self.reject(round_num, site, f"CKA: {problem}", rejected, "CKA")
                 continue
-            cka[site] = {layer: float(v) for layer, v in result.meta[protocol.CKA].items()}
+            cka[site] = {layer: float(v) for layer, v in result.meta[CKA].items()}
         if not cka:
             self.error(f"round {round_num}: no valid CKA; the anchor (FedAvg) becomes the global model")
             return anchor_np, {**extras, "anchor_only": True}

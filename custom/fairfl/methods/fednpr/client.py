@@ -6,6 +6,7 @@ from __future__ import annotations
 from fairfl.flare import protocol
 from fairfl.kinds import Boolean, Checked
 from fairfl.methods.fednpr.npr import check_npr_settings, class_prototypes, extract_features, fednpr_objective
+from fairfl.methods.fednpr.protocol import NPR, PERSONAL_HEAD
 from fairfl.methods.local_parts import KeepPartLocal
 from fairfl.methods.steps import ClientStep, StepContext
 from fairfl.models import head_state_keys
@@ -19,14 +20,14 @@ class NPRObjective(ClientStep):
     npr_grad_ratio."""
 
     replaces_loss = True
-    fields = {protocol.NPR: Checked(check_npr_settings, "FedNPR's settings", reports=True)}
+    fields = {NPR: Checked(check_npr_settings, "FedNPR's settings", reports=True)}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:
-        return protocol.NPR in meta
+        return NPR in meta
 
     def loss(self, ctx: StepContext, loss_fn, model, stack):
-        settings, num_classes = ctx.meta[protocol.NPR], ctx.meta[protocol.MODEL_SPEC]["num_classes"]
+        settings, num_classes = ctx.meta[NPR], ctx.meta[protocol.MODEL_SPEC]["num_classes"]
         with ctx.timed("prototype_seconds"):
             with mixed_precision(ctx.device, ctx.amp):
                 features, labels = extract_features(model, ctx.loader("training", train=False), ctx.device)
@@ -58,6 +59,6 @@ class PersonalHead(KeepPartLocal):
     """FedNPR-Per (meta[PERSONAL_HEAD]): the model sent carries this site's own classifier head once it has one (for
     training and evaluation alike), and the head is left out of what the site sends back."""
 
-    meta_key = protocol.PERSONAL_HEAD
+    meta_key = PERSONAL_HEAD
     fields = {meta_key: Boolean()}
     part_keys = staticmethod(head_state_keys)

@@ -3,7 +3,7 @@ the classifier head."""
 
 from __future__ import annotations
 
-from fairfl.flare import protocol
+from fairfl.methods.fednpr.protocol import NPR, PERSONAL_HEAD
 from fairfl.methods.fedprox.controller import FedProxController
 from fairfl.models import head_state_keys
 
@@ -23,7 +23,7 @@ class FedNPRController(FedProxController):
         (fairfl.arguments.FEDNPR) besides FedProx's mu, 0 here (none), and the round's arguments (FedProxController)."""
         super().__init__(**arguments)
         if self.task != "classification":
-            raise ValueError(f"FedNPR is a classification method; dataset {self.dataset!r} is {self.task}")
+            raise ValueError(f"FedNPR is a classification method; dataset {self.settings.dataset!r} is {self.task}")
         self.npr_weight, self.sinkhorn_epsilon = float(self.npr_weight), float(self.sinkhorn_epsilon)
         self.temperature = float(self.temperature)
         self._head_keys = None
@@ -34,12 +34,12 @@ class FedNPRController(FedProxController):
         return ("fedprox_npr" if self.mu else "fednpr") + ("_per" if self.personal_head else "")
 
     def site_meta(self) -> dict:
-        return {protocol.PERSONAL_HEAD: self.personal_head}
+        return {PERSONAL_HEAD: self.personal_head}
 
     def train_meta(self, round_num) -> dict:
         return {
             **super().train_meta(round_num),
-            protocol.NPR: {
+            NPR: {
                 "k": self.num_subclusters,
                 "weight": self.npr_weight,
                 "epsilon": self.sinkhorn_epsilon,

@@ -6,9 +6,9 @@ import copy
 
 from nvflare.app_opt.pt.fedproxloss import PTFedProxLoss
 
-from fairfl.flare import protocol
 from fairfl.kinds import Real
 from fairfl.methods.fedprox.arguments import MAX_PROXIMAL_WEIGHT
+from fairfl.methods.fedprox.protocol import PROX_MU
 from fairfl.methods.steps import ClientStep, StepContext
 
 
@@ -23,11 +23,11 @@ def with_proximal_term(loss_fn, model, mu: float, reference=None):
 class ProximalTerm(ClientStep):
     """Adds (mu / 2) ||w - w_sent||^2, mu = meta[PROX_MU], to whatever the local loss is (FedNPR's as well)."""
 
-    fields = {protocol.PROX_MU: Real(0.0, MAX_PROXIMAL_WEIGHT)}
+    fields = {PROX_MU: Real(0.0, MAX_PROXIMAL_WEIGHT)}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:
-        return bool(meta.get(protocol.PROX_MU))
+        return bool(meta.get(PROX_MU))
 
     def loss(self, ctx: StepContext, loss_fn, model, stack):
-        return with_proximal_term(loss_fn, model, float(ctx.meta[protocol.PROX_MU]))
+        return with_proximal_term(loss_fn, model, float(ctx.meta[PROX_MU]))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
+from fairfl.methods.fedprox.protocol import PROX_MU
 
 
 class FedProxController(FairRoundController):
@@ -18,4 +18,4 @@ class FedProxController(FairRoundController):
         self.mu = float(self.mu)
 
     def train_meta(self, round_num) -> dict:
-        return {protocol.PROX_MU: self.mu} if self.mu else {}
+        return {PROX_MU: self.mu} if self.mu else {}

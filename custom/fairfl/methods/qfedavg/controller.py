@@ -6,6 +6,7 @@ from fairfl.arguments import MIN_LR
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
 from fairfl.kinds import Real
+from fairfl.methods.qfedavg.protocol import GLOBAL_LOSS, MEASURE_LOSS
 from fairfl.methods.qfedavg.qffl import lipschitz_from_lr, qffl_aggregate, round_lr
 from fairfl.models import state_to_numpy, state_to_torch, trainable_names
 from fairfl.site_checks import MAX_REPORTED
@@ -28,7 +29,7 @@ class QFedAvgController(FairRoundController):
         """q, lipschitz (fairfl.arguments.QFEDAVG) besides the round's arguments (FairRoundController)."""
         super().__init__(**arguments)
         self.q = float(self.q)
-        if self.robust_aggregation != "none":
+        if self.settings.robust_aggregation != "none":
             raise ValueError(
                 "q-FedAvg's step is not an average of the sites' models: robust_aggregation must be 'none'"
             )
@@ -37,17 +38,17 @@ class QFedAvgController(FairRoundController):
         self._trainable = None
 
     def train_meta(self, round_num) -> dict:
-        return {protocol.MEASURE_LOSS: True}
+        return {MEASURE_LOSS: True}
 
     def answer_fields(self, task_name, round_num) -> dict:
         """Every train answer carries the loss of the model sent and, when L = 1 / lr, the site's learning rate."""
         if task_name != protocol.TASK_TRAIN:
             return {}
-        loss = {protocol.GLOBAL_LOSS: Real(0.0, MAX_REPORTED)}
+        loss = {GLOBAL_LOSS: Real(0.0, MAX_REPORTED)}
         return {**loss, protocol.LR: Real(MIN_LR, 1e6)} if self.lipschitz is None else loss
 
     def aggregate(self, round_num, global_state, updates, rejected):
-        losses = {s: float(updates[s].meta[protocol.GLOBAL_LOSS]) for s in sorted(updates)}  # checked: answer_fields
+        losses = {s: float(updates[s].meta[GLOBAL_LOSS]) for s in sorted(updates)}  # checked: answer_fields
         lipschitz = self.lipschitz
         if lipschitz is None and losses:  # L = 1 / lr
             rates = {s: float(updates[s].meta[protocol.LR]) for s in losses}

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from fairfl.flare import protocol
 from fairfl.kinds import Boolean
+from fairfl.methods.rewards.protocol import VAL_METRIC, VALIDATE_TRAINED
 from fairfl.methods.steps import ClientStep, StepContext
 
 
 class ValidateTrained(ClientStep):
     """Replies VAL_METRIC: Dice (classification: balanced accuracy) of the trained model; None when NaN."""
 
-    fields = {protocol.VALIDATE_TRAINED: Boolean()}
+    fields = {VALIDATE_TRAINED: Boolean()}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:
-        return bool(meta.get(protocol.VALIDATE_TRAINED))
+        return bool(meta.get(VALIDATE_TRAINED))
 
     def after_training(self, ctx: StepContext, model) -> None:
-        ctx.reply[protocol.VAL_METRIC] = ctx.validation_score(model)
+        ctx.reply[VAL_METRIC] = ctx.validation_score(model)

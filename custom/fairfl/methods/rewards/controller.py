@@ -25,6 +25,7 @@ from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
 from fairfl.kinds import Real
 from fairfl.methods.fedce.contribution import normalise
+from fairfl.methods.rewards.protocol import VAL_METRIC, VALIDATE_TRAINED
 from fairfl.methods.rewards.reward import (
     apply_threshold,
     cffl_reputations,
@@ -77,8 +78,10 @@ class RewardController(FairRoundController):
 
     def combine(self, deltas: dict, weights: dict) -> dict:
         """U = sum_i weights_i delta_i, or with `robust_aggregation` the coordinate-wise median or trimmed mean."""
-        if self.robust_aggregation != "none":
-            return robust_average([deltas[s] for s in sorted(weights)], self.robust_aggregation, self.trim_fraction)
+        settings = self.settings
+        if settings.robust_aggregation != "none":
+            ordered = [deltas[s] for s in sorted(weights)]
+            return robust_average(ordered, settings.robust_aggregation, settings.trim_fraction)
         return weighted_update(deltas, weights)
 
     def reward(self, round_num, deltas, updates, rejected):
@@ -126,14 +129,14 @@ class CFFLController(RewardController):
         self.removed = []
 
     def train_meta(self, round_num) -> dict:
-        return {protocol.VALIDATE_TRAINED: True}
+        return {VALIDATE_TRAINED: True}
 
     def answer_fields(self, task_name, round_num) -> dict:
         """Every train answer carries the trained model's validation score, a number in [0, 1]."""
-        return {protocol.VAL_METRIC: Real(0.0, 1.0)} if task_name == protocol.TASK_TRAIN else {}
+        return {VAL_METRIC: Real(0.0, 1.0)} if task_name == protocol.TASK_TRAIN else {}
 
     def reward(self, round_num, deltas, updates, rejected):
-        metrics = {s: float(updates[s].meta[protocol.VAL_METRIC]) for s in sorted(updates) if s not in self.removed}
+        metrics = {s: float(updates[s].meta[VAL_METRIC]) for s in sorted(updates) if s not in self.removed}
         if not metrics:
             return None
         round_reputations = cffl_reputations(metrics, self.alpha)

@@ -6,6 +6,6 @@ SPEC = MethodSpec(
     name="solo",
     order=10,
     doc="methods/fedavg.md",
-    jobs=(Job("solo", "fairfl.methods.solo.controller.SoloController", tasks=("train", "validate", "cka")),),
+    jobs=(Job("solo", "fairfl.methods.solo.controller.SoloController"),),
     variants=(Variant("solo", "Solo", "solo", families=("segmentation", "imbalanced")),),
 )
