@@ -105,7 +105,7 @@ def floor_worker(dataset: str, sites: list[str], num_sites: int, rounds: int) ->
 
     server, client = job_args("fedavg")
     controller = FedAvgController(**{**server, "dataset": dataset})
-    apply_preset(controller, controller.preset, controller.task)
+    controller.settings = controller.settings.with_preset()
     meta = {**controller.common_task_meta([f"site-{k + 1}" for k in range(num_sites)])}
     meta[protocol.START_FROM] = protocol.FROM_GLOBAL
     params = {

@@ -23,7 +23,7 @@ class DittoController(FairRoundController):
     evaluate = protocol.FROM_PERSONAL
 
     def __init__(self, **arguments):
-        """ditto_lambda (fairfl.arguments.DITTO) besides the round's arguments (FairRoundController)."""
+        """ditto_lambda (arguments.py: DITTO) besides the round's arguments (FairRoundController)."""
         super().__init__(**arguments)
         self.ditto_lambda = float(self.ditto_lambda)
 

@@ -29,7 +29,7 @@ class FedCEController(FairRoundController):
     written to `method_state.json` in the run folder after every round."""
 
     def __init__(self, **arguments):
-        """combine (fairfl.arguments.FEDCE) besides the round's arguments (FairRoundController)."""
+        """combine (arguments.py: FEDCE) besides the round's arguments (FairRoundController)."""
         super().__init__(**arguments)
         self.contribution = ContributionState(mode=self.combine)
         self._trainable = None

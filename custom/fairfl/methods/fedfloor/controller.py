@@ -17,7 +17,7 @@ class FedFloorController(DittoController):
     method = "fedfloor"
 
     def __init__(self, **arguments):
-        """mix_grid (fairfl.arguments.FEDFLOOR) besides Ditto's and the round's arguments (DittoController)."""
+        """mix_grid (arguments.py: FEDFLOOR) besides Ditto's and the round's arguments (DittoController)."""
         super().__init__(**arguments)
         self.mix_grid = list(check_grid(self.mix_grid))  # sorted floats
         if self.mix_grid == [0.0, 1.0]:  # the ablation without interpolation: its own row in reports

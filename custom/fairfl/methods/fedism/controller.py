@@ -25,7 +25,7 @@ class FedISMController(FairRoundController):
     `method_state.json` after every round; `load_method_state` resumes it."""
 
     def __init__(self, **arguments):
-        """rho_max, tau, variant, q, beta, gsam_alpha, saga (fairfl.arguments.FEDISM) besides the round's arguments
+        """rho_max, tau, variant, q, beta, gsam_alpha, saga (arguments.py: FEDISM) besides the round's arguments
         (FairRoundController)."""
         super().__init__(**arguments)
         self.rho_max, self.tau = float(self.rho_max), float(self.tau)

@@ -20,7 +20,7 @@ class FedNPRController(FedProxController):
 
     def __init__(self, **arguments):
         """num_subclusters, npr_weight, sinkhorn_epsilon, sinkhorn_iterations, temperature, npr_logits, personal_head
-        (fairfl.arguments.FEDNPR) besides FedProx's mu, 0 here (none), and the round's arguments (FedProxController)."""
+        (arguments.py: FEDNPR) besides FedProx's mu, 0 here (none), and the round's arguments (FedProxController)."""
         super().__init__(**arguments)
         if self.task != "classification":
             raise ValueError(f"FedNPR is a classification method; dataset {self.settings.dataset!r} is {self.task}")

@@ -13,7 +13,7 @@ class FedProxController(FairRoundController):
     method = "fedprox"
 
     def __init__(self, **arguments):
-        """mu (fairfl.arguments.FEDPROX) besides the round's arguments (FairRoundController)."""
+        """mu (arguments.py: FEDPROX) besides the round's arguments (FairRoundController)."""
         super().__init__(**arguments)
         self.mu = float(self.mu)
 

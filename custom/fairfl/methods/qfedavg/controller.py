@@ -26,7 +26,7 @@ class QFedAvgController(FairRoundController):
     method = "qfedavg"
 
     def __init__(self, **arguments):
-        """q, lipschitz (fairfl.arguments.QFEDAVG) besides the round's arguments (FairRoundController)."""
+        """q, lipschitz (arguments.py: QFEDAVG) besides the round's arguments (FairRoundController)."""
         super().__init__(**arguments)
         self.q = float(self.q)
         if self.settings.robust_aggregation != "none":

@@ -121,7 +121,7 @@ class CFFLController(RewardController):
     beta = None  # reward fractions linear in the reputations
 
     def __init__(self, **arguments):
-        """alpha, reputation_threshold (fairfl.arguments.CFFL) besides the round's arguments (FairRoundController).
+        """alpha, reputation_threshold (arguments.py: CFFL) besides the round's arguments (FairRoundController).
         The paper grid-searches the threshold (2/3 of 1/(number of sites left) in one version); 0, the default,
         removes nobody, since a hospital removed by a badly tuned threshold loses the federation for good."""
         super().__init__(**arguments)
@@ -166,7 +166,7 @@ class CGSVController(RewardController):
     method = "cgsv"
 
     def __init__(self, **arguments):
-        """alpha, beta, gamma (fairfl.arguments.CGSV) besides the round's arguments (FairRoundController). The paper
+        """alpha, beta, gamma (arguments.py: CGSV) besides the round's arguments (FairRoundController). The paper
         fixes gamma per dataset (0.5 MNIST, 0.15 CIFAR-10, 1 text); null, the default, takes the median norm of the
         round's raw updates, which keeps the step at the scale of these networks' updates (one site's huge update
         cannot set it)."""
