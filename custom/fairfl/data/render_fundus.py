@@ -5,15 +5,11 @@ nerve head of a random eye drawn as linear radiance on a fine grid (`Eye`), and 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import ndimage
 
 from fairfl.data.drawing import crop_grid, draw_segments, smooth_field
-
-if TYPE_CHECKING:
-    from fairfl.data.synthetic_fundus import SiteProfile
 
 # Vertical cup-to-disc ratio (mean, sd, clip range): normal discs mostly 0.2-0.6, glaucomatous
 # ones 0.6-0.9 (the cup widens mostly vertically, thinning the superior and inferior rim).
@@ -40,7 +36,7 @@ class Eye:
     `temporal` is the image direction (+1 or -1 along x) towards the fovea: a right eye's disc is
     nasal, so the fovea lies to its left."""
 
-    def __init__(self, rng: np.random.Generator, profile: SiteProfile):
+    def __init__(self, rng: np.random.Generator, profile):
         self.rng, self.profile = rng, profile
 
         # Python floats, not numpy scalars: a float64 scalar would turn every float32 grid into float64.
@@ -208,7 +204,7 @@ class Eye:
         return radiance.astype(np.float32), disc, cup, fov.astype(np.float32)
 
 
-def photograph(radiance: np.ndarray, fov: np.ndarray, profile: SiteProfile, rng: np.random.Generator) -> np.ndarray:
+def photograph(radiance: np.ndarray, fov: np.ndarray, profile, rng: np.random.Generator) -> np.ndarray:
     """The crop as this site's camera records it: uint8 RGB at the native size."""
     size = radiance.shape[0]
     # Optics: veiling glare inside the field of view (low contrast), then blur.

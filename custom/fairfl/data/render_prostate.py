@@ -4,15 +4,10 @@ slice as the site's scanner (a `SiteProfile`) records it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 from scipy import ndimage
 
 from fairfl.data.drawing import SUPERSAMPLE, box_mean, standardise
-
-if TYPE_CHECKING:
-    from fairfl.data.synthetic_prostate import SiteProfile
 
 # Nominal T2w signal of each tissue (fast spin echo; fat and fluid bright, muscle and cortical
 # bone dark) and how heterogeneous it looks (relative amplitude of the fine texture).
@@ -78,7 +73,7 @@ class ProstateCase:
     centred in the field of view, shifted by the patient's position.
     """
 
-    def __init__(self, rng: np.random.Generator, profile: SiteProfile, image_size: int):
+    def __init__(self, rng: np.random.Generator, profile, image_size: int):
         self.rng, self.profile, self.image_size = rng, profile, image_size
         fov = profile.fov_mm * rng.uniform(0.95, 1.05)
         self.spacing = fov / image_size
