@@ -9,7 +9,9 @@ import re
 
 import test_answer_fuzzer
 import test_arguments
-import test_bad_inputs
+import test_bad_command_line
+import test_bad_configuration
+import test_bad_data_files
 import test_client_steps
 import test_dashboard_passwords
 import test_jobs_config
@@ -31,11 +33,11 @@ def categories(tmp_path) -> list:
     return [
         (
             "data files, datalists, site settings and configurations at a site; command-line arguments",
-            len(test_bad_inputs.DATA_CASES)
-            + len(test_bad_inputs.SITE_CASES)
-            + len(test_bad_inputs.CONFIG_CASES)
-            + len(test_bad_inputs.CLI_CASES)
-            + len(test_bad_inputs.HUGE_IMAGES),
+            len(test_bad_data_files.DATA_CASES)
+            + len(test_bad_data_files.SITE_CASES)
+            + len(test_bad_configuration.CONFIG_CASES)
+            + len(test_bad_command_line.CLI_CASES)
+            + len(test_bad_data_files.HUGE_IMAGES),
             "`tests/core/test_bad_inputs.py`",
         ),
         (

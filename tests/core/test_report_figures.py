@@ -1,0 +1,108 @@
+"""The report's figures and parts: the document make_report writes with its figures, a figure left out where its
+runs lack the numbers, the cross-site heatmap even from a hostile file, and the sections and figures the method
+units add."""
+
+import json
+
+import pytest
+
+from fairfl.methods.fedce.report import plot_contributions
+from fairfl.methods.fedlwr.report import plot_layer_weights, short_names
+from fairfl.report.document import SECTIONS, make_report, report_sections
+from fairfl.report.figures import plot_cross_site
+from fairfl.report.parts import GroupFigure, RunFigure, Section, method_parts, ordered
+from fairfl.report.runs import load_runs
+
+from report_runs import LAYERS, is_png, personalised_run, write_runs
+
+
+@pytest.fixture
+def runs_dir(tmp_path):
+    """Simulator-shaped workspaces, one per run of Solo, FedAvg and Fed-LWR, plus a Fed-LWR run that never finished."""
+    return write_runs(tmp_path)
+
+
+def test_short_layer_names_are_unique():
+    labels = short_names(LAYERS)
+    assert labels == [
+        "0.conv.unit0.conv",
+        "0.residual",
+        "1.s.0.conv.unit0.conv",
+        "1.s.1.s.0.conv.unit0.conv",
+        "2.1.conv.unit0.conv",
+    ]
+    assert short_names(["a.sequence.x", "a.submodule.x"]) == ["sequence.x", "submodule.x"]  # no clash
+
+
+def test_make_report(tmp_path, runs_dir):
+    out = tmp_path / "report"
+    result = make_report([runs_dir], out)
+    names = sorted(f.name for f in result["figures"])
+    assert names == [
+        "convergence.png",
+        "layer_weights_fedlwr_seed0.png",
+        "layer_weights_fedlwr_seed1.png",
+        "per_site.png",
+    ]
+    assert all(is_png(f) for f in result["figures"])
+    text = result["report"].read_text()
+    assert result["table"] in text and (out / "results.csv").exists()
+    assert all(f"]({name})" in text for name in names)
+    assert text.count("1 rejected site update(s)") == 5 and "40.0 s" in text and "not finished" in text
+    assert "## Spread across sites" in text and result["tables"]["spread"] in text
+    assert result["spread"]["solo"]["p50"] == (70.0, None)
+
+
+def test_layer_weights_skipped_without_them(tmp_path, runs_dir):
+    run = load_runs(runs_dir / "fedavg_s0")[0]
+    assert plot_layer_weights(run, tmp_path / "lw.png") is None and not (tmp_path / "lw.png").exists()
+
+
+def test_plot_contributions_skips_runs_without_them(tmp_path, runs_dir):
+    runs = load_runs(runs_dir / "fedavg_s0")
+    assert plot_contributions(runs, tmp_path / "c.png", "x") is None and not (tmp_path / "c.png").exists()
+
+
+def test_cross_site_matrix_in_results_and_as_a_heatmap_even_from_a_hostile_file(tmp_path):
+    from fairfl.results import ResultsLog
+
+    path = personalised_run(tmp_path / "run" / "results.json", 0, {"site-1": (0.8, 0.7), "site-2": (0.6, 0.5)})
+    log = ResultsLog(str(path), "ditto", "segmentation", "dice", 0, ["site-1", "site-2", "site-10"], {})
+    log.data = json.loads(path.read_text())
+    matrix = {"site-2": {"site-10": 0.2, "site-2": 0.6, "site-1": 0.5}, "site-1": {"site-1": 0.8, "site-2": 0.4}}
+    record = log.cross_site(3, matrix, rejected={}, absent=["site-10"], failed={})
+    data = json.loads(path.read_text())["cross_site"]
+    assert data == record and record["models"] == ["site-1", "site-2"]
+    assert record["sites"] == ["site-1", "site-2", "site-10"] and list(record["matrix"]["site-2"]) == record["sites"]
+    assert record["own"] == {"site-1": 0.8, "site-2": 0.6} and record["absent"] == ["site-10"]
+    assert record["on_others"] == {"site-1": 0.4, "site-2": pytest.approx(0.35)} and "rejected" not in record
+    out = make_report(path, tmp_path / "out")
+    assert tmp_path / "out" / "cross_site_ditto_seed0.png" in out["figures"]
+    # a hostile file: cells that are not numbers are blank, a matrix that is not one is no figure; never a crash
+    run = load_runs(path)[0]
+    run["cross_site"]["matrix"]["site-1"]["site-2"] = "0.4"
+    run["cross_site"]["matrix"]["site-2"]["site-1"] = None
+    assert plot_cross_site(run, tmp_path / "hostile.png") == tmp_path / "hostile.png"
+    for broken in ({"matrix": [1, 2]}, {"matrix": {"site-1": 0.5}}, "matrix", {"matrix": {}}):
+        assert plot_cross_site({**run, "cross_site": broken}, tmp_path / "none.png") is None
+
+
+def test_the_method_units_add_their_sections_and_figures_where_they_say():
+    """The report names no method: FedISM+'s and FedCE's sections and FedCE's and Fed-LWR's figures come from their
+    units' `report` modules, each section after the one it names."""
+    assert [s.key for s in report_sections()] == [
+        "spread",
+        "quality_shift",
+        "personal_global",
+        "held_out",
+        "performance_fairness",
+        "contributions",
+        "contribution_agreement",
+    ]
+    figures = {(type(part), part.kind) for part in method_parts() if not isinstance(part, Section)}
+    assert figures == {(GroupFigure, "contributions"), (RunFigure, "layer_weights")}
+    empty = lambda inputs: ("", {})  # noqa: E731
+    added = [Section(key, key, str, empty, after="spread") for key in ("first", "second")]
+    assert [s.key for s in ordered(SECTIONS, added)][:3] == ["spread", "first", "second"]
+    with pytest.raises(ValueError, match="'nowhere'"):
+        ordered(SECTIONS, [Section("lost", "Lost", str, empty, after="nowhere")])
