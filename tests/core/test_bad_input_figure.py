@@ -38,7 +38,8 @@ def categories(tmp_path) -> list:
             + len(test_bad_configuration.CONFIG_CASES)
             + len(test_bad_command_line.CLI_CASES)
             + len(test_bad_data_files.HUGE_IMAGES),
-            "`tests/core/test_bad_inputs.py`",
+            "`tests/core/test_bad_data_files.py`, `tests/core/test_bad_configuration.py`, "
+            "`tests/core/test_bad_command_line.py`",
         ),
         (
             "a method setting the server sends a site, each hostile value in each declared task field",

@@ -316,7 +316,7 @@ def test_the_declarations_cover_every_key_the_server_sends_and_agree():
     units = [importlib.import_module(f"{unit.package}.protocol") for unit in UNITS if has_protocol(unit)]
     sent = set().union(*(sent_keys(module) for module in (protocol, *units)))
     assert len(units) >= 10 and {PROX_MU, "cka_split"} <= sent
-    checked_elsewhere = {  # tests/core/test_bad_inputs.py CONFIG_CASES
+    checked_elsewhere = {  # tests/core/test_bad_configuration.py CONFIG_CASES
         protocol.MODEL_SPEC,
         protocol.NUM_SITES,
         protocol.DATA_SEED,
