@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create (or reuse) .venv and install fairfl into it. Sourced by demo.sh and test.sh.
+# Create (or reuse) .venv and install fairfl into it, with its test extra (pytest, ruff, mypy). Sourced by demo.sh and
+# test.sh.
 # torch is pinned and installed first: an unpinned torch pulls several GB of CUDA packages on a CPU machine.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -10,7 +11,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
-if ! python -c "import fairfl, torch, nvflare, monai, mlflow, alembic, xdist, zxcvbn" 2>/dev/null || ! command -v ruff >/dev/null; then
+if ! python -c "import fairfl, torch, nvflare, monai, mlflow, alembic, xdist, zxcvbn" 2>/dev/null || ! command -v ruff >/dev/null || ! command -v mypy >/dev/null; then
   echo "installing torch==2.13.0, then fairfl and its dependencies into $VENV ..."
   python -m pip install -q torch==2.13.0
   python -m pip install -q -e "$ROOT[test]"

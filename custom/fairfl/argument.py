@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from fairfl.kinds import Kind
+
 MAX_FACTOR = 1e6  # weights, exponents and temperatures above this only overflow
 
 
@@ -16,6 +18,6 @@ class Argument:
     """One argument of a component: its name, kind, default and meaning (one line in the docs' tables)."""
 
     name: str
-    kind: object
+    kind: Kind
     default: object
     doc: str

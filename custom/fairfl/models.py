@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 from contextlib import contextmanager
+from typing import TypeGuard
 
 import numpy as np
 import torch
@@ -125,7 +126,7 @@ def server_parameter_limit(environ=None) -> int:
     return int(value)
 
 
-def is_int_in(value, low: int, high: int) -> bool:
+def is_int_in(value, low: int, high: int) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
@@ -157,7 +158,8 @@ def build_model(spec: dict) -> torch.nn.Module:
             conv1_t_stride=spec["conv1_stride"],
         )
         return _replace_batch_norms(model, spec)
-    layers, width = [], spec["in_channels"]
+    layers: list[torch.nn.Module] = []
+    width = spec["in_channels"]
     for i, channels in enumerate(spec["channels"]):
         # no norm in the last block: a per-channel (instance, small-group) norm right before the global pooling
         # would give every channel the same mean and leave the classifier nothing to read

@@ -4,11 +4,14 @@ it stopped, and refuses to resume one made with other settings."""
 from __future__ import annotations
 
 import os
+from typing import Any, Protocol
 
 from fairfl.files import json_safe, save_atomic, write_json_atomic
 from fairfl.flare import protocol
+from fairfl.flare.round_settings import RoundSettings
 from fairfl.jobconfig import WAITING_ARGUMENTS, component_arguments
 from fairfl.models import state_to_numpy, state_to_torch
+from fairfl.results import ResultsLog
 from fairfl.training import load_tensors
 
 METHOD_STATE_FILE = "method_state.json"
@@ -18,11 +21,35 @@ CHECKPOINT_FILE = "checkpoint.pt"
 RESUME_MAY_CHANGE = ("num_rounds", "eval_every", "min_clients", *WAITING_ARGUMENTS)
 
 
+class _Engine(Protocol):
+    """What Checkpointing uses of the round engine it is mixed into (FairRoundController), for the type checker."""
+
+    engine: Any  # NVFlare's server engine (the workspace)
+    settings: RoundSettings
+    results: ResultsLog
+    declared_samples: dict[str, int]
+
+    @property
+    def method(self) -> str: ...
+
+    def info(self, msg: str) -> None: ...
+
+    def config(self) -> dict: ...
+
+    def method_state(self) -> dict | None: ...
+
+    def method_tensors(self) -> dict | None: ...
+
+    def load_method_state(self, state: dict) -> None: ...
+
+    def load_method_tensors(self, tensors: dict) -> None: ...
+
+
 class Checkpointing:
     """The round engine's checkpoint and method-state files (a mixin of FairRoundController: it reads the
     controller's config, results, method state and declared sample counts)."""
 
-    def _save_method_state(self, run_dir, round_num):
+    def _save_method_state(self: _Engine, run_dir, round_num):
         state = self.method_state()
         if state is None:
             return
@@ -30,11 +57,11 @@ class Checkpointing:
             os.path.join(run_dir, METHOD_STATE_FILE), {"method": self.method, "round": round_num, "state": state}
         )
 
-    def _checkpoint_path(self) -> str:
+    def _checkpoint_path(self: _Engine) -> str:
         root = self.engine.get_workspace().get_root_dir()
         return os.path.join(protocol.run_state_dir(root, "server", self.settings.run_name), CHECKPOINT_FILE)
 
-    def _save_checkpoint(self, path, round_num, global_state) -> None:
+    def _save_checkpoint(self: _Engine, path, round_num, global_state) -> None:
         """Everything the next round needs, in one file replaced atomically: a crash keeps the previous one."""
         # tensors and plain JSON values only, so that it loads with weights_only=True (no pickled objects)
         checkpoint = {
@@ -52,7 +79,7 @@ class Checkpointing:
         }
         save_atomic(checkpoint, path)
 
-    def _load_checkpoint(self, path) -> dict | None:
+    def _load_checkpoint(self: _Engine, path) -> dict | None:
         """The named run's checkpoint, loaded into the controller (method state, results so far); None if the
         run is new. A checkpoint of other settings is refused: resuming must not mix runs. How long the run is
         and how it waits for sites (RESUME_MAY_CHANGE) may change: a site that stays down may need a lower

@@ -72,7 +72,6 @@ class SiteUpdate(NamedTuple):
 class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
     """FedAvg-shaped round loop; subclasses change where training starts and how results are aggregated."""
 
-    method = "fedavg"
     default_max_share = 0.5  # `max_share` null
     start_from = protocol.FROM_GLOBAL
     evaluate = protocol.FROM_GLOBAL
@@ -104,6 +103,12 @@ class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
             )
         self.declared_samples = {}  # {site: num_samples of its first accepted answer}: it may not grow later
         self.failed = {}  # {site: return code} of the current round's tasks that failed at the site
+
+    @property
+    def method(self) -> str:
+        """The name results.json records the run under (a registered variant's): a class attribute of a method's
+        controller, or a property where its arguments choose the variant; FedAvg's here."""
+        return "fedavg"
 
     # --- the round loop --------------------------------------------------------------------------------
     def run(self):
@@ -309,10 +314,11 @@ class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
         if self.start_from == protocol.FROM_LOCAL:
             return None, metrics, None  # the sites' own models: weights never leave the site
         state, problem = tensor_state({} if result.params is None else result.params)
+        if state is None:  # not a mapping of tensors: `problem` says why
+            return None, metrics, problem
         num_samples = result.meta.get(protocol.NUM_SAMPLES)
         problem = (
-            problem
-            or check_site_state(state, reference)
+            check_site_state(state, reference)
             or samples_problem(num_samples, self.declared_samples.get(site), self.settings.max_samples)
             or self.answer_problem(protocol.TASK_TRAIN, round_num, result.meta)
         )

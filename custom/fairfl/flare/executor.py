@@ -20,6 +20,7 @@ import contextlib
 import functools
 import os
 import time
+from typing import Any
 
 import torch
 from nvflare.apis.executor import Executor
@@ -412,7 +413,7 @@ class FairflExecutor(Executor):
         (`testing_corrupted`)."""
         site, root = task.site, self._data_root(task)
         own = site_settings(site)
-        options = dict(
+        options: dict[str, Any] = dict(  # load_datalist's keyword arguments
             num_classes=task.num_classes,
             task=task.kind,
             allow_absolute_paths=own.allow_absolute_paths,

@@ -66,7 +66,8 @@ class TaskFanOut(ModelController):
         """`ask` with its own task for every site, {site: FLModel} (a method that keeps a model per site), with the
         same waiting rules: all answered, or `straggler_timeout` after `min_clients` have, or `task_timeout`; the
         sites that did not answer are recorded `absent` and their tasks cancelled."""
-        targets, answers = list(models), []
+        targets = list(models)
+        answers: list[FLModel] = []
         for site in targets:  # non-blocking: every site works at once
             self.broadcast_model(
                 data=models[site],
@@ -80,7 +81,7 @@ class TaskFanOut(ModelController):
         # an error is judged against the whole task, as for one broadcast (NVFlare's dynamic ignore_result_error)
         required = min(self.min_responses, len(targets))
         self._current_num_targets, self._current_min_responses = len(targets), required
-        self._current_failed_clients = set()
+        self._current_failed_clients: set[str] = set()
         started, enough_at = time.time(), None
         while not self.abort_signal.triggered:
             # a site whose task failed is done too (NVFlare counts it in _current_failed_clients when it may be ignored)

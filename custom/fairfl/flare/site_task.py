@@ -55,7 +55,7 @@ class SiteTask:
     round: int  # the task's round (0 when it has none)
     kind: str  # SEGMENTATION or CLASSIFICATION: which loaders, loss and metrics the site uses
     model_spec: dict  # the network (fairfl.models.build_model)
-    params: dict | None  # the weights sent (numpy arrays), as they came
+    params: dict  # the weights sent (numpy arrays), as they came; {} when none were
     meta: dict  # the server's meta as it came: the methods' steps and tasks read their own fields from it
     start_from: str  # train from FROM_GLOBAL (the weights sent) or FROM_LOCAL (the site's own model)
     evaluate: str  # validate FROM_GLOBAL, FROM_LOCAL or FROM_PERSONAL (a method's step chooses the model)
@@ -67,7 +67,7 @@ class SiteTask:
     momentum: float  # ... its momentum ...
     keep_optimizer_state: bool  # ... and whether its state carries over from round to round
     run_name: str | None  # a named run: the site keeps its state where a resubmitted job finds it
-    dataset: object
+    dataset: str  # checked as a field (TASK_FIELDS)
     data_seed: object
     num_sites: object
     test_scale: object
@@ -89,8 +89,8 @@ class SiteTask:
             site=site,
             round=int(model.current_round or 0),
             kind=meta.get(protocol.TASK, SEGMENTATION),
-            model_spec=meta.get(protocol.MODEL_SPEC),
-            params=model.params,
+            model_spec=meta[protocol.MODEL_SPEC],
+            params=model.params or {},
             meta=meta,
             start_from=meta.get(protocol.START_FROM, protocol.FROM_GLOBAL),
             evaluate=meta.get(protocol.EVALUATE, protocol.FROM_GLOBAL),
@@ -147,7 +147,7 @@ def check_sent(site: str, model: FLModel) -> None:
     if model.params is None or (isinstance(model.params, dict) and not model.params):
         return
     state, problem = tensor_state(model.params)
-    if problem is None:
+    if state is not None:
         with torch.device("meta"):
             reference = build_model(model.meta[protocol.MODEL_SPEC]).state_dict()
         problem = check_site_state(state, reference)

@@ -33,7 +33,7 @@ def discovered_units() -> list[MethodSpec]:
 def _refuse_ties(ranked, what: str, by: str) -> None:
     """ValueError unless every (rank, name) of `ranked` has a rank of its own: a tie would leave the order to the
     file system."""
-    seen = {}
+    seen: dict[object, str] = {}
     for rank, name in ranked:
         if rank in seen:
             raise ValueError(f"{what} {seen[rank]} and {name} have the same {by}, {rank}, in the method registry")

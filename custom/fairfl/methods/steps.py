@@ -30,9 +30,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from fairfl.kinds import Kind
 
@@ -138,7 +139,7 @@ def registered_tasks() -> dict[str, type[MethodTask]]:
     import torch); two units' tasks of one name are an error."""
     from fairfl.methods import UNITS
 
-    found = {}
+    found: dict[str, type[MethodTask]] = {}
     for unit in UNITS:
         for path in unit.site_tasks:
             module, name = path.rsplit(".", 1)
@@ -153,11 +154,14 @@ def applying(meta: dict, classes: tuple[type[ClientStep], ...] | None = None) ->
     return [cls for cls in (registered_steps() if classes is None else classes) if cls.applies(meta)]
 
 
-def declared_fields(classes: tuple[type, ...] | None = None) -> dict[str, Kind]:
+def declared_fields(classes: tuple[type[ClientStep] | type[MethodTask], ...] | None = None) -> dict[str, Kind]:
     """{meta key: Kind} of every step and method task (default: the registry's); two reading one key must agree on
     it."""
-    found = {}
-    for cls in (*registered_steps(), *registered_tasks().values()) if classes is None else classes:
+    found: dict[str, Kind] = {}
+    readers: tuple[type[ClientStep] | type[MethodTask], ...] = (
+        (*registered_steps(), *registered_tasks().values()) if classes is None else classes
+    )
+    for cls in readers:
         for key, field_ in cls.fields.items():
             if found.setdefault(key, field_) != field_:
                 raise ValueError(f"two readers declare task field {key!r} differently: {found[key]}, {field_}")

@@ -15,6 +15,7 @@ to 1/k, so we normalise to sum 1 as the sentence after Eq. 5 requires."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -22,7 +23,7 @@ import torch
 COMBINE_MODES = ("sum", "product")
 
 
-def flatten(state: dict, names) -> torch.Tensor:
+def flatten(state: Mapping[str, torch.Tensor], names) -> torch.Tensor:
     """The tensors `names` of a state dict as one float64 vector (float64: cosines of long vectors)."""
     return torch.cat([state[name].detach().reshape(-1).to(device="cpu", dtype=torch.float64) for name in names])
 

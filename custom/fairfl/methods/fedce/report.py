@@ -62,7 +62,7 @@ def contribution_table(runs) -> tuple[str, dict]:
 def plot_contributions(group: list[dict], path, title: str) -> Path | None:
     """A method's contribution estimate per site versus round (mean ± sd over seeds); free riders drawn as thick
     black dashed lines; the uniform share 1/K dotted. None if no round records contributions."""
-    per_site = {}  # site -> {round: [value of each run]}
+    per_site: dict[str, dict[int, list[float]]] = {}  # site -> {round: [value of each run]}
     for run in group:
         for record in run["rounds"]:
             for site, value in (record.get("contributions") or {}).items():

@@ -34,10 +34,16 @@ def _quality_row(run) -> dict | None:
     return row
 
 
+def _rounded_mean(value: tuple[float, float | None] | None) -> float:
+    """The mean of a table cell (`mean_sd` over a group's runs) to 2 places; a group has a run, so a mean."""
+    assert value is not None
+    return round(value[0], 2)
+
+
 def quality_shift_table(runs) -> tuple[str, dict]:
     """FedISM+'s Tables II-III (clean, corrupted and average ACC and AUC, %) and Table IV (std of AUC across sites)
     from the classification runs' final evaluations, mean ± sd over seeds; ("", {}) when no run has them."""
-    groups = {}
+    groups: dict[str, list[dict]] = {}
     for run in runs:
         row = _quality_row(run)
         if row:
@@ -46,11 +52,11 @@ def quality_shift_table(runs) -> tuple[str, dict]:
         return "", {}
     columns = [f"{q} {m}" for q, _ in QUALITY_COLUMNS for m in ("ACC", "AUC")] + ["Std. AUC"]
     stats = {g: {c: mean_sd(r[c] for r in rows) for c in columns} for g, rows in groups.items()}
-    best = {c: (min if c == "Std. AUC" else max)(round(v[c][0], 2) for v in stats.values()) for c in columns}
+    best = {c: (min if c == "Std. AUC" else max)(_rounded_mean(v[c]) for v in stats.values()) for c in columns}
     lines = table_lines(
         ["Method", *columns],
         (
-            [group_name_markdown(g), *(cell(v[c], round(v[c][0], 2) == best[c]) for c in columns)]
+            [group_name_markdown(g), *(cell(v[c], _rounded_mean(v[c]) == best[c]) for c in columns)]
             for g, v in stats.items()
         ),
     )

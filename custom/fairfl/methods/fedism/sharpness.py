@@ -55,7 +55,7 @@ def frozen_norm_statistics(model: torch.nn.Module) -> Iterator[None]:
             m.track_running_stats = False  # in train mode: batch statistics, buffers untouched
         yield
     finally:
-        for m, t in zip(layers, tracked):
+        for m, t in zip(layers, tracked, strict=True):
             m.track_running_stats = t
 
 
@@ -92,22 +92,22 @@ def gsam_step(
         optimizer.step()
         return {"loss": float(loss.detach()), "perturbed_loss": float(loss.detach())}
     with torch.no_grad():
-        grad = [p.grad.detach().clone() for p in params]
+        grad = [p.grad.detach().clone() for p in params if p.grad is not None]  # all of params; the test types p.grad
         scale = rho / (_global_norm(grad) + PERTURB_EPS)
         origin = [p.detach().clone() for p in params]
-        for p, g in zip(params, grad):
+        for p, g in zip(params, grad, strict=True):
             p.add_(g * scale)  # w + eps*, Eq. 9
     optimizer.zero_grad(set_to_none=True)
     with frozen_norm_statistics(model):
         perturbed = closure()
         perturbed.backward()
     with torch.no_grad():
-        for p, w in zip(params, origin):
+        for p, w in zip(params, origin, strict=True):
             p.copy_(w)  # back to w: restored exactly, not by subtracting eps*
         g_p = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        inner = sum(torch.sum(a * b) for a, b in zip(grad, g_p))
+        inner = sum(torch.sum(a * b) for a, b in zip(grad, g_p, strict=True))
         parallel = inner / (_global_norm(g_p) ** 2 + PERTURB_EPS)
-        for p, g, gp in zip(params, grad, g_p):
+        for p, g, gp in zip(params, grad, g_p, strict=True):
             p.grad = gp - alpha * (g - parallel * gp)  # g_p - alpha g_perp
     optimizer.step()
     return {"loss": float(loss.detach()), "perturbed_loss": float(perturbed.detach())}
@@ -224,10 +224,10 @@ def measure_sharpness(model, loader, loss_fn, rho: float, device, amp: bool = Fa
                 try:
                     perturbed = dataset_loss(model, loader, loss_fn, device, amp)
                 finally:
-                    for p, w in zip(params, origin):
+                    for p, w in zip(params, origin, strict=True):
                         p.copy_(w)
     finally:
-        for p, g in zip(params, saved_grads):
+        for p, g in zip(params, saved_grads, strict=True):
             p.grad = g
         model.train(was_training)
     return {

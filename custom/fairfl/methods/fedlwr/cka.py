@@ -169,7 +169,7 @@ class MinibatchCKA:
     Batches of fewer than 4 samples are skipped (the estimator is undefined there).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._sums: dict[str, list[float]] = {}  # name -> [sum HSIC(K,L), HSIC(K,K), HSIC(L,L)]
 
     def update(self, name: str, feats_a, feats_b) -> bool:

@@ -60,7 +60,7 @@ def check_npr_settings(settings) -> str | None:
             isinstance(value, bool)
             or not isinstance(value, (int, float))
             or not math.isfinite(value)
-            or not (0 < value if positive else 0 <= value)
+            or not (value > 0 if positive else value >= 0)
             or value > MAX_NPR_FACTOR
         ):
             return f"{key} {value!r} is not a finite number in {'(0' if positive else '[0'}, {MAX_NPR_FACTOR:g}]"
@@ -253,10 +253,10 @@ def fednpr_terms(
 def gradient_ratio(numerator: torch.Tensor, denominator: torch.Tensor, wrt: torch.Tensor) -> float | None:
     """||d numerator / d wrt|| / ||d denominator / d wrt|| (Frobenius norms), the graph kept for the training
     step's backward; None when the denominator's gradient is zero or either is not finite."""
-    top, bottom = (
+    gradients = (
         torch.autograd.grad(loss, wrt, retain_graph=True, allow_unused=True)[0] for loss in (numerator, denominator)
     )
-    top, bottom = (0.0 if g is None else float(g.norm()) for g in (top, bottom))
+    top, bottom = (0.0 if g is None else float(g.norm()) for g in gradients)
     ratio = top / bottom if bottom > 0.0 else float("nan")
     return ratio if math.isfinite(ratio) else None
 

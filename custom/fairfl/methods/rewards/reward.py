@@ -52,7 +52,8 @@ def weighted_update(updates: Mapping[str, Mapping[str, torch.Tensor]], weights: 
     """sum_i weights[i] * updates[i] over the sites of `weights` (weights used as given, not renormalised)."""
     sites = [s for s in weights if weights[s] != 0.0] or list(weights)
     first = updates[sites[0]]
-    return {k: sum(float(weights[s]) * updates[s][k].double() for s in sites).to(first[k].dtype) for k in first}
+    zero = torch.zeros((), dtype=torch.float64)  # sum()'s start as a float64 tensor: the same sums as from the int 0
+    return {k: sum((float(weights[s]) * updates[s][k].double() for s in sites), zero).to(first[k].dtype) for k in first}
 
 
 def update_norm(update: Mapping[str, torch.Tensor]) -> float:
@@ -120,7 +121,7 @@ def reward_fractions(reputations: Mapping[str, float], beta: float | None = None
 def mask_top_fraction(update: Mapping[str, torch.Tensor], q: float) -> dict:
     """The update with, per tensor, only its ceil(q * n) entries of largest magnitude kept (exactly that many; ties
     broken by position) and the others zero. q >= 1 is the update itself, q <= 0 all zeros."""
-    if not 0.0 <= q or math.isnan(q):
+    if not q >= 0.0 or math.isnan(q):
         raise ValueError(f"mask_top_fraction: q must be a number >= 0, got {q}")
     out = {}
     for key, tensor in update.items():
