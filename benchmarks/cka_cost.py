@@ -72,7 +72,7 @@ def measure_time(image_size, samples, repeats):
     for _ in range(repeats):
         forward.append(time_it(lambda: forward_only(local, anchor, batches)))
         cka.append(time_it(lambda: layerwise_cka(local, anchor, batches)))
-    ratios = [c / f for c, f in zip(cka, forward)]
+    ratios = [c / f for c, f in zip(cka, forward, strict=True)]
     return {
         "forward_s_median": statistics.median(forward),
         "cka_s_median": statistics.median(cka),

@@ -31,7 +31,7 @@ IMAGE_SIZE, MAX_SAMPLES, REPEATS = 64, 64, 5
 
 def datalist_order_batches(entries, batch_size):
     """The sample as drawn before the fix: datalist order unless the site has more than MAX_SAMPLES images."""
-    if MAX_SAMPLES < len(entries):
+    if len(entries) > MAX_SAMPLES:
         entries = [entries[i] for i in np.random.default_rng(0).permutation(len(entries))[:MAX_SAMPLES]]
     transform = segmentation_transforms(IMAGE_SIZE, 2, train=False)
     images = [transform(e)["image"] for e in entries]
@@ -78,7 +78,9 @@ def main():
     print("datalist order, batch 8: mean layer weight " + " ".join(f"{before[s]:.3f}" for s in sites))
     for batch_size in (8, 32, 64):
         runs = [
-            mean_layer_weights(lambda s: random_sample_batches(entries[s], batch_size, site_seed(0, s) + r))
+            mean_layer_weights(
+                lambda s, size=batch_size, r=r: random_sample_batches(entries[s], size, site_seed(0, s) + r)
+            )
             for r in range(REPEATS)
         ]
         print(

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from fairfl.benchmark.runner import versions
 from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG, customize_job
@@ -44,8 +45,8 @@ SITE_EXTRA = ("probe_seconds", "prototype_seconds", "personal_train_seconds")  #
 
 def job_args(job: str) -> tuple[dict, dict]:
     """The server controller's and the site executor's arguments of jobs/<job>."""
-    server = json.load(open(os.path.join(REPO, "jobs", job, SERVER_CONFIG)))["workflows"][0]["args"]
-    client = json.load(open(os.path.join(REPO, "jobs", job, CLIENT_CONFIG)))["executors"][0]["executor"]["args"]
+    server = json.loads(Path(REPO, "jobs", job, SERVER_CONFIG).read_text())["workflows"][0]["args"]
+    client = json.loads(Path(REPO, "jobs", job, CLIENT_CONFIG).read_text())["executors"][0]["executor"]["args"]
     return server, client
 
 
@@ -143,7 +144,8 @@ def floor(dataset: str, num_sites: int, rounds: int, cores: int) -> dict:
     per_worker = [json.loads(w.communicate()[0].strip().splitlines()[-1]) for w in workers]
     if any(w.returncode for w in workers):
         raise RuntimeError("a floor worker failed")
-    per_round = [max(values) for values in zip(*per_worker)]  # a round ends when the slowest process is done
+    # a round ends when the slowest process is done
+    per_round = [max(values) for values in zip(*per_worker, strict=True)]
     return {"round": round(statistics.median(per_round), 3), "rounds": per_round, "processes": cores}
 
 
@@ -222,15 +224,15 @@ def main(argv=None) -> int:
         parser.error("--rounds must be at least 3: round 0 starts the sites and the last one evaluates")
     os.makedirs(args.out, exist_ok=True)
     saved = os.path.join(args.out, "runs.json")
-    state = json.load(open(saved)) if os.path.exists(saved) else {"runs": {}, "floors": {}}
+    state = json.loads(Path(saved).read_text()) if os.path.exists(saved) else {"runs": {}, "floors": {}}
 
     def save():
         with open(saved + ".tmp", "w") as f:
             json.dump(state, f, indent=1)
         os.replace(saved + ".tmp", saved)
         summary, text = summarize(state["runs"], state["floors"])
-        json.dump(summary, open(os.path.join(args.out, "summary.json"), "w"), indent=1)
-        open(os.path.join(args.out, "SUMMARY.md"), "w").write(text)
+        Path(args.out, "summary.json").write_text(json.dumps(summary, indent=1))
+        Path(args.out, "SUMMARY.md").write_text(text)
 
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
@@ -251,7 +253,7 @@ def main(argv=None) -> int:
                         state["floors"][key] = floor(dataset, args.sites, args.rounds, processes)
                         save()
     save()  # also rewrites the summary of runs that were all kept
-    print(open(os.path.join(args.out, "SUMMARY.md")).read())
+    print(Path(args.out, "SUMMARY.md").read_text())
     return 0
 
 

@@ -66,7 +66,7 @@ def run_job(job_name, run_name, job_args, args, n_clients=None, env=None) -> str
 
 def round_seconds(results_path) -> list:
     """Seconds of the rounds that were not evaluated, without round 0 (process start-up)."""
-    rounds = json.load(open(results_path))["rounds"]
+    rounds = json.loads(Path(results_path).read_text())["rounds"]
     return [r["seconds"] for r in rounds[1:] if "per_site" not in r]
 
 
@@ -110,7 +110,7 @@ def main(argv=None):
 def step_shares(results_path, key: str) -> list:
     """Per site and round (round 0 excluded): seconds of a step before training (`probe_seconds`: SAGA's
     sharpness, `prototype_seconds`: FedNPR's prototypes) / (those + the local training's `train_seconds`)."""
-    rounds = json.load(open(results_path))["rounds"]
+    rounds = json.loads(Path(results_path).read_text())["rounds"]
     return [
         m[key] / (m[key] + m["train_seconds"])
         for r in rounds[1:]
@@ -131,7 +131,7 @@ def variant_summary(results_paths) -> dict:
     metric per site (`final_dice`, `final_auc`), and for Fed-LWR what the method saw: each site's mean CKA and mean
     layer weight over layers and
     rounds, and the share of CKA values above 0.99 (where the authors' clip makes the weights uniform)."""
-    runs = [json.load(open(p)) for p in results_paths]
+    runs = [json.loads(Path(p).read_text()) for p in results_paths]
     sites = runs[0]["sites"]
     summary = {key: statistics.mean(r["final"][key] for r in runs) for key in ("mean", "std", "worst")}
     metric = runs[0].get("metric", "dice")

@@ -16,6 +16,7 @@ import json
 import os
 import statistics
 import sys
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fairness import REPO, run_job, target_cell, variant_summary, versions, write_summary  # noqa: E402
@@ -88,7 +89,7 @@ def main(argv=None):
         report = make_report(runs, os.path.join(args.out, dataset), loo=loo.get(dataset))
         entry = {"methods": {m: method_summary([paths[dataset, m, s] for s in args.seeds]) for m in args.methods}}
         if dataset in loo:
-            entry["loo"] = json.load(open(loo[dataset]))["marginal"]
+            entry["loo"] = json.loads(Path(loo[dataset]).read_text())["marginal"]
         if dataset in free_rider:
             entry["free_rider"] = free_rider_summary(free_rider[dataset])
         summary["datasets"][dataset] = entry
@@ -100,7 +101,7 @@ def method_summary(results_paths) -> dict:
     """fairness.variant_summary (mean over seeds of the final mean, std and worst Dice, final Dice per site, median
     round time), plus the final contributions per site averaged over seeds."""
     summary = variant_summary(results_paths)
-    runs = [json.load(open(p)) for p in results_paths]
+    runs = [json.loads(Path(p).read_text()) for p in results_paths]
     if all("contributions" in r["final"] for r in runs):
         summary["contributions"] = {
             s: statistics.mean(r["final"]["contributions"].get(s, 0.0) for r in runs) for s in runs[0]["sites"]
@@ -109,7 +110,7 @@ def method_summary(results_paths) -> dict:
 
 
 def free_rider_summary(results_path) -> dict:
-    run = json.load(open(results_path))
+    run = json.loads(Path(results_path).read_text())
     contributions = run["final"]["contributions"]
     riders = free_riders(run)
     ranked = sorted(contributions, key=contributions.get)

@@ -23,6 +23,7 @@ import shutil
 import statistics
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: inherited by every simulator process
 
@@ -172,7 +173,7 @@ def redirected_output(path):
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
-            for fd, copy in zip((1, 2), saved):
+            for fd, copy in zip((1, 2), saved, strict=True):
                 os.dup2(copy, fd)
                 os.close(copy)
 
@@ -181,10 +182,10 @@ def nvflare_results(seed, args, run_dir, workspace, rounds_file) -> str:
     """The NVFlare run in our results schema (method nvflare_fedce_<mode>): per-round weights and seconds from
     the server recorder, per-site train loss and leave-one-out Dice from the site logs, final Dice from the
     sites' answers to the final evaluation."""
-    rounds = json.load(open(rounds_file))
+    rounds = json.loads(Path(rounds_file).read_text())
     sites = sorted(os.listdir(os.path.join(run_dir, "sites")), key=site_key)
-    logs = {s: json.load(open(os.path.join(run_dir, "sites", s, SITE_LOG))) for s in sites}
-    evaluation = json.load(open(os.path.join(os.path.dirname(rounds_file), "cross_site_val", "cross_val_results.json")))
+    logs = {s: json.loads(Path(run_dir, "sites", s, SITE_LOG).read_text()) for s in sites}
+    evaluation = json.loads(Path(os.path.dirname(rounds_file), "cross_site_val", "cross_val_results.json").read_text())
     final = {s: evaluation.get(s, {}).get(FINAL_MODEL) for s in sites}
     missing = [s for s in sites if not final[s]]
     if missing or len(rounds) != args.rounds:
@@ -232,7 +233,7 @@ def run_side(side, seed, args) -> dict:
     run_dir = os.path.join(args.out, "runs", f"{side}-seed{seed}")
     info_path = run_dir + ".json"
     if os.path.exists(info_path):
-        info = json.load(open(info_path))
+        info = json.loads(Path(info_path).read_text())
         if info.get("ok") and os.path.exists(info["results"]):
             print(f"  {side} seed {seed}: done before ({info['seconds']:.0f} s), kept", flush=True)
             return info
@@ -262,10 +263,10 @@ def agreement(a: dict, b: dict) -> dict:
 
 
 def compare_seed(seed, infos) -> dict:
-    ours, theirs = (json.load(open(infos[side]["results"])) for side in SIDES)
+    ours, theirs = (json.loads(Path(infos[side]["results"]).read_text()) for side in SIDES)
     sites = ours["sites"]
     per_round = []
-    for a, b in zip(ours["rounds"], theirs["rounds"]):
+    for a, b in zip(ours["rounds"], theirs["rounds"], strict=True):
         if a.get("weights") and b.get("weights"):
             per_round.append({"round": a["round"], **agreement(a["weights"], b["weights"])})
     round0_loss = {

@@ -15,6 +15,7 @@ import argparse
 import csv
 import json
 import os
+from pathlib import Path
 
 from fairfl.methods import display_name
 from fairfl.paired import mean_interval, paired_interval
@@ -28,9 +29,10 @@ ORDER = ("fedfloor", "fedfloor_pick", "ditto", "fedbn", "solo", "fedavg")  # the
 def per_seed(folder: str, metric: str) -> tuple[dict, dict]:
     """({method: {seed: {site or "mean"/"std"/"worst": percent}}}, {(method, seed): its results.json path})."""
     values, files = {}, {}
-    for row in csv.DictReader(open(os.path.join(folder, metric, "results.csv"))):
-        values.setdefault(row["method"], {}).setdefault(int(row["seed"]), {})[row["site"]] = float(row["percent"])
-        files[row["method"], int(row["seed"])] = row["file"]
+    with open(os.path.join(folder, metric, "results.csv")) as f:
+        for row in csv.DictReader(f):
+            values.setdefault(row["method"], {}).setdefault(int(row["seed"]), {})[row["site"]] = float(row["percent"])
+            files[row["method"], int(row["seed"])] = row["file"]
     return values, files
 
 
@@ -42,7 +44,7 @@ def interval(values: dict, method: str, statistic: str) -> dict:
 
 
 def goal(folder: str) -> dict:
-    summary = json.load(open(os.path.join(folder, "summary.json")))
+    summary = json.loads(Path(folder, "summary.json").read_text())
     metric = summary["metrics"][0]  # the family's headline metric (balanced accuracy on the imbalanced sets)
     values, files = per_seed(folder, metric)
     floor, fedavg = values["fedfloor"], values["fedavg"]
@@ -98,7 +100,7 @@ def global_model_vs_fedavg(files: dict, seeds: list, metric: str) -> float | Non
         return None
     largest = 0.0
     for s in seeds:
-        floor, fedavg = (json.load(open(files[m, s]))["final"]["per_site"] for m in ("fedfloor", "fedavg"))
+        floor, fedavg = (json.loads(Path(files[m, s]).read_text())["final"]["per_site"] for m in ("fedfloor", "fedavg"))
         largest = max(largest, *(abs(floor[site][f"global_{metric}"] - fedavg[site][metric]) for site in fedavg))
     return largest
 

@@ -18,6 +18,7 @@ import json
 import os
 import statistics
 import sys
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fairness import (
@@ -86,7 +87,7 @@ def main(argv=None):
 
 def final_stats(results_path, metric) -> dict:
     """Mean, population std and worst of `metric` across sites at the end of one run."""
-    per_site = json.load(open(results_path))["final"]["per_site"]
+    per_site = json.loads(Path(results_path).read_text())["final"]["per_site"]
     return summarize({s: v[metric] for s, v in per_site.items() if metric in v})
 
 
@@ -110,7 +111,7 @@ def method_summary(results_paths) -> dict:
     ratios = [
         m["npr_grad_ratio"]
         for p in results_paths
-        for r in json.load(open(p))["rounds"]
+        for r in json.loads(Path(p).read_text())["rounds"]
         for m in (r.get("train") or {}).values()
         if "npr_grad_ratio" in m
     ]
@@ -155,7 +156,7 @@ def summary_markdown(summary, tables) -> str:
                 f"{v['round_seconds_median']:.2f} | {share} | {ratio} |"
             )
         if {"fedavg", "fednpr", "fednpr_per"} <= set(methods):
-            cell = lambda a, b: target_cell(methods[a], methods[b], "balanced_accuracy_avg")  # noqa: E731
+            cell = lambda a, b, methods=methods: target_cell(methods[a], methods[b], "balanced_accuracy_avg")  # noqa: E731
             lines += [
                 "",
                 f"Targets (paired by seed, points, 95% interval): FedNPR − FedAvg bACC "

@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import time
+from pathlib import Path
 
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_component import FLComponent
@@ -171,7 +172,11 @@ def main(argv=None):
     state_dir = os.path.join(args.state_dir, site)
     os.makedirs(state_dir, exist_ok=True)
     log_path, local_path = os.path.join(state_dir, SITE_LOG), os.path.join(state_dir, LOCAL_MODEL)
-    log = json.load(open(log_path)) if os.path.exists(log_path) else {"site": site, "rounds": [], "final": None}
+    log = (
+        json.loads(Path(log_path).read_text())
+        if os.path.exists(log_path)
+        else {"site": site, "rounds": [], "final": None}
+    )
 
     def dice(model, split) -> float:
         value = evaluate_dice(model, loaders[split], num_classes, device)["dice"]

@@ -17,6 +17,7 @@ import statistics
 import sys
 import tempfile
 import threading
+from pathlib import Path
 
 import psutil
 
@@ -69,7 +70,7 @@ def measure(sites: int, rounds: int, tmp: str) -> dict:
         run = run_simulator(job, workspace, n_clients=sites, timeout=7200)
     if not run.ok:
         raise RuntimeError(f"{sites} sites: {run.describe_failure()}")
-    records = [r for r in json.load(open(run.results_path))["rounds"][1:] if not r.get("per_site")]
+    records = [r for r in json.loads(Path(run.results_path).read_text())["rounds"][1:] if not r.get("per_site")]
     round_seconds = statistics.median(r["seconds"] for r in records)
     training = statistics.median(sum(m.get("train_seconds", 0.0) for m in r["train"].values()) for r in records)
     site_peaks = [v for k, v in memory.peaks.items() if k.startswith("site-")]
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "scale.json"))
     args = parser.parse_args(argv)
-    saved = json.load(open(args.out)) if os.path.exists(args.out) else {"sizes": {}}
+    saved = json.loads(Path(args.out).read_text()) if os.path.exists(args.out) else {"sizes": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for sites in args.sites:
             if str(sites) in saved["sizes"]:

@@ -17,6 +17,7 @@ import os
 import statistics
 import sys
 import tempfile
+from pathlib import Path
 
 from fairfl.benchmark.runner import versions
 from fairfl.jobconfig import SERVER_CONFIG, customize_job
@@ -31,7 +32,7 @@ def job_with(intervals: dict | None, rounds: int, folder: str) -> str:
     job = customize_job(os.path.join(REPO, "jobs", "fedavg"), folder, {"num_rounds": rounds, "eval_every": rounds})
     if intervals:
         path = os.path.join(job, SERVER_CONFIG)
-        config = json.load(open(path))
+        config = json.loads(Path(path).read_text())
         config["server"] = {"task_request_interval": intervals["task_request_interval"]}
         config["workflows"][0]["args"]["task_check_period"] = intervals["task_check_period"]
         with open(path, "w") as f:
@@ -41,7 +42,7 @@ def job_with(intervals: dict | None, rounds: int, folder: str) -> str:
 
 def job_intervals() -> dict:
     """The intervals jobs/fedavg is written with."""
-    config = json.load(open(os.path.join(REPO, "jobs", "fedavg", SERVER_CONFIG)))
+    config = json.loads(Path(REPO, "jobs", "fedavg", SERVER_CONFIG).read_text())
     return {
         "task_request_interval": config["server"]["task_request_interval"],
         "task_check_period": config["workflows"][0]["args"]["task_check_period"],
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
                 if not run.ok:
                     print(run.describe_failure(), file=sys.stderr)
                     return 1
-                results = json.load(open(run.results_path))
+                results = json.loads(Path(run.results_path).read_text())
                 later = [r["seconds"] for r in results["rounds"] if r["round"] > 0]
                 rounds[arm].extend(later)
                 finals[arm].add(json.dumps(results["final"]["per_site"], sort_keys=True))

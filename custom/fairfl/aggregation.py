@@ -55,7 +55,7 @@ def weighted_sum(tensors: Sequence[torch.Tensor], weights: Sequence[float], key:
             raise ValueError(f"{key}: shapes differ, {tuple(first.shape)} vs {tuple(t.shape)}")
     acc_dtype = torch.complex128 if first.is_complex() else torch.float64
     acc = torch.zeros(first.shape, dtype=acc_dtype, device=first.device)
-    for t, w in zip(tensors, weights):
+    for t, w in zip(tensors, weights, strict=True):
         if w != 0.0:
             acc.add_(t.to(device=first.device, dtype=acc_dtype), alpha=w)
     return acc.to(first.dtype)
@@ -116,10 +116,7 @@ def robust_average(states: Sequence[Mapping[str, torch.Tensor]], mode: str, trim
             out[key] = integer_median([s[key] for s in states])
             continue
         ordered = torch.stack([s[key].to(first.dtype) for s in states]).sort(dim=0).values
-        if mode == "median":
-            middle = ordered[(count - 1) // 2 : count // 2 + 1]
-        else:
-            middle = ordered[trim : count - trim]
+        middle = ordered[(count - 1) // 2 : count // 2 + 1] if mode == "median" else ordered[trim : count - trim]
         out[key] = middle.double().mean(dim=0).to(first.dtype)
     return out
 

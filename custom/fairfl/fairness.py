@@ -142,7 +142,7 @@ def _paired(a: Mapping[str, float], b: Mapping[str, float], who: str) -> tuple[n
         raise ValueError(f"{who}: no sites")
     sites = sorted(a)
     x, y = (np.array([float(v[s]) for s in sites]) for v in (a, b))
-    for site, u, v in zip(sites, x, y):
+    for site, u, v in zip(sites, x, y, strict=True):
         if not (math.isfinite(u) and math.isfinite(v)):
             raise ValueError(f"{who}: value of {site} is not finite ({u}, {v})")
     return x, y

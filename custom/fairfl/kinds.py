@@ -203,7 +203,7 @@ class ListOf(Kind):
             return False
         if self.distinct and len(set(value)) != len(value):
             return False
-        return not self.increasing or all(a < b for a, b in zip(value, value[1:]))
+        return not self.increasing or all(a < b for a, b in zip(value, value[1:], strict=False))
 
     def __str__(self):
         count = f"{self.shortest}" if self.shortest == self.longest else f"{self.shortest} to {self.longest}"

@@ -8,6 +8,7 @@ still exits 0), so the error logs and the results file are checked too."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -254,10 +255,8 @@ def kill_all(proc) -> None:
         below = []
     os.killpg(proc.pid, signal.SIGKILL)
     for child in below:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def never_started(workspace: str, sites: list) -> list:
@@ -281,7 +280,7 @@ def collect_errors(workspace: str) -> dict:
     """{participant: text} of every non-empty error_log.txt in a simulator workspace."""
     errors = {}
     for path in sorted(glob.glob(os.path.join(workspace, "*", "error_log.txt"))):
-        text = open(path).read().strip()
+        text = Path(path).read_text().strip()
         if text:
             errors[os.path.basename(os.path.dirname(path))] = text
     return errors

@@ -240,7 +240,7 @@ def evaluate_dice(model, loader, num_classes: int, device, regions: dict | None 
     if error is not None:
         result["dice_se"] = error
     if len(regions) > 1:
-        result.update({f"dice_{name}": v for name, v in zip(regions, per_region)})
+        result.update({f"dice_{name}": v for name, v in zip(regions, per_region, strict=True)})
     return result
 
 

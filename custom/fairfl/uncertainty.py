@@ -45,7 +45,7 @@ def clustered_mean_se(values, clusters: Sequence | None = None) -> float | None:
     means = np.nanmean(np.where(finite, values, np.nan), axis=0)
     influence = (np.where(finite, values - means, 0.0) / (counts * values.shape[1])).sum(axis=1)
     groups = {}
-    for u, cluster, used in zip(influence, clusters, finite.any(axis=1)):
+    for u, cluster, used in zip(influence, clusters, finite.any(axis=1), strict=True):
         if used:
             groups[cluster] = groups.get(cluster, 0.0) + u
     g = len(groups)
@@ -90,7 +90,8 @@ def macro_auc_se(labels, per_class_auc: Sequence[float]) -> float | None:
     if classes.size < 2 or len(per_class_auc) != classes.size:
         return None
     errors = [
-        hanley_mcneil_se(a, int((labels == c).sum()), int((labels != c).sum())) for c, a in zip(classes, per_class_auc)
+        hanley_mcneil_se(a, int((labels == c).sum()), int((labels != c).sum()))
+        for c, a in zip(classes, per_class_auc, strict=True)
     ]
     if any(e is None for e in errors):
         return None

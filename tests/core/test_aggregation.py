@@ -114,7 +114,7 @@ def test_layer_weights_always_finite_and_validated():
 
 
 def test_layerwise_average_one_hot_weights_pick_each_sites_layer():
-    states = dict(zip(["s0", "s1", "s2"], _states(3)))
+    states = dict(zip(["s0", "s1", "s2"], _states(3), strict=True))
     layers = parameter_layers(_model(0))
     anchor = weighted_average(list(states.values()), [1, 1, 1])
     anchor["1.num_batches_tracked"] = torch.tensor(99)
@@ -131,7 +131,7 @@ def test_layerwise_average_one_hot_weights_pick_each_sites_layer():
 
 
 def test_layerwise_average_uniform_weights_equal_fedavg():
-    states = dict(zip(["s0", "s1", "s2"], _states(3)))
+    states = dict(zip(["s0", "s1", "s2"], _states(3), strict=True))
     layers = parameter_layers(_model(0))
     anchor = weighted_average(list(states.values()), [1, 1, 1])
     uniform = {layer: {s: 1 / 3 for s in states} for layer in layers}
@@ -141,7 +141,7 @@ def test_layerwise_average_uniform_weights_equal_fedavg():
 
 
 def test_layerwise_average_rejects_unmapped_keys_and_bad_weights():
-    states = dict(zip(["s0", "s1"], _states(2)))
+    states = dict(zip(["s0", "s1"], _states(2), strict=True))
     layers = parameter_layers(_model(0))
     anchor = states["s0"]
     weights = {layer: {"s0": 0.5, "s1": 0.5} for layer in layers}

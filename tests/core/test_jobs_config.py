@@ -5,6 +5,7 @@ import importlib
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -31,7 +32,7 @@ def test_job_is_configuration_only_and_its_classes_accept_its_arguments(job):
     assert not glob.glob(os.path.join(JOBS, job, "**", "*.py"), recursive=True)
     assert os.listdir(os.path.join(JOBS, job, "app", "custom")) == ["README.md"]
     for side in ("server", "client"):
-        config = json.load(open(os.path.join(JOBS, job, "app", "config", f"config_fed_{side}.json")))
+        config = json.loads(Path(JOBS, job, "app", "config", f"config_fed_{side}.json").read_text())
         for path, args in component_paths(config):
             module, _, name = path.rpartition(".")
             cls = getattr(importlib.import_module(module), name)
@@ -50,7 +51,7 @@ def test_every_job_exposes_the_site_bounds_and_robust_aggregation(job, tmp_path)
     if job == "qfedavg":  # its step is not an average: a clear refusal
         robust["robust_aggregation"] = "none"
     custom = customize_job(os.path.join(JOBS, job), str(tmp_path / "job"), robust)
-    config = json.load(open(os.path.join(custom, "app", "config", "config_fed_server.json")))
+    config = json.loads(Path(custom, "app", "config", "config_fed_server.json").read_text())
     path, args = next(component_paths(config))  # the controller
     module, _, name = path.rpartition(".")
     controller = getattr(importlib.import_module(module), name)(**args)
@@ -63,12 +64,12 @@ def test_customize_job_sets_arguments_on_both_sides_and_refuses_unknown(tmp_path
         str(tmp_path / "job"),
         {"num_rounds": 3, "seed": 7, "image_size": 32, "cka_clip": [0.0001, 0.99]},
     )
-    server = json.load(open(os.path.join(job, "app", "config", "config_fed_server.json")))
-    client = json.load(open(os.path.join(job, "app", "config", "config_fed_client.json")))
+    server = json.loads(Path(job, "app", "config", "config_fed_server.json").read_text())
+    client = json.loads(Path(job, "app", "config", "config_fed_client.json").read_text())
     server_args, client_args = server["workflows"][0]["args"], client["executors"][0]["executor"]["args"]
     assert server_args["num_rounds"] == 3 and server_args["cka_clip"] == [0.0001, 0.99]
     assert server_args["seed"] == client_args["seed"] == 7 and client_args["image_size"] == 32
-    original = json.load(open(os.path.join(JOBS, "fedlwr", "app", "config", "config_fed_server.json")))
+    original = json.loads(Path(JOBS, "fedlwr", "app", "config", "config_fed_server.json").read_text())
     assert original["workflows"][0]["args"]["num_rounds"] != 3
     with pytest.raises(ValueError, match="num_round"):
         customize_job(os.path.join(JOBS, "fedavg"), str(tmp_path / "bad"), {"num_round": 3})
@@ -87,11 +88,11 @@ def test_customize_job_replaces_only_its_own_copies_and_writes_nothing_on_error(
     assert (precious / "notes.txt").read_text() == "keep"
     copy = customize_job(src, str(tmp_path / "copy"), {"num_rounds": 3})
     customize_job(src, copy, {"num_rounds": 4})  # an earlier copy is replaced
-    assert json.load(open(os.path.join(copy, SERVER_CONFIG)))["workflows"][0]["args"]["num_rounds"] == 4
+    assert json.loads(Path(copy, SERVER_CONFIG).read_text())["workflows"][0]["args"]["num_rounds"] == 4
     for bad in ({"num_rounds": "abc"}, {"free_riders": ["site-4"]}):  # refused, and the earlier copy stays as it was
         with pytest.raises(ValueError, match=next(iter(bad))):
             customize_job(src, copy, bad)
-        assert json.load(open(os.path.join(copy, SERVER_CONFIG)))["workflows"][0]["args"]["num_rounds"] == 4
+        assert json.loads(Path(copy, SERVER_CONFIG).read_text())["workflows"][0]["args"]["num_rounds"] == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "mine"]  # no staging folder left behind
 
 

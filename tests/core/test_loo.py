@@ -3,6 +3,7 @@
 import json
 import os
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -28,7 +29,7 @@ def results(values, exclude=(), method="fedavg", **config):
         "method": method,
         "sites": SITES,
         "config": {**CONFIG, "exclude_sites": list(exclude), **config},
-        "final": {"per_site": {s: {"dice": v, "dice_cup": 0.5} for s, v in zip(SITES, values)}},
+        "final": {"per_site": {s: {"dice": v, "dice_cup": 0.5} for s, v in zip(SITES, values, strict=True)}},
     }
 
 
@@ -39,7 +40,7 @@ def without_runs(**config):
 def test_marginal_values_by_hand():
     out = loo.marginal_values(results(FULL), without_runs())
     assert out["sites"] == SITES and out["metric"] == "dice"
-    assert out["full"] == {"mean": pytest.approx(0.80), "per_site": dict(zip(SITES, FULL))}
+    assert out["full"] == {"mean": pytest.approx(0.80), "per_site": dict(zip(SITES, FULL, strict=True))}
     assert out["without"]["site-1"]["mean"] == pytest.approx(0.73)
     assert out["without"]["site-1"]["per_site"]["site-1"] == 0.60  # the left-out site counts in the mean
     assert out["marginal"] == pytest.approx({"site-1": 0.07, "site-2": 0.02, "site-3": -0.01})
@@ -52,7 +53,7 @@ def test_marginal_values_use_the_runs_main_metric():
     def auc_run(values, exclude=()):
         run = results(values, exclude)
         run["metric"] = "auc"
-        run["final"]["per_site"] = {s: {"auc": v} for s, v in zip(SITES, values)}
+        run["final"]["per_site"] = {s: {"auc": v} for s, v in zip(SITES, values, strict=True)}
         return run
 
     out = loo.marginal_values(auc_run(FULL), {s: auc_run(v, [s]) for s, v in WITHOUT.items()})
@@ -107,7 +108,7 @@ def fake_simulator(monkeypatch):
     calls = []
 
     def run(job, workspace, n_clients, threads=None, env=None, on_round=None, echo=None):
-        config = json.load(open(os.path.join(job, "app", "config", "config_fed_server.json")))
+        config = json.loads(Path(job, "app", "config", "config_fed_server.json").read_text())
         args = next(w["args"] for w in config["workflows"] if w["path"].startswith("fairfl."))
         excluded = args["exclude_sites"]
         calls.append(excluded)

@@ -31,7 +31,9 @@ RUN = {
 
 
 def test_a_line_per_round_with_time_left_from_the_mean_round_and_the_last_evaluation():
-    first, second, third = (progress_line(r, RUN, elapsed) for r, elapsed in zip(RUN["rounds"], (12, 45, 65.4)))
+    first, second, third = (
+        progress_line(r, RUN, elapsed) for r, elapsed in zip(RUN["rounds"], (12, 45, 65.4), strict=True)
+    )
     # 9 rounds left at 10 s a round
     assert first == "round 1/10 | elapsed 0:12 | left ~1:30 | dice mean 50.0%, worst site-3 25.0%"
     # not evaluated: the last evaluation, marked with its round; the first round (the sites' start) left out:

@@ -16,7 +16,7 @@ TINY = {"model_channels": [4, 8], "model_strides": [2]}
 
 def test_one_field_per_round_argument_in_their_order():
     assert [field.name for field in dataclasses.fields(RoundSettings)] == [a.name for a in ROUND]
-    assert ROUND_ARGUMENTS == {a.name for a in ROUND}
+    assert {a.name for a in ROUND} == ROUND_ARGUMENTS
 
 
 def test_settings_are_resolved_once_and_never_changed(monkeypatch):

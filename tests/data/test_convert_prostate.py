@@ -1,6 +1,7 @@
 """Converter for the multi-site prostate layout <src>/<site>/Image|Mask/<case>.nii.gz."""
 
 import json
+from pathlib import Path
 
 import nibabel as nib
 import numpy as np
@@ -217,7 +218,7 @@ def test_nvflare_2d_png_datalists_from_the_command_line(tmp_path, capsys):
     assert [len(converted[s]) for s in SPLITS] == [4, 2, 2]
     first = converted["training"][0]
     assert first["case"] == "Case00" and first["image"].endswith("site-1/images/Case00_4.png")
-    assert open(first["image"], "rb").read() == (src / "BIDMC/Image/Case00/4.png").read_bytes()  # copied as is
+    assert Path(first["image"]).read_bytes() == (src / "BIDMC/Image/Case00/4.png").read_bytes()  # copied as is
     assert np.array_equal(
         np.asarray(Image.open(first["label"])), np.asarray(Image.open(src / "BIDMC/Mask/Case00/4.png")) // 255
     )

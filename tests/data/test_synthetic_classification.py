@@ -80,7 +80,7 @@ def test_dirichlet_split_assigns_every_sample_once_and_alpha_sets_the_skew():
     assert np.array_equal(np.sort(np.concatenate(sites)), np.arange(len(labels)))
     # same seed, same split
     again = split_by_dirichlet(labels, 10, 1.0, np.random.default_rng(0), min_per_site=20)
-    assert all(np.array_equal(a, b) for a, b in zip(sites, again))
+    assert all(np.array_equal(a, b) for a, b in zip(sites, again, strict=True))
 
     def skew(alpha):  # mean total-variation distance of a site's label mix from the global mix
         distances = []
@@ -264,7 +264,7 @@ def test_classes_are_distinguishable_but_not_trivially(skin, ich_blur):
         mean, sd = x.mean(0), x.std(0) + 1e-6
         centroids = np.stack([((x[y == c] - mean) / sd).mean(0) for c in range(classes)])
 
-        def accuracy(entries):
+        def accuracy(entries, root=root, mean=mean, sd=sd, centroids=centroids):
             z = (np.stack([features(read(root, e)) for e in entries]) - mean) / sd
             predicted = ((z[:, None] - centroids[None]) ** 2).sum(-1).argmin(1)
             return balanced_accuracy_score([e["label"] for e in entries], predicted)
@@ -290,7 +290,7 @@ def test_batches_from_make_loader(skin, ich_blur):
         batch = next(iter(loader))
         assert batch["image"].shape == (4, channels, 48, 48) and batch["image"].dtype == torch.float32
         assert batch["label"].shape == (4,) and batch["label"].dtype == torch.int64
-        assert 0 <= batch["label"].min() and batch["label"].max() < classes
+        assert batch["label"].min() >= 0 and batch["label"].max() < classes
         assert abs(float(batch["image"].mean())) < 0.5  # per-image z-score
     with pytest.raises(ValueError, match="task must be"):
         make_loader(entries, 32, 5, 2, False, 0, task="detection")
@@ -358,7 +358,7 @@ def test_test_scale_enlarges_the_shared_test_set_and_its_corrupted_copy_only(tmp
     old_pixels = {(base / e["image"]).read_bytes() for e in old}
     assert not any((scaled / e["image"]).read_bytes() in old_pixels for e in new)  # new images, not copies
     assert [e["label"] for e in new_corrupted] == [e["label"] for e in new]
-    for clean, corrupted in zip(new, new_corrupted):
+    for clean, corrupted in zip(new, new_corrupted, strict=True):
         name = Path(clean["image"]).name
         assert clean["image"] == f"test/clean/{name}" and corrupted["image"] == f"test/blur/{name}"
         expected = Corruption("blur", 3)(

@@ -175,7 +175,7 @@ def test_test_scale_adds_test_images_of_each_sites_camera_and_changes_nothing_el
     base, scaled, added = generated_at_test_scales("fundus", 2, tmp_path, image_size=32, num_sites=2, size_scale=0.2)
     assert base.name == "fundus-v1-n2-s32-seed0-x0.2" == builtin_fundus_name(32, 0, 2, 0.2, test_scale=1)
     before, after = (json.loads((root / "dataset.json").read_text()) for root in (base, scaled))
-    for site, profile in zip(("site-1", "site-2"), PROFILES):
+    for site, profile in zip(("site-1", "site-2"), PROFILES, strict=False):
         images = before["sites"][site]["images"]["testing"]
         assert len(added[site]["testing"]) == images and after["sites"][site]["images"]["testing"] == 2 * images
         for entry in added[site]["testing"]:

@@ -67,7 +67,7 @@ def test_splits_are_by_case_and_sizes_are_cpu_friendly(dataset):
     training_slices = 0
     for site in SITES:
         _, _, splits, cases = read_site(dataset, site)
-        by_split = {s: {c for c, sp in zip(cases, splits) if sp == s} for s in SPLITS}
+        by_split = {s: {c for c, sp in zip(cases, splits, strict=True) if sp == s} for s in SPLITS}
         assert all(by_split.values()), f"{site}: every split needs a case"
         assert not (
             by_split["training"] & by_split["validation"]
@@ -127,7 +127,9 @@ def _epoch(entries, augmentation, num_workers, seed=3):
 
 
 def _same_batches(a, b) -> bool:
-    return len(a) == len(b) and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))
+    return len(a) == len(b) and all(
+        torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b, strict=True)
+    )
 
 
 def test_loader_workers_keep_the_order_and_are_reproducible(dataset):
@@ -197,7 +199,7 @@ def test_test_scale_adds_test_cases_of_each_sites_scanner_and_changes_nothing_el
     base, scaled, added = generated_at_test_scales("prostate", 3, tmp_path, image_size=32, num_sites=2, size_scale=0.5)
     assert base.name == "prostate-v1-n2-s32-seed0-x0.5" == builtin_data_name(32, 0, 2, 0.5, test_scale=1)
     before, after = (json.loads((root / "dataset.json").read_text()) for root in (base, scaled))
-    for site, profile in zip(("site-1", "site-2"), PROFILES):
+    for site, profile in zip(("site-1", "site-2"), PROFILES, strict=False):
         test_cases = before["sites"][site]["cases"]["testing"]
         new_cases = {entry["case"] for entry in added[site]["testing"]}
         assert len(new_cases) == 2 * test_cases and after["sites"][site]["cases"]["testing"] == 3 * test_cases

@@ -1,12 +1,14 @@
 """Helpers of the deployment tests (test_deploy_*.py): free ports, a site process's environment, the fairfl CLI
 as a user runs it, killing what a test started, file modes."""
 
+import contextlib
 import os
 import signal
 import socket
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: faults.py
 JOB_TIMEOUT = 240
@@ -43,14 +45,12 @@ def kill_processes_under(folder: str) -> None:
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
-            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
         if folder in cmdline:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(int(pid), signal.SIGKILL)
-            except OSError:
-                pass
 
 
 def mode(path) -> int:

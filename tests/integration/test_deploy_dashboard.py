@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -188,7 +189,7 @@ def test_dashboard_asks_the_password_twice_refuses_weak_ones_and_never_takes_it_
     try:
         read_until(master, b"FLARE dashboard on http://127.0.0.1")
         for leak in (f"/proc/{process.pid}/environ", f"/proc/{process.pid}/cmdline"):
-            assert STRONG.encode() not in open(leak, "rb").read()
+            assert STRONG.encode() not in Path(leak).read_bytes()
         assert mode(root / "db.sqlite") == 0o600 and mode(root) == 0o700
         login = urllib.request.Request(
             f"http://127.0.0.1:{port}/nvflare-dashboard/api/v1/login",

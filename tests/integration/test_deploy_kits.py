@@ -6,6 +6,7 @@ The slow tests start real NVFlare servers and sites as separate processes on 127
 always stop them: first through the admin API, then by process group, then every process whose command line
 names the test's own folder. One provisioned federation serves all the provisioned checks (module scope)."""
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -42,7 +44,7 @@ PROJECT_ADMIN = "admin@coordinating-center.example.org"
 def provision(tmp_path, name: str, port: int, sites=("site-1", "site-2")) -> str:
     """The repo's project.yml template, cut down to a loopback server, `sites` without GPUs, the project admin and
     the org admins and leads of those sites' organisations; the prod folder."""
-    project = yaml.safe_load(open(TEMPLATE))
+    project = yaml.safe_load(Path(TEMPLATE).read_text())
     project["name"] = name
     orgs = {p["org"] for p in project["participants"] if p["type"] == "client" and p["name"] in sites}
     participants = []
@@ -95,10 +97,8 @@ def start(kit: str, kind: str, org: str) -> subprocess.Popen:
 
 def kill_group(process: subprocess.Popen) -> None:
     """SIGKILL a participant started by `start` and its job processes (a crash: nothing is shut down cleanly)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     process.wait(timeout=30)
 
 
@@ -255,7 +255,7 @@ def test_every_shipped_job_names_only_listed_components_and_nvflare_admits_nothi
     unlisted class fails here, and no function or lookalike of the package passes."""
     configs = glob.glob(os.path.join(JOBS, "*", "app", "config", "*.json"))
     assert len(configs) == 2 * len(os.listdir(JOBS))
-    named = {p for c in configs for p in job_component_paths(json.load(open(c)))}
+    named = {p for c in configs for p in job_component_paths(json.loads(Path(c).read_text()))}
     assert named <= set(ALLOW_LIST), sorted(named - set(ALLOW_LIST))
     assert all(isinstance(c, type) and dotted_path(c) == p for c, p in zip(components(), ALLOW_LIST, strict=True))
 
@@ -310,7 +310,7 @@ def test_export_job_asks_each_site_for_gpus(tmp_path):
     # what each site's GPU resource manager is asked for, whatever the site is called
     assert get_resource_manager_spec(meta, "site-7") == {"num_of_gpus": 1}
     # the repo's jobs ask for nothing, so the simulator and CPU-only POC sites run them
-    assert json.loads(open(os.path.join(REPO, "jobs", "fedlwr", "meta.json")).read())["resource_spec"] == {}
+    assert json.loads(Path(REPO, "jobs", "fedlwr", "meta.json").read_text())["resource_spec"] == {}
 
 
 # ------------------------------------------------------------------------------------------ slow: federation
@@ -324,13 +324,13 @@ def exported(tmp_path, name, server=None, **client_extra) -> str:
 def with_component(job: str, side: str, path: str, args: dict, meta=None) -> str:
     """`job` with its client executor (side 'client') or server workflow ('server') replaced by `path`(**args)."""
     config_file = os.path.join(job, "app", "config", f"config_fed_{side}.json")
-    config = json.load(open(config_file))
+    config = json.loads(Path(config_file).read_text())
     component = config["executors"][0]["executor"] if side == "client" else config["workflows"][0]
     component.update(path=path, args=args)
-    json.dump(config, open(config_file, "w"))
+    Path(config_file).write_text(json.dumps(config))
     if meta:
         meta_file = os.path.join(job, "meta.json")
-        json.dump({**json.load(open(meta_file)), **meta}, open(meta_file, "w"))
+        Path(meta_file).write_text(json.dumps({**json.loads(Path(meta_file).read_text()), **meta}))
     return job
 
 
@@ -390,7 +390,7 @@ class Federation:
             out = fairfl("download", job_id, "--admin", self.admin_kit, "-o", str(tmp_path / "downloads"))
             folder = tmp_path / "downloads" / job_id
             assert f"job workspace: {folder}" in out and (folder / "report" / "report.md").is_file()
-            self._reference = job_id, json.load(open(admin.find_results(str(folder))))
+            self._reference = job_id, json.loads(Path(admin.find_results(str(folder))).read_text())
         return self._reference
 
 
@@ -514,8 +514,8 @@ def test_a_site_then_the_server_killed_mid_run_come_back_and_the_named_run_resum
     # site-2 must be killed while round 1 still waits for it: NVFlare's default 2 s between a site's answer and its
     # next request leaves that window (the jobs' 0.2 s can let a tiny round 1 end first); it changes no number
     server_config = os.path.join(job, "app", "config", "config_fed_server.json")
-    config = json.load(open(server_config))
-    json.dump({**config, "server": {"task_request_interval": 2.0}}, open(server_config, "w"))
+    config = json.loads(Path(server_config).read_text())
+    Path(server_config).write_text(json.dumps({**config, "server": {"task_request_interval": 2.0}}))
     first = admin.submit(federation.admin_kit, job, PROJECT_ADMIN)
     checkpoint = os.path.join(federation.kit("localhost"), "fairfl_runs", "trial", "checkpoint.pt")
     deadline = time.time() + JOB_TIMEOUT
@@ -547,7 +547,7 @@ def test_a_site_then_the_server_killed_mid_run_come_back_and_the_named_run_resum
     assert resumed["resumed"] == 1 and [r["round"] for r in resumed["rounds"]] == [0, 1]
     assert set(resumed["rounds"][1]["train"]) == {"site-1", "site-2"}  # the restarted site rejoined
     # the same as the run that never stopped: every round's layer weights and training losses, the final Dice
-    for ours, theirs in zip(resumed["rounds"], reference["rounds"]):
+    for ours, theirs in zip(resumed["rounds"], reference["rounds"], strict=True):
         for layer, weights in theirs["layer_weights"].items():
             assert ours["layer_weights"][layer] == pytest.approx(weights, abs=1e-9)
         for site in theirs["train"]:

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -106,7 +107,7 @@ def test_poc_commands_prepare_start_submit_download_stop_clean(tmp_path, cache_d
         out = poc("download")  # the last job submitted
         folder = tmp_path / "poc-results" / job_id
         assert str(folder) in out and "| FedAvg |" in out
-        results = json.load(open(admin.find_results(str(folder))))
+        results = json.loads(Path(admin.find_results(str(folder))).read_text())
         assert results["sites"] == ["site-1", "site-2"] and results["final"]
         assert (folder / "report" / "report.md").is_file()
     finally:

@@ -3,6 +3,7 @@
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,8 +57,8 @@ def test_nvflare_side_runs_and_records_weights(tmp_path, cache_dir):
             str(tmp_path),
         ]
     )
-    info = json.load(open(tmp_path / "runs" / "nvflare-seed0.json"))
-    results = json.load(open(info["results"]))
+    info = json.loads((tmp_path / "runs" / "nvflare-seed0.json").read_text())
+    results = json.loads(Path(info["results"]).read_text())
     assert [r["round"] for r in results["rounds"]] == [0, 1]
     for record in results["rounds"]:
         assert set(record["weights"]) == {"site-1", "site-2"}

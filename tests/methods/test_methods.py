@@ -4,6 +4,7 @@ each variant's controller recording the name the registry gives it."""
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -172,6 +173,6 @@ def test_only_the_fan_out_touches_nvflare_s_private_task_fields():
         os.path.relpath(os.path.join(folder, f), package)
         for folder, _, files in os.walk(package)
         for f in files
-        if f.endswith(".py") and any(name in open(os.path.join(folder, f)).read() for name in private)
+        if f.endswith(".py") and any(name in Path(folder, f).read_text() for name in private)
     )
     assert users == [os.path.join("flare", "fanout.py")]

@@ -128,7 +128,7 @@ def split_by_dirichlet(
         for label in np.unique(labels):
             members = rng.permutation(np.flatnonzero(labels == label))
             cuts = (np.cumsum(rng.dirichlet(np.full(num_sites, float(alpha))))[:-1] * len(members)).astype(int)
-            for site, part in zip(sites, np.split(members, cuts)):
+            for site, part in zip(sites, np.split(members, cuts), strict=True):
                 site.extend(part.tolist())
         if min(len(site) for site in sites) >= min_per_site:
             return [np.sort(np.asarray(site, dtype=int)) for site in sites]
@@ -149,7 +149,7 @@ def split_by_counts(labels: Sequence[int], counts, rng: np.random.Generator) -> 
         members = rng.permutation(np.flatnonzero(labels == label))
         if counts[:, label].sum() > len(members):
             raise ValueError(f"class {label}: {counts[:, label].sum()} samples asked for, {len(members)} available")
-        for site, part in zip(sites, np.split(members, np.cumsum(counts[:, label]))):
+        for site, part in zip(sites, np.split(members, np.cumsum(counts[:, label])), strict=False):
             site.extend(part.tolist())
     return [np.sort(np.asarray(site, dtype=int)) for site in sites]
 
@@ -246,7 +246,7 @@ def plan_sites(
         plan.append(
             {
                 split: np.sort(np.concatenate([members[u] for u in part] or [np.zeros(0, int)]))
-                for split, part in zip(SPLITS, (training, validation, test))
+                for split, part in zip(SPLITS, (training, validation, test), strict=True)
             }
         )
     return plan
@@ -318,7 +318,7 @@ def write_classification_sites(
 
     corrupted_sites = list(site_names[len(site_names) - num_corrupted :]) if num_corrupted else []
     sites = {}
-    for site, parts in zip(site_names, plan):
+    for site, parts in zip(site_names, plan, strict=True):
         corrupt = site in corrupted_sites
         splits = {
             split: [
@@ -397,7 +397,7 @@ def convert_pool(
         if isinstance(site_names, Mapping):
             site_list = list(output_site_names(site_list, site_names).values())
         origin = [f"Dirichlet({alpha:g}) share {k + 1}" for k in range(num_sites)]
-    safe_site_names(dict(zip(origin, site_list)), src)
+    safe_site_names(dict(zip(origin, site_list, strict=True)), src)
     num_corrupted = round(corrupted_fraction * len(site_list))
     quality = Corruption(corruption, severity) if num_corrupted else None
     try:
@@ -425,7 +425,7 @@ def convert_pool(
             staging, plan, ids, labels, image_of, site_list, len(description["classes"]), num_corrupted, quality, seed
         )
         corrupted_sites = site_list[len(site_list) - num_corrupted :] if num_corrupted else []
-        for site, source in zip(site_list, origin):
+        for site, source in zip(site_list, origin, strict=True):
             sites[site] = dict(source=source, **sites[site])
         description = dict(
             description,
@@ -448,7 +448,7 @@ def convert_pool(
             sites=sites,
         )
         (staging / "dataset.json").write_text(json.dumps(description, indent=1) + "\n")
-        (staging / "sites.json").write_text(json.dumps(dict(zip(site_list, origin)), indent=1) + "\n")
+        (staging / "sites.json").write_text(json.dumps(dict(zip(site_list, origin, strict=True)), indent=1) + "\n")
     return {"sites": sites, "excluded": description.get("excluded", {}), "split": description["split_used"]}
 
 

@@ -338,7 +338,7 @@ def split_cases(
     shuffled = [cases[i] for i in np.random.default_rng(seed).permutation(n)]
     n_train = n - n_val - n_test
     parts = (shuffled[:n_train], shuffled[n_train : n_train + n_val], shuffled[n_train + n_val :])
-    return {split: sorted(part) for split, part in zip(SPLITS, parts)}
+    return {split: sorted(part) for split, part in zip(SPLITS, parts, strict=True)}
 
 
 def write_datalist(path: str | Path, splits: Mapping[str, list[dict]]) -> Path:

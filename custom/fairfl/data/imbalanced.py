@@ -42,7 +42,7 @@ ISIC_SOURCES = (
 )
 SKIN_IMAGES = 800  # at size_scale 1, before each present class's minimum of one image
 ICH_IMAGES = 1000  # at size_scale 1
-ICH_ALPHAS = dict(zip(ICH_CLASSES, (0.5, 5.0, 10.0, 30.0, 50.0)))  # per-class Dirichlet concentration
+ICH_ALPHAS = dict(zip(ICH_CLASSES, (0.5, 5.0, 10.0, 30.0, 50.0), strict=True))  # per-class Dirichlet concentration
 ICH_REMOVAL = 0.3  # probability that a site loses a class
 ICH_SITES = 10
 MIN_SITE_IMAGES = 6  # a site test set, a validation and a training image at least, for any size_scale
@@ -72,7 +72,7 @@ def ich_like_counts(
     for _ in range(max_tries):
         keep = rng.random((num_sites, len(totals))) >= ICH_REMOVAL
         counts = np.zeros(keep.shape, dtype=int)
-        for c, (alpha, total) in enumerate(zip(ICH_ALPHAS.values(), totals)):
+        for c, (alpha, total) in enumerate(zip(ICH_ALPHAS.values(), totals, strict=True)):
             sites = np.flatnonzero(keep[:, c])
             if len(sites):
                 counts[sites, c] = largest_remainder(rng.dirichlet(np.full(len(sites), alpha)) * total)

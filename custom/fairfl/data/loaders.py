@@ -80,7 +80,8 @@ class CheckedDataset(Dataset):
         try:
             return super().__getitem__(index)
         except Exception as err:
-            raise data_error_in(err) or err
+            # re-raised as they are (B904): the DataError already in err's chain keeps its own cause
+            raise data_error_in(err) or err  # noqa: B904
 
 
 class SqueezeTrailingSingletond(MapTransform):
@@ -277,7 +278,7 @@ def make_loader(
         try:
             dataset = CacheDataset(entries, transform=transform, cache_rate=1.0, num_workers=0, progress=False)
         except Exception as err:  # MONAI wraps the DataError of a bad file in "applying transform" errors
-            raise data_error_in(err) or err
+            raise data_error_in(err) or err  # noqa: B904 (re-raised as it is, as above)
     check_worker_count(num_workers)
     # MONAI's DataLoader (a torch DataLoader) seeds the dataset's random transforms from this generator: in this
     # process when num_workers is 0, else each worker's copy from a seed drawn from it.

@@ -202,7 +202,7 @@ class ProstateCase:
         )
         paint(muscle, "muscle")
         back = body["y"] + body["b"]
-        paint((np.abs(X) < 1.0 + 0.05 * (Y - back + 40).clip(0)) & (Y > back - 40), "air")  # gluteal cleft
+        paint((np.abs(X) < 1.0 + 0.05 * (Y - back + 40).clip(0)) & (back - 40 < Y), "air")  # gluteal cleft
 
         # Pelvic floor fat (ischioanal fossae, retropubic space): narrow at the pubic arch,
         # widening backwards; fibrous septa run through it.
@@ -256,7 +256,7 @@ class ProstateCase:
         ra, rb = (rectum["balloon"],) * 2 if rectum["balloon"] else (rectum["a"], rectum["b"])
         ry = gy + b + rb + 1.5 + 8 * vesicles
         sling = radius(gx, (gy + ry) / 2, a + 10, (ry + rb - gy) / 2 + 8)
-        paint(ring(sling, 1.2, a + 10) & (Y > gy - 0.2 * b), "muscle")
+        paint(ring(sling, 1.2, a + 10) & (gy - 0.2 * b < Y), "muscle")
         r = radius(gx, ry, ra + 2.5, rb + 2.5)
         lumen = r < 1 - 2.4 / (rb + 2.5)
         paint(r < 1, "wall")  # muscularis: dark

@@ -207,7 +207,7 @@ def _melanoma(rng, X, Y, n, colour):
     if rng.random() < 0.3:  # streaks / pseudopods at the border
         rows, cols = _pick(rng, (shape.rho > 0.8) & (shape.rho < 0.95), rng.integers(4, 12))
         segments = []
-        for x, y in zip(*_points_to_units(n, rows, cols)):
+        for x, y in zip(*_points_to_units(n, rows, cols), strict=True):
             heading = math.atan2(y - shape.centre[1], x - shape.centre[0])
             grow_line(rng, segments, x, y, heading, rng.uniform(0.02, 0.035), rng.integers(3, 7), 0.1, 0.0)
         colour = blend(colour, line_weights(segments, n) * 0.85, DARK_BROWN)
@@ -219,7 +219,7 @@ def _vessel_tree(
 ) -> np.ndarray:
     segments = []
     rows, cols = _pick(rng, mask, trees)
-    for x, y in zip(*_points_to_units(n, rows, cols)):
+    for x, y in zip(*_points_to_units(n, rows, cols), strict=True):
         grow_line(rng, segments, x, y, rng.uniform(0, 2 * np.pi), width, steps, curl, branch)
     return line_weights(segments, n) * mask
 
@@ -253,7 +253,7 @@ def _basal_cell_carcinoma(rng, X, Y, n, colour):
     if rng.random() < 0.3:  # shiny white lines
         segments = []
         rows, cols = _pick(rng, shape.rho < 0.8, rng.integers(2, 6))
-        for x, y in zip(*_points_to_units(n, rows, cols)):
+        for x, y in zip(*_points_to_units(n, rows, cols), strict=True):
             grow_line(rng, segments, x, y, rng.uniform(0, np.pi), 0.02, rng.integers(3, 6), 0.0, 0.0)
         colour = blend(colour, line_weights(segments, n) * 0.8, WHITE)
     if rng.random() < 0.2:  # pigmented BCC: a few brown dots

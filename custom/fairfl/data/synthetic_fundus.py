@@ -280,7 +280,7 @@ def generate_fundus_sites(
         num_images = max(len(SPLITS), round(profile.images * size_scale))
         entries, disc_fraction, vcdr, glaucoma = {}, [], [], 0
 
-        def write(image_id, image, mask):
+        def write(image_id, image, mask, site=site, entries=entries):
             paths = {"image": f"{site}/images/{image_id}.png", "label": f"{site}/labels/{image_id}.png"}
             for key, array in (("image", image), ("label", mask)):
                 (root / paths[key]).parent.mkdir(parents=True, exist_ok=True)

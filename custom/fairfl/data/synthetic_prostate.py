@@ -279,7 +279,7 @@ def _write_case(
     # maps them to -y and -x in RAS+ and viewers show the usual radiological orientation.
     affine = np.array([[0, -spacing, 0, 0], [-spacing, 0, 0, 0], [0, 0, thickness, 0], [0, 0, 0, 1]], dtype=float)
     entries = []
-    for k, (image, mask) in enumerate(zip(images, masks)):
+    for k, (image, mask) in enumerate(zip(images, masks, strict=True)):
         name = f"{case_id}_s{k}.nii.gz"
         paths = {"image": f"{site}/images/{name}", "label": f"{site}/labels/{name}"}
         for key, array in (("image", image.astype(np.float32)), ("label", mask.astype(np.uint8))):

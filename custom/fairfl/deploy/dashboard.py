@@ -13,6 +13,7 @@ import os
 import re
 import secrets
 import unicodedata
+from pathlib import Path
 
 from fairfl.deploy.kits import restrict_folder
 
@@ -69,7 +70,7 @@ def needs_admin(web_root: str) -> bool:
 
 def _pattern_run(text: str) -> bool:
     """Whether `text` holds MAX_RUN characters in a row that repeat or count up or down by one."""
-    steps = [ord(b) - ord(a) for a, b in zip(text, text[1:])]
+    steps = [ord(b) - ord(a) for a, b in zip(text, text[1:], strict=False)]
     return any(
         len(set(steps[i : i + MAX_RUN - 1])) == 1 and abs(steps[i]) <= 1 for i in range(len(steps) - MAX_RUN + 2)
     )
@@ -159,7 +160,7 @@ def make_app(web_root: str, admin_email: str | None = None, password: str | None
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(32))
     os.environ["NVFL_WEB_ROOT"] = web_root
-    os.environ["SECRET_KEY"] = open(key_file).read().strip()
+    os.environ["SECRET_KEY"] = Path(key_file).read_text().strip()
     if seeding:
         os.environ["NVFL_CREDENTIAL"] = f"{admin_email}:{password}:{org}"
     try:

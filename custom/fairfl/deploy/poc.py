@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import yaml
 
@@ -129,7 +130,7 @@ def _live_pids() -> dict:
     for participant in sorted(os.listdir(root)) if os.path.isdir(root) else []:
         for name in ("pid.fl", "daemon_pid.fl"):
             try:
-                pid = int(open(os.path.join(root, participant, name)).read().strip())
+                pid = int(Path(root, participant, name).read_text().strip())
                 os.kill(pid, 0)
                 live.setdefault(participant, []).append(pid)
             except (OSError, ValueError):

@@ -4,9 +4,9 @@ No FLARE or torch import here: the CLI, the report and the benchmark read these 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
 
 from fairfl.paired import Interval, verdict
 

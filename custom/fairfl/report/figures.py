@@ -101,7 +101,10 @@ def plot_convergence(runs, path, metric=None) -> Path | None:
         return None
     label = metric_label(metric)
     for ax, title, ylabel in zip(
-        axes, ("(a) Avg.", "(b) Std."), (f"mean {label} over sites (%)", f"std of {label} across sites (%)")
+        axes,
+        ("(a) Avg.", "(b) Std."),
+        (f"mean {label} over sites (%)", f"std of {label} across sites (%)"),
+        strict=True,
     ):
         ax.set(title=title, xlabel="communication round", ylabel=ylabel)
         if len(evaluated) <= 12:  # a short run: a tick at each evaluated round

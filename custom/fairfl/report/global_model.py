@@ -15,7 +15,7 @@ SUMMARY_COLUMNS = (("Avg.", "mean"), ("Std.", "std"), ("Worst", "worst"))
 def _summary_stats(group, per_run) -> dict:
     """{"mean"|"std"|"worst": (mean, sd over seeds) or None} of each run's `summarize` of its {site: %} in `per_run`
     (runs with no site left out)."""
-    summaries = [summarized(run, scores) for run, scores in zip(group, per_run) if scores]
+    summaries = [summarized(run, scores) for run, scores in zip(group, per_run, strict=True) if scores]
     return {k: mean_sd(s[k] for s in summaries) for _, k in SUMMARY_COLUMNS}
 
 
@@ -47,8 +47,8 @@ def personal_global_table(runs, metric=None) -> tuple[str, dict]:
             model: [_federation_scores(r, m) for r in group]
             for model, m in (("personal", metric), ("global", global_metric))
         }
-        both = [set(p) & set(g) for p, g in zip(scores["personal"], scores["global"])]
-        for run, own, shared in zip(group, scores["personal"], both):
+        both = [set(p) & set(g) for p, g in zip(scores["personal"], scores["global"], strict=True)]
+        for run, own, shared in zip(group, scores["personal"], both, strict=True):
             if set(own) - shared:
                 missing = ", ".join(map(markdown_text, sorted(set(own) - shared, key=site_key)))
                 notes.append(
@@ -56,7 +56,9 @@ def personal_global_table(runs, metric=None) -> tuple[str, dict]:
                 )
         for model in ("personal", "global"):
             cells = {site: mean_sd(p[site] for p in scores[model] if site in p) for site in sites}
-            cells.update(_summary_stats(group, [{s: p[s] for s in b} for p, b in zip(scores[model], both)]))
+            cells.update(
+                _summary_stats(group, [{s: p[s] for s in b} for p, b in zip(scores[model], both, strict=True)])
+            )
             stats.setdefault(key, {})[model] = cells
             columns = [*sites, "mean", "std", "worst"]
             rows.append([group_name_markdown(key), f"{model} model", *(cell(cells[c]) for c in columns)])

@@ -10,8 +10,8 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from fairfl.methods import UNITS
 

@@ -77,7 +77,7 @@ def test_the_site_trains_with_its_own_norm_layers_and_never_sends_them(tmp_path)
     assert all(torch.equal(before[k], v) for k, v in sent.state_dict().items())
     own = build_model(spec)
     with torch.no_grad():
-        for name, value in own.state_dict().items():
+        for value in own.state_dict().values():
             if value.is_floating_point():
                 value.add_(1.0)
     kept["model"] = own.state_dict()

@@ -15,7 +15,7 @@ def _two_models():
     global_model, personal_model = build_model(spec), build_model(spec)
     for p in personal_model.parameters():
         p.data.add_(torch.randn_like(p))
-    for name, b in personal_model.named_buffers():
+    for b in personal_model.buffers():
         if b.is_floating_point():
             b.add_(1.0)
         else:

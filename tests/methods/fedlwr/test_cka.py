@@ -177,7 +177,7 @@ def test_minibatch_degenerate_inputs_stay_finite():
     # Independent small batches push the unbiased estimate below 0 often: clamped, not NaN.
     torch.manual_seed(0)
     values = []
-    for i in range(50):
+    for _ in range(50):
         mm = MinibatchCKA()
         mm.update("x", torch.randn(4, 2), torch.randn(4, 2))
         values.append(mm.result()["x"])

@@ -147,7 +147,7 @@ def npr_by_loops(features, target, prototypes, mask, temperature, form):
     those standardised over the sample's classes as torch.nn.LayerNorm(C) does (biased variance, eps inside)."""
     classes = [c for c in range(len(mask)) if mask[c].any()]
     losses = []
-    for z, y in zip(features.tolist(), target.tolist()):
+    for z, y in zip(features.tolist(), target.tolist(), strict=True):
         if y not in classes:
             continue
         z = np.asarray(z) / np.linalg.norm(z)
@@ -250,9 +250,11 @@ def test_gradient_ratio_with_layernorm_far_exceeds_plain_cosines_on_a_networks_f
     assert cosine < 0.05 and layernorm > 10 * cosine
     assert ratio("layernorm", 1.0) == pytest.approx(10 * layernorm, rel=1e-4) and 10 * layernorm > 1.0
     assert ratio("layernorm", 0.0) == 0.0
-    with pytest.raises(ValueError, match="npr_logits"):
-        with fednpr_objective(model, counts, prototypes, mask, npr_form="LayerNorm"):
-            pass
+    with (
+        pytest.raises(ValueError, match="npr_logits"),
+        fednpr_objective(model, counts, prototypes, mask, npr_form="LayerNorm"),
+    ):
+        pass
 
 
 # --- features and head of the networks ------------------------------------------------------------------

@@ -7,7 +7,7 @@ would deploy) the best. alpha 0 is the global model as it is, alpha 1 the person
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

@@ -47,7 +47,7 @@ def plot_layer_weights(run, path) -> Path | None:
     axes = fig.subplots(1, 2, sharey=True)
     annotate = len(layers) * len(sites) <= 400
     for ax, grid, title in zip(
-        axes, (final, mean), (f"round {records[-1][0]} (final)", f"mean over {len(records)} rounds")
+        axes, (final, mean), (f"round {records[-1][0]} (final)", f"mean over {len(records)} rounds"), strict=True
     ):
         image = ax.imshow(grid, cmap="RdBu_r", norm=norm, aspect="auto", interpolation="nearest")
         name_ticks(ax.set_xticks, sites, rotation=45, ha="right", fontsize=8)
