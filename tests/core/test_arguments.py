@@ -9,6 +9,7 @@ import importlib
 import json
 import os
 import shutil
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -155,8 +156,8 @@ def case_id(case) -> str:
 
 def job_components(job: str) -> list:
     """[(class path, args)] of the fairfl components of jobs/<job>: its controller, then its executor."""
-    server = json.load(open(os.path.join(JOBS, job, SERVER_CONFIG)))["workflows"][0]
-    client = json.load(open(os.path.join(JOBS, job, CLIENT_CONFIG)))["executors"][0]["executor"]
+    server = json.loads(Path(JOBS, job, SERVER_CONFIG).read_text())["workflows"][0]
+    client = json.loads(Path(JOBS, job, CLIENT_CONFIG).read_text())["executors"][0]["executor"]
     return [(server["path"], server["args"]), (client["path"], client["args"])]
 
 
@@ -223,9 +224,11 @@ def test_the_recipe_refuses_a_hostile_argument_before_the_simulator_starts(tmp_p
 
     with pytest.raises(ValueError, match="FedProxController: mu must be a finite number"):
         recipe.FairflRecipe("fedprox", mu=NAN)
-    with mock.patch.object(recipe.SimEnv, "__init__", side_effect=AssertionError("SimEnv was made")):
-        with pytest.raises(SystemExit) as info:
-            recipe.main(["fedavg", "--set", "eval_every=-1", "-w", str(tmp_path)])
+    with (
+        mock.patch.object(recipe.SimEnv, "__init__", side_effect=AssertionError("SimEnv was made")),
+        pytest.raises(SystemExit) as info,
+    ):
+        recipe.main(["fedavg", "--set", "eval_every=-1", "-w", str(tmp_path)])
     assert info.value.code == 2 and "FedAvgController: eval_every" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 

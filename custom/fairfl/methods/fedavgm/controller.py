@@ -14,8 +14,10 @@ class FedAvgMController(FairRoundController):
     (`method_tensors`), so a resumed run steps as the uninterrupted one would."""
 
     method = "fedavgm"
+    server_momentum: float  # its own arguments (arguments.py), set from the job by FairRoundController
+    server_lr: float
 
-    def __init__(self, **arguments):
+    def __init__(self, **arguments) -> None:
         """server_momentum, server_lr (fairfl.methods.fedavgm.arguments) besides the round's arguments."""
         super().__init__(**arguments)
         self.server_momentum, self.server_lr = float(self.server_momentum), float(self.server_lr)
