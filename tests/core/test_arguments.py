@@ -111,7 +111,7 @@ SITE_ONLY = {("fedavg", "device"): ["cuda:99"]}
 
 def values_against(kind) -> list:
     """Hostile values read off an argument's kind: a string for a number, non-finite and out-of-range numbers, a
-    stranger to a choice. An argument HOSTILE has no hand-picked values for (a method added since, like FedAvgM) is
+    stranger to a choice. An argument HOSTILE has no hand-picked values for (a method added since) is
     still tried at every component and at `fairfl run --set`, with no edit here."""
     if isinstance(kind, Nullable):
         return values_against(kind.kind)
@@ -450,3 +450,14 @@ def test_check_names_the_component_and_every_bad_argument():
     check("fairfl.flare.executor.FairflExecutor", "image_size", 384)
     with pytest.raises(ValueError, match="FairflExecutor: image_size must be an integer in \\[16, 2048\\]"):
         check("fairfl.flare.executor.FairflExecutor", "image_size", 10**5)
+
+
+@pytest.mark.parametrize(
+    "kind", [Real(0, 1, high_open=True), Real(0, 10, low_open=True), Integer(1, 10), Boolean(), OneOf(("a", "b"))]
+)
+def test_the_values_read_off_a_kind_are_all_refused_by_it(kind):
+    """What a new unit's arguments are tried with when HOSTILE names none of them: each value must be one its kind
+    refuses, or the component tests would fail for the wrong reason."""
+    values = values_against(kind)
+    assert len(values) >= 2 and all(kind.problem(value) for value in values)
+    assert all(Nullable(kind).problem(value) for value in values)  # None aside, a nullable kind refuses the same

@@ -50,7 +50,7 @@ UNIT_NAMES = [unit.name for unit in UNITS]
 
 def test_the_units_are_found_in_their_order():
     """The units shipped so far keep their order among themselves; a new unit stands where its own order puts it, with
-    no edit here (FedAvgM, added that way, stands between FedAvg and FedProx)."""
+    no edit here (FedAvgM, added that way at order 25, stood between FedAvg and FedProx)."""
     assert [name for name in UNIT_NAMES if name in ORDER] == list(ORDER)
     assert {unit.name for unit in discovered_units()} == set(UNIT_NAMES) >= set(ORDER)
     assert [unit.order for unit in UNITS] == sorted(unit.order for unit in UNITS)
