@@ -34,6 +34,18 @@ def is_averaged(t: torch.Tensor) -> bool:
     return t.is_floating_point() or t.is_complex()
 
 
+def normalise(values: dict) -> dict:
+    """{site: share}, the shares summing to 1; all zero -> equal shares (no site is distinguishable). FedCE's
+    contribution terms, SAGA's and the reward methods' weights."""
+    bad = {s: v for s, v in values.items() if not (math.isfinite(v) and v >= 0)}
+    if bad:
+        raise ValueError(f"shares must come from finite, non-negative values, got {bad}")
+    total = sum(values.values())
+    if total <= 0:
+        return {s: 1.0 / len(values) for s in values}
+    return {s: v / total for s, v in values.items()}
+
+
 def normalised(weights: Sequence[float], what: str) -> list[float]:
     """Weights as floats summing to 1; they must be finite, >= 0 and not all 0."""
     w = [float(v) for v in weights]

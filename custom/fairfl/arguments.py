@@ -31,6 +31,10 @@ MAX_ROUNDS = 100_000
 MAX_SECONDS = 30 * 24 * 3600  # a month: any longer wait is a mistake, not a setting
 MAX_SEED = 2**32 - 1  # numpy's seeds
 MIN_LR = 1e-12  # a site's lr, and the lr the q-FedAvg server accepts from a site (L = 1 / lr)
+# arguments that left the sites' executor for a method's controller: a job folder written before still names them
+MOVED_TO_SERVER = {
+    name: "Fed-LWR's controller (its server config)" for name in ("cka_split", "cka_max_samples", "cka_batch_size")
+}
 
 
 def problem(argument: Argument, value) -> str | None:
@@ -350,6 +354,9 @@ def _method_controllers() -> dict[str, tuple]:
         for path, arguments in importlib.import_module(f"{unit.package}.arguments").CONTROLLERS.items():
             if path in found:
                 raise ValueError(f"two method units declare the arguments of {path}")
+            clash = sorted({a.name for a in ROUND} & {a.name for a in arguments.own})
+            if clash:  # one name, two meanings: the unit's would silently replace the round's
+                raise ValueError(f"{path} declares {clash}, which are round arguments already")
             found[path] = with_defaults(ROUND + arguments.own, **arguments.defaults)
     return found
 
@@ -428,9 +435,12 @@ def _unknown(component, names) -> str:
 
 
 def moved_settings(names) -> str:
-    """Where each of `names` that was once a job argument went: the site's own settings (its environment)."""
+    """Where each of `names` that was once a job argument went: the site's own settings (its environment), or a
+    method's controller."""
     return "".join(
         f"; {name} is the site's own setting {MOVED_ARGUMENTS[name]} (its environment)"
-        for name in names
         if name in MOVED_ARGUMENTS
+        else f"; {name} moved to {MOVED_TO_SERVER[name]}"
+        for name in names
+        if name in MOVED_ARGUMENTS or name in MOVED_TO_SERVER
     )

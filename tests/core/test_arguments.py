@@ -461,3 +461,33 @@ def test_the_values_read_off_a_kind_are_all_refused_by_it(kind):
     values = values_against(kind)
     assert len(values) >= 2 and all(kind.problem(value) for value in values)
     assert all(Nullable(kind).problem(value) for value in values)  # None aside, a nullable kind refuses the same
+
+
+def test_a_units_argument_may_not_take_a_round_arguments_or_the_engines_name(monkeypatch):
+    """One name, two meanings: the unit's argument would silently replace the round's (its default and its meaning),
+    or the controller's own attribute (its settings, its method name)."""
+    import fairfl.methods.fedprox.arguments as fedprox_arguments
+    from fairfl import arguments
+    from fairfl.argument import Argument
+    from fairfl.kinds import Text
+    from fairfl.methods.fedprox.controller import FedProxController
+    from fairfl.methods.spec import ControllerArguments
+
+    path = "fairfl.methods.fedprox.controller.FedProxController"
+    for name in ("momentum", "seed"):
+        clash = ControllerArguments((Argument(name, Real(0, 1), 0.5, "a unit's own meaning"),))
+        monkeypatch.setattr(fedprox_arguments, "CONTROLLERS", {path: clash})
+        with pytest.raises(ValueError, match=f"declares \\['{name}'\\], which are round arguments already"):
+            arguments._method_controllers()
+    shadow = (*arguments.COMPONENTS[path], Argument("method", Text(), "x", "shadows the controller's method name"))
+    monkeypatch.setitem(arguments.COMPONENTS, path, shadow)
+    with pytest.raises(ValueError, match=r"FedProxController: its arguments \['method'\] are names of the controller"):
+        FedProxController()
+
+
+def test_a_job_written_before_the_cka_settings_moved_is_told_where_they_went():
+    """Fed-LWR's sample settings were the sites' until its unit owned them: an old client config names them."""
+    from fairfl.arguments import check_all
+
+    with pytest.raises(TypeError, match="cka_max_samples moved to Fed-LWR's controller \\(its server config\\)"):
+        check_all("fairfl.flare.executor.FairflExecutor", {"cka_max_samples": 64})

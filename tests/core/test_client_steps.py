@@ -250,6 +250,30 @@ def test_the_executor_answers_a_methods_own_task_by_its_name_and_refuses_one_lac
     assert code == ReturnCode.TASK_UNKNOWN and "this executor answers ['probe', 'train', 'validate']" in log
 
 
+class SampledProbe(Probe):
+    """Reads a sample of the validation split of the size the server asks for (as Fed-LWR's CKA does)."""
+
+    name = "sampled_probe"
+
+    def run(self, ctx):
+        size = int(ctx.meta["probe_scale"])
+        ctx.reply["probed"] = sum(len(batch["image"]) for batch in ctx.loader("validation", False, 0, size, 2))
+
+
+def test_a_site_keeps_one_sampled_loader_per_split_whatever_sizes_the_server_asks_for(site, monkeypatch):
+    """The server's task chooses a sample's size; a site caching a loader per size asked would grow every round."""
+    run, _ = site
+    for module in (steps_module, executor_module):
+        monkeypatch.setattr(module, "registered_tasks", lambda: {"sampled_probe": SampledProbe})
+    for size in (2, 3, 4, 3):
+        reply = run("sampled_probe", {**META, "probe_scale": float(size)})
+        assert FLModelUtils.from_shareable(reply).meta["probed"] == size
+    assert run(protocol.TASK_VALIDATE, META).get_return_code() == ReturnCode.OK
+    sampled = [key for key in run.executor._loaders if key[2] is not None]
+    assert sampled == [("validation", False, 3, 2)]
+    assert ("testing", False, None, None) in run.executor._loaders  # the unsampled loaders stay
+
+
 # ------------------------------------------------------------------------------------ what the server sends
 HOSTILE = (math.nan, math.inf, -1e9, 1e9, "x", "../x", [1], {}, None, True)
 # (field, hostile value) pairs that are honest settings: the grid of Ditto itself, FedCE's weights without this site
@@ -437,3 +461,32 @@ def test_a_malformed_sharing_setting_is_bad_task_data_naming_it(site, caplog, mo
     monkeypatch.setenv("FAIRFL_SHARE_OWN_MODEL", "maybe")
     code, log = answered(run, caplog, SUBMIT, task_name=protocol.TASK_VALIDATE, simulator=True)
     assert code == ReturnCode.BAD_TASK_DATA and "environment variable FAIRFL_SHARE_OWN_MODEL: 'maybe'" in log
+
+
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("fairfl.methods.fedlwr.client.Shadow", "needs a name of its own"),  # named "train": would never run
+        ("fairfl.methods.fedlwr.controller.FedLWRController", "no MethodTask of its own package"),
+        ("fairfl.methods.fedce.client.LeaveOneOutError", "no MethodTask of its own package"),  # another unit's
+    ],
+)
+def test_a_unit_task_that_would_never_run_or_is_not_the_units_is_refused(path, message, monkeypatch):
+    import dataclasses
+
+    import fairfl.methods
+    import fairfl.methods.fedlwr.client as fedlwr_client
+    from fairfl.methods import steps
+
+    class Shadow(MethodTask):
+        name = protocol.TASK_TRAIN
+
+    monkeypatch.setattr(fedlwr_client, "Shadow", Shadow, raising=False)
+    fedlwr = next(unit for unit in fairfl.methods.UNITS if unit.name == "fedlwr")
+    monkeypatch.setattr(fairfl.methods, "UNITS", (dataclasses.replace(fedlwr, site_tasks=(path,)),))
+    steps.registered_tasks.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=message):
+            steps.registered_tasks()
+    finally:
+        steps.registered_tasks.cache_clear()

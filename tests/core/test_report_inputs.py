@@ -9,10 +9,11 @@ import subprocess
 import sys
 
 import pytest
-from test_report import write_run
 
 from fairfl import cli
 from fairfl.results import ResultsLog
+
+from report_runs import write_run
 
 HOSTILE_SITES = [
     "<img src=x onerror=alert(1)>",

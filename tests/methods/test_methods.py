@@ -90,7 +90,7 @@ def test_a_job_lists_train_validate_and_its_own_units_site_tasks_only():
         assert set(own) <= set(tasks), unit.name
         for job in unit.jobs:
             assert job.tasks == ("train", "validate", *own), job.name
-    assert [unit.name for unit in UNITS if unit.site_tasks] == ["fedlwr"]
+    assert "cka" in {load_class(path).name for unit in UNITS if unit.name == "fedlwr" for path in unit.site_tasks}
 
 
 def test_names_are_unique_and_duplicates_refused():

@@ -3,7 +3,7 @@
 NVFlare's class loader calls whatever a job's `path` names with the job's arguments, functions included, so the
 allow-list names these classes exactly, never a prefix of their paths (`fairfl.` would admit `fairfl.cli.main`). They
 are the executor and the controllers of the method registry's jobs (fairfl.methods): a new controller enters by its
-method unit's job spec, or no job can use it (tests/integration/test_deploy.py checks every job in jobs/). Then
+method unit's job spec, or no job can use it (tests/integration/test_deploy_kits.py checks every job in jobs/). Then
 NVFlare's two receivers the jobs name (fairfl.tracking): NVFlare's default list has them, a site's own list may not."""
 
 from __future__ import annotations

@@ -85,7 +85,11 @@ class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
         checked = check_all(type(self), arguments)
         super().__init__(persistor_id="", task_check_period=checked["task_check_period"])
         self.settings = RoundSettings.resolve(checked, self.default_max_share)
-        vars(self).update({k: v for k, v in checked.items() if k not in ROUND_ARGUMENTS})
+        own = {k: v for k, v in checked.items() if k not in ROUND_ARGUMENTS}
+        clash = sorted(name for name in own if hasattr(type(self), name) or name in vars(self))
+        if clash:  # an argument named like the engine's own attribute (settings, method, ...) would replace it
+            raise ValueError(f"{type(self).__name__}: its arguments {clash} are names of the controller's own")
+        vars(self).update(own)
         self.task = self.settings.task
         self.metric = MAIN_METRIC[self.task]
         problem = check_model_spec(

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, ClassVar
 
+from fairfl.flare import protocol
 from fairfl.kinds import Kind
 
 
@@ -133,6 +134,9 @@ def registered_steps() -> tuple[type[ClientStep], ...]:
     return tuple(classes)
 
 
+RESERVED_TASKS = (protocol.TASK_TRAIN, protocol.TASK_VALIDATE)  # the tasks every site's executor answers itself
+
+
 @cache
 def registered_tasks() -> dict[str, type[MethodTask]]:
     """{task name: MethodTask class} of every unit's site tasks (its spec's `site_tasks`), imported on first use (they
@@ -144,6 +148,10 @@ def registered_tasks() -> dict[str, type[MethodTask]]:
         for path in unit.site_tasks:
             module, name = path.rsplit(".", 1)
             cls = getattr(importlib.import_module(module), name)
+            if not (isinstance(cls, type) and issubclass(cls, MethodTask)) or not module.startswith(unit.package + "."):
+                raise ValueError(f"site task {path} of unit {unit.name} is no MethodTask of its own package")
+            if cls.name in RESERVED_TASKS or not cls.name:  # the executor's own tasks: the unit's would never run
+                raise ValueError(f"site task {path} is named {cls.name!r}; a unit's task needs a name of its own")
             if found.setdefault(cls.name, cls) is not cls:
                 raise ValueError(f"two site tasks named {cls.name!r}: {found[cls.name].__name__}, {cls.__name__}")
     return found

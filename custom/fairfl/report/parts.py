@@ -78,12 +78,19 @@ def method_parts() -> tuple:
     )
 
 
+# what make_report returns besides its sections' statistics: a section of one of these keys would replace it
+RESERVED_KEYS = ("report", "figures", "table", "region_tables", "loo", "tables")
+
+
 def ordered(sections, added) -> list:
     """The report's own `sections` in their order, each of `added` placed after the section its `after` names (after
-    the ones placed there before it)."""
+    the ones placed there before it). Two sections of one key, or one of a key the report returns for itself, are
+    refused."""
     order = list(sections)
     for section in added:
         keys = [s.key for s in order]
+        if section.key in keys or section.key in RESERVED_KEYS:
+            raise ValueError(f"section {section.key!r}: the report has a section or result of that key already")
         if section.after not in keys:
             raise ValueError(f"section {section.key!r} follows {section.after!r}, which the report does not have")
         position = keys.index(section.after) + 1

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from fairfl.aggregation import normalise
 from fairfl.methods.fedce.client import leave_one_out_model
 from fairfl.methods.fedce.contribution import (
     ContributionState,
@@ -14,7 +15,6 @@ from fairfl.methods.fedce.contribution import (
     flatten,
     gradient_terms,
     leave_one_out_error,
-    normalise,
 )
 from fairfl.models import build_model, initial_state, state_to_torch
 

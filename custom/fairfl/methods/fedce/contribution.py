@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fairfl.aggregation import normalise
+
 COMBINE_MODES = ("sum", "product")
 
 
@@ -49,17 +51,6 @@ def gradient_terms(updates: dict, prior: dict) -> dict:
             cosine = float(torch.nn.functional.cosine_similarity(updates[s], rest, dim=0))
             terms[s] = min(max(1.0 - cosine, 0.0), 2.0)
     return terms
-
-
-def normalise(values: dict) -> dict:
-    """Shares that sum to 1; all zero -> equal shares (no site is distinguishable)."""
-    bad = {s: v for s, v in values.items() if not (math.isfinite(v) and v >= 0)}
-    if bad:
-        raise ValueError(f"contribution terms must be finite and non-negative, got {bad}")
-    total = sum(values.values())
-    if total <= 0:
-        return {s: 1.0 / len(values) for s in values}
-    return {s: v / total for s, v in values.items()}
 
 
 def combine(gradient: dict, data: dict, mode: str) -> dict:

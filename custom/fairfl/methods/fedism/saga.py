@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from fairfl.aggregation import normalise
 from fairfl.kinds import Real, Record
-from fairfl.methods.fedce.contribution import normalise
 from fairfl.site_checks import MAX_REPORTED, MAX_SAMPLES
 
 VARIANTS = {"S": "sharpness", "L": "perturbed_loss"}  # the report key each variant weights by

@@ -19,12 +19,11 @@ import os
 
 import numpy as np
 
-from fairfl.aggregation import robust_average
+from fairfl.aggregation import normalise, robust_average
 from fairfl.files import save_atomic
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
 from fairfl.kinds import Real
-from fairfl.methods.fedce.contribution import normalise
 from fairfl.methods.rewards.protocol import VAL_METRIC, VALIDATE_TRAINED
 from fairfl.methods.rewards.reward import (
     apply_threshold,
