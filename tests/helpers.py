@@ -128,3 +128,31 @@ def generated_at_test_scales(name: str, test_scale: float, cache: Path, **settin
     parameters = [json.loads((root / "dataset.json").read_text())["parameters"] for root in (base, scaled)]
     assert "test_scale" not in parameters[0] and parameters[1]["test_scale"] == test_scale
     return base, scaled, extra_test_entries(base, scaled)
+
+
+def site_task(meta: dict, site: str):
+    """A server task of `meta` as `site` reads it (fairfl.flare.site_task.SiteTask), without its weights."""
+    from nvflare.app_common.abstract.fl_model import FLModel
+
+    from fairfl.flare.site_task import SiteTask
+
+    return SiteTask.of(site, FLModel(meta=meta))
+
+
+def variant_controller(name: str, run_dir, sites: list, **settings):
+    """The controller of method variant `name` (its job's server settings, the variant's arguments, then `settings`,
+    each where the controller takes it), set up as the round loop sets it up for `sites`, writing into `run_dir`:
+    for the tests that hold every registered variant to something without FLARE processes."""
+    from fairfl.jobconfig import component_arguments
+    from fairfl.methods import JOBS, VARIANTS
+    from fairfl.methods.make_jobs import load_class
+
+    variant = VARIANTS[name]
+    job = JOBS[variant.job]
+    cls = load_class(job.controller)
+    known = component_arguments(cls)
+    controller = cls(**{k: v for k, v in {**job.server, **variant.arguments, **settings}.items() if k in known})
+    controller.get_run_dir = lambda: str(run_dir)
+    controller.trainers = controller.sites = list(sites)
+    controller.min_responses, controller.absent, controller.failed, controller.task_meta = len(sites), [], {}, {}
+    return controller

@@ -6,13 +6,14 @@ import json
 
 import nibabel as nib
 import numpy as np
-from nvflare.app_common.abstract.fl_model import FLModel
 from PIL import Image
 
 from fairfl.data.datalist import SPLITS, write_datalist
 from fairfl.flare import protocol
 from fairfl.flare.executor import FairflExecutor
 from fairfl.flare.site_task import SiteTask
+
+import helpers
 
 SITE = "site-1"
 SHAPE = (8, 8)
@@ -56,8 +57,8 @@ def set_first(root, key, value, site=SITE):
 
 
 def site_task(meta: dict, site=SITE) -> SiteTask:
-    """A server task of `meta` as the site reads it."""
-    return SiteTask.of(site, FLModel(meta=meta))
+    """A server task of `meta` as the site (default SITE) reads it."""
+    return helpers.site_task(meta, site)
 
 
 def load_site(root, site=SITE, in_channels=1, num_classes=2, task="segmentation", max_samples=None):

@@ -19,11 +19,11 @@ import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from fairfl.flare import protocol
-from fairfl.jobconfig import component_arguments
-from fairfl.methods import JOBS, VARIANTS
-from fairfl.methods.make_jobs import load_class
+from fairfl.methods import VARIANTS
 from fairfl.methods.steps import registered_tasks
 from fairfl.models import initial_state
+
+from helpers import variant_controller
 
 SITES = ["site-1", "site-2", "site-3", "site-4"]
 BAD_SITE = "site-3"
@@ -42,17 +42,8 @@ HOSTILE = {
 }
 
 
-def variant_controller(name, tmp_path):
-    variant = VARIANTS[name]
-    job = JOBS[variant.job]
-    cls = load_class(job.controller)
-    known = component_arguments(cls)
-    args = {k: v for k, v in {**job.server, **variant.arguments, **TINY}.items() if k in known}
-    controller = cls(**args)
-    controller.trainers = controller.sites = list(SITES)
-    controller.min_responses, controller.absent, controller.failed, controller.task_meta = len(SITES), [], {}, {}
-    controller.get_run_dir = lambda: str(tmp_path)
-    return controller
+def fuzzed_controller(name, tmp_path):
+    return variant_controller(name, tmp_path, SITES, **TINY)
 
 
 def honest_model(start: dict, reference_keys, seed: int) -> dict:
@@ -137,7 +128,7 @@ def run_round(controller, round_num, global_state, hostile=None, missing=()):
 def fuzzed_cases(name, tmp_path) -> tuple:
     """(the state after an honest round 0, [(task, where, path, label, value)] of every hostile value in every field
     variant `name`'s server reads in round 1)."""
-    controller = variant_controller(name, tmp_path)
+    controller = fuzzed_controller(name, tmp_path)
     state0 = initial_state(controller.model_spec(), 0)
     state1, rejected, _ = run_round(controller, 0, state0)
     assert not rejected, f"{name}: honest answers rejected: {rejected}"
@@ -150,7 +141,7 @@ def test_a_hostile_value_in_any_field_rejects_only_that_site_and_the_round_goes_
     state0, state1, cases = fuzzed_cases(name, tmp_path)
     assert cases
     for task, where, path, label, value in cases:
-        fresh = variant_controller(name, tmp_path)
+        fresh = fuzzed_controller(name, tmp_path)
         run_round(fresh, 0, state0)
         new, rejected, _ = run_round(fresh, 1, state1, (task, where, path, value))
         what = f"{name}: {label} in {task} {where} {path}"
@@ -182,7 +173,7 @@ def weighted_sites(extras: dict) -> set:
 def test_a_site_missing_from_one_round_is_left_out_of_it_and_counted_again_when_it_is_back(name, tmp_path):
     # what every method does with a site that failed or stalled in round 1 (the others answered: the quorum holds)
     # and answers again in round 2; each method page says what it keeps for such a site
-    controller = variant_controller(name, tmp_path)
+    controller = fuzzed_controller(name, tmp_path)
     state = initial_state(controller.model_spec(), 0)
     state, rejected, first = run_round(controller, 0, state)
     kept = method_memory(controller)

@@ -12,28 +12,21 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from fairfl.files import json_safe
 from fairfl.flare import protocol
-from fairfl.jobconfig import component_arguments
 from fairfl.kinds import Real
 from fairfl.methods import JOBS, VARIANTS
-from fairfl.methods.make_jobs import load_class
 from fairfl.models import initial_state
+
+from helpers import variant_controller
 
 SITES = ["site-1", "site-2", "site-3", "site-4"]
 ROUNDS, CHECKPOINTED = 4, 1  # the checkpoint of round 1; rounds 2 and 3 must then be the same
 TINY = {"model_channels": [4, 8], "model_strides": [2], "num_rounds": ROUNDS, "eval_every": 1}
 
 
-def variant_controller(name, run_dir):
-    """The controller of variant `name`'s job and arguments, set up as the round loop sets it up for SITES."""
-    variant = VARIANTS[name]
-    job = JOBS[variant.job]
-    cls = load_class(job.controller)
-    known = component_arguments(cls)
-    controller = cls(**{k: v for k, v in {**job.server, **variant.arguments, **TINY}.items() if k in known})
+def started_controller(name, run_dir):
+    """The controller of variant `name`, its task meta and results log made as the round loop makes them."""
     run_dir.mkdir(parents=True)
-    controller.get_run_dir = lambda: str(run_dir)
-    controller.trainers = controller.sites = list(SITES)
-    controller.min_responses, controller.absent, controller.failed = len(SITES), [], {}
+    controller = variant_controller(name, run_dir, SITES, **TINY)
     controller.task_meta = controller.common_task_meta(SITES)
     controller.results = controller._results_log(SITES)
     return controller
@@ -125,14 +118,14 @@ def test_every_registered_controller_is_held_to_the_contract():
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_a_controller_restored_from_a_checkpoint_continues_as_the_one_that_never_stopped(name, tmp_path):
     path = str(tmp_path / "checkpoint.pt")
-    uninterrupted = with_honest_sites(variant_controller(name, tmp_path / "uninterrupted"))
+    uninterrupted = with_honest_sites(started_controller(name, tmp_path / "uninterrupted"))
     state = initial_state(uninterrupted.model_spec(), 0)
     for round_num in range(CHECKPOINTED + 1):
         state, record = play_round(uninterrupted, round_num, state)
         assert not record["rejected"], f"{name}: honest sites rejected in round {round_num}: {record['rejected']}"
     uninterrupted._save_checkpoint(path, CHECKPOINTED, state)
 
-    restored = with_honest_sites(variant_controller(name, tmp_path / "restored"))
+    restored = with_honest_sites(started_controller(name, tmp_path / "restored"))
     loaded = restored._load_checkpoint(path)
     assert loaded["round"] == CHECKPOINTED and not differing(loaded["global_state"], state)
     restored_state = loaded["global_state"]

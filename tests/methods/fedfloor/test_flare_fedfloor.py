@@ -19,6 +19,7 @@ from fairfl.methods.fedfloor.mixing import DEFAULT_GRID, choose_alpha, mix_state
 from fairfl.methods.fedfloor.protocol import MIX_GRID
 from fairfl.models import build_model, initial_state, load_numpy_state
 
+import helpers
 from helpers import segmentation_task_meta
 
 TINY = {"model_channels": [8, 16, 32], "model_strides": [2, 2], "num_rounds": 2}
@@ -56,7 +57,7 @@ def validate(executor, meta, sent, state_dir, grid, **extra):
 
 def site_task(meta):
     """`meta` as site-2 reads it."""
-    return SiteTask.of("site-2", FLModel(meta=meta))
+    return helpers.site_task(meta, "site-2")
 
 
 def test_the_site_is_scored_with_the_mix_its_validation_split_favours(trained):
