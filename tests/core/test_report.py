@@ -15,13 +15,7 @@ from fairfl.report.global_model import personal_global_table
 from fairfl.report.runs import find_results, load_runs, with_final
 from fairfl.report.site_tables import paper_table, spread_table, write_csv
 
-from report_runs import SITES, personalised_run, table_rows, write_fedce, write_run, write_runs
-
-
-@pytest.fixture
-def runs_dir(tmp_path):
-    """Simulator-shaped workspaces, one per run of Solo, FedAvg and Fed-LWR, plus a Fed-LWR run that never finished."""
-    return write_runs(tmp_path)
+from report_runs import SITES, personalised_run, table_rows, write_fedce, write_run
 
 
 def test_find_results(tmp_path, runs_dir):

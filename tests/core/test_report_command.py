@@ -7,20 +7,7 @@ import pytest
 
 from fairfl.report.command import main as report_main
 
-from report_runs import is_png, write_fedce_runs, write_run, write_runs
-
-
-@pytest.fixture
-def runs_dir(tmp_path):
-    """Simulator-shaped workspaces, one per run of Solo, FedAvg and Fed-LWR, plus a Fed-LWR run that never finished."""
-    return write_runs(tmp_path)
-
-
-@pytest.fixture
-def fedce_dir(tmp_path, runs_dir):
-    """runs_dir (Solo, FedAvg, Fed-LWR) plus FedAvg with weights and two seeds of FedCE with a free rider; the
-    leave-one-out file is tmp_path / "loo.json"."""
-    return write_fedce_runs(runs_dir, tmp_path / "loo.json")
+from report_runs import is_png, write_run
 
 
 def test_command_line(runs_dir, capsys):

@@ -19,20 +19,7 @@ from fairfl.report.fairness_tables import (
 )
 from fairfl.report.runs import load_runs
 
-from report_runs import LOO, SITES, fedavg_weights, per_site, table_rows, write_fedce_runs, write_run, write_runs
-
-
-@pytest.fixture
-def runs_dir(tmp_path):
-    """Simulator-shaped workspaces, one per run of Solo, FedAvg and Fed-LWR, plus a Fed-LWR run that never finished."""
-    return write_runs(tmp_path)
-
-
-@pytest.fixture
-def fedce_dir(tmp_path, runs_dir):
-    """runs_dir (Solo, FedAvg, Fed-LWR) plus FedAvg with weights and two seeds of FedCE with a free rider; the
-    leave-one-out file is tmp_path / "loo.json"."""
-    return write_fedce_runs(runs_dir, tmp_path / "loo.json")
+from report_runs import LOO, SITES, fedavg_weights, per_site, table_rows, write_run
 
 
 def test_performance_fairness_table_by_hand(runs_dir):

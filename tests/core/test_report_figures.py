@@ -13,13 +13,7 @@ from fairfl.report.figures import plot_cross_site
 from fairfl.report.parts import GroupFigure, RunFigure, Section, method_parts, ordered
 from fairfl.report.runs import load_runs
 
-from report_runs import LAYERS, is_png, personalised_run, write_runs
-
-
-@pytest.fixture
-def runs_dir(tmp_path):
-    """Simulator-shaped workspaces, one per run of Solo, FedAvg and Fed-LWR, plus a Fed-LWR run that never finished."""
-    return write_runs(tmp_path)
+from report_runs import LAYERS, is_png, personalised_run
 
 
 def test_short_layer_names_are_unique():
