@@ -31,7 +31,7 @@ def verbosity(args) -> int:
 
 
 def _run(args) -> int:
-    from fairfl.jobconfig import check_job, customize_job, is_job_copy, parse_assignments
+    from fairfl.jobconfig import checked_overrides, customize_job, is_job_copy
     from fairfl.progress import QUIET, outcome_line, read_results
     from fairfl.report.document import make_report
     from fairfl.simulate import is_simulator_workspace, run_simulator, watch_options
@@ -46,13 +46,8 @@ def _run(args) -> int:
     workspace = os.path.abspath(args.workspace or os.path.join("workspaces", os.path.basename(job.rstrip("/"))))
     job_copy = workspace.rstrip("/") + "_job"  # a customised copy beside the workspace; the job itself is never edited
     env = {FREE_RIDERS_ENV: ",".join(args.free_riders)} if args.free_riders else {}
-    try:
-        overrides = parse_assignments(args.set)
-    except ValueError as e:
-        print(f"fairfl run: error: argument --set: {e}", file=sys.stderr)
-        return 2
     try:  # every argument of the job as it would run, before anything is written or started
-        check_job(job, overrides)
+        overrides = checked_overrides(job, args.set)
     except ValueError as e:
         print(f"fairfl run: error: {e}", file=sys.stderr)
         return 2
@@ -211,16 +206,17 @@ def _leave_one_out(args) -> int:
 
 
 def _export_job(args) -> int:
-    """Copy a job without its BYOC marker folders, for sites that forbid bring-your-own-code."""
+    """Copy a job without its BYOC marker folders, for sites that forbid bring-your-own-code; --set changes arguments
+    of the copy as `fairfl run --set` does."""
     from fairfl.files import read_json
-    from fairfl.jobconfig import check_job
+    from fairfl.jobconfig import checked_overrides, customize_job
 
     if os.path.exists(args.out):
         print(f"{args.out} exists; not overwriting", file=sys.stderr)
         return 1
     meta_path = os.path.join(args.job, "meta.json")
     try:  # all checked before anything is copied: a retry finds no half-written folder
-        check_job(args.job)
+        overrides = checked_overrides(args.job, args.set)
         try:
             meta = read_json(meta_path)
         except ValueError as e:
@@ -230,25 +226,26 @@ def _export_job(args) -> int:
     except ValueError as e:
         print(f"fairfl export-job: error: {e}", file=sys.stderr)
         return 2
-    shutil.copytree(args.job, args.out, ignore=shutil.ignore_patterns("custom", "__pycache__"))
+    byoc = ("custom", "__pycache__")  # the simulator's BYOC marker; sites run the installed package
+    if overrides:
+        customize_job(args.job, args.out, overrides, leave_out=byoc)
+    else:
+        shutil.copytree(args.job, args.out, ignore=shutil.ignore_patterns(*byoc))
     if args.gpus is not None:  # every site's resource manager must lend this many GPUs before the job starts
         meta["resource_spec"] = {"@default": {"num_of_gpus": args.gpus}}
         with open(os.path.join(args.out, "meta.json"), "w") as f:
             json.dump(meta, f, indent=2)
-    print(f"exported {args.job} -> {args.out} (no app/custom: sites need `fairfl provision-complete`)")
+    changed = f" with {overrides}" if overrides else ""
+    print(f"exported {args.job}{changed} -> {args.out} (no app/custom: sites need `fairfl provision-complete`)")
     return 0
 
 
 def _add_simulator_arguments(parser) -> None:
+    from fairfl.jobconfig import add_set_argument
+
     parser.add_argument("-n", "--n-clients", type=at_least(1), default=6)
     parser.add_argument("-t", "--threads", type=at_least(1), default=None, help="client processes at once (default n)")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="change a job argument (JSON value), e.g. --set num_rounds=50; repeatable",
-    )
+    add_set_argument(parser)
     shown = parser.add_mutually_exclusive_group()
     shown.add_argument("-q", "--quiet", action="store_true", help="no line per round: only the outcome and paths")
     shown.add_argument(
@@ -263,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     from fairfl.arguments import MIN_IMAGE_SIZE
     from fairfl.data.builtin import MAX_TEST_SCALE
     from fairfl.docs_blocks import update_readme_command
-    from fairfl.jobconfig import JOBS
+    from fairfl.jobconfig import JOBS, add_set_argument
 
     parser = argparse.ArgumentParser(prog="fairfl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -312,6 +309,17 @@ def build_parser() -> argparse.ArgumentParser:
         "server's test_scale; default 1)",
     )
     p.set_defaults(func=_prepare_data)
+
+    p = sub.add_parser(
+        "check-data", help="every problem of every site's datalist and files, by the sites' own checks, before a run"
+    )
+    p.add_argument("root", type=existing_folder, help="data root holding <site>.json datalists")
+    p.add_argument("--sites", nargs="+", metavar="SITE", help="check these sites (default: every <site>.json)")
+    p.add_argument("--task", choices=["segmentation", "classification"], help="default: dataset.json's, else segmentation")
+    p.add_argument("--num-classes", type=at_least(1), help="background included; default: dataset.json's, else the task's")
+    p.add_argument("--in-channels", type=at_least(1), help="for --decode; default: dataset.json's, else the task's")
+    p.add_argument("--decode", action="store_true", help="also decode every file as a site's loader does (slower)")
+    p.set_defaults(func=lambda args: _import("fairfl.data.check:check_data_command")(args))
 
     for name, target, what, src_help, extra in (
         (
@@ -454,6 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", type=job_folder)
     p.add_argument("out")
     p.add_argument("--gpus", type=at_least(0), help="GPUs each site must lend the job (meta.json resource_spec)")
+    add_set_argument(p)
     p.set_defaults(func=_export_job)
 
     from fairfl.deploy.commands import add_commands

@@ -1,6 +1,7 @@
 """Write a copy of a job folder with some component arguments changed (the originals stay untouched).
 
-Used by `fairfl run --set key=value`, the benchmarks (seeds, rounds) and the tests (tiny settings)."""
+Used by `--set key=value` (`fairfl run`, `fairfl export-job`, `fairfl poc submit`, `fairfl submit`), the benchmarks
+(seeds, rounds) and the tests (tiny settings)."""
 
 from __future__ import annotations
 
@@ -76,7 +77,12 @@ def is_job_copy(folder: str) -> bool:
 
 
 def customize_job(
-    src: str, dst: str, args: dict | None = None, client_config: dict | None = None, mlflow: bool | str = False
+    src: str,
+    dst: str,
+    args: dict | None = None,
+    client_config: dict | None = None,
+    mlflow: bool | str = False,
+    leave_out: tuple = (),
 ) -> str:
     """Copy job `src` to `dst`, setting each argument in `args` on every fairfl component that has it.
 
@@ -84,7 +90,8 @@ def customize_job(
     ValueError naming it, and nothing is written (a typo must not silently run the defaults). `dst` may exist
     only as an empty folder or an earlier job copy (`is_job_copy`), which is replaced; anything else is refused,
     never deleted. client_config: top-level keys to set in the client config (e.g. task_result_filters). mlflow:
-    add NVFlare's MLflow receiver to the server (fairfl.tracking.with_mlflow: True, or a tracking URI)."""
+    add NVFlare's MLflow receiver to the server (fairfl.tracking.with_mlflow: True, or a tracking URI). leave_out:
+    names of files or folders not copied (`fairfl export-job`: the BYOC marker folders)."""
     if os.path.lexists(dst) and not (
         os.path.isdir(dst) and not os.path.islink(dst) and (not os.listdir(dst) or is_job_copy(dst))
     ):
@@ -94,7 +101,7 @@ def customize_job(
     staging = tempfile.mkdtemp(prefix=".job-", dir=parent)  # filled and checked first; dst is replaced last
     try:
         copy = os.path.join(staging, "job")
-        shutil.copytree(src, copy)
+        shutil.copytree(src, copy, ignore=shutil.ignore_patterns(*leave_out))
         _set_arguments(src, copy, args or {}, client_config or {}, mlflow)
         if os.path.exists(dst):
             shutil.rmtree(dst)
@@ -172,6 +179,28 @@ def check_job(job: str, args: dict | None = None) -> None:
     components take (`set_arguments`): else a ValueError naming the job, the component and the argument. Nothing is
     written."""
     set_arguments(read_configs(job), args or {}, job)
+
+
+def add_set_argument(parser) -> None:
+    """The repeatable `--set KEY=VALUE` of every command that changes a job's arguments (read by checked_overrides)."""
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change a job argument (JSON value), e.g. --set num_rounds=50; repeatable",
+    )
+
+
+def checked_overrides(job: str, assignments: list[str]) -> dict:
+    """The arguments `--set` assigns (parse_assignments), once the job folder `job` checks with them set (check_job):
+    else a ValueError naming --set, or the job, the component and the argument. Nothing is written."""
+    try:
+        overrides = parse_assignments(assignments)
+    except ValueError as e:
+        raise ValueError(f"argument --set: {e}") from None
+    check_job(job, overrides)
+    return overrides
 
 
 def parse_assignments(items: list[str]) -> dict:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import getpass
 import os
 import sys
+import tempfile
+from contextlib import contextmanager
 
 
 def _fail(command: str, error: Exception) -> int:
@@ -12,8 +14,24 @@ def _fail(command: str, error: Exception) -> int:
     return 1
 
 
+@contextmanager
+def _job_to_submit(job: str, overrides: dict):
+    """`job` itself, or with --set a copy of it with the arguments changed (fairfl.jobconfig.customize_job) in a
+    temporary folder: the server keeps the job it was sent, so unlike `fairfl run` (whose simulator reads its copy
+    later) no copy is left beside the user's job, to be refused or replaced by the next submit."""
+    if not overrides:
+        yield job
+        return
+    from fairfl.jobconfig import customize_job
+
+    with tempfile.TemporaryDirectory(prefix="fairfl-submit-") as tmp:
+        # the job's own folder name: the name the federation lists it under
+        yield customize_job(job, os.path.join(tmp, os.path.basename(os.path.abspath(job).rstrip("/"))), overrides)
+
+
 def _poc(args) -> int:
     from fairfl.deploy import poc
+    from fairfl.jobconfig import checked_overrides
     from fairfl.progress import round_printer
 
     try:
@@ -29,10 +47,12 @@ def _poc(args) -> int:
             poc.start(args.timeout)
             print(f"POC federation running from {poc.workspace()}\nnext: fairfl poc submit jobs/fedlwr")
         elif args.action == "submit":
-            job_id, status = poc.submit(
-                args.job, wait=not args.no_wait, timeout=args.timeout, on_round=round_printer("POC ")
-            )
-            print(f"job {job_id}" + (f": {status}" if status else " submitted"))
+            overrides = checked_overrides(args.job, args.set)  # before the federation sees the job
+            with _job_to_submit(args.job, overrides) as job:
+                job_id, status = poc.submit(
+                    job, wait=not args.no_wait, timeout=args.timeout, on_round=round_printer("POC ")
+                )
+            print(f"job {job_id}" + _with_overrides(overrides) + (f": {status}" if status else " submitted"))
             if status and status != "FINISHED:COMPLETED":
                 print(f"logs: fairfl poc download {job_id} (the server's and sites' logs are in it)", file=sys.stderr)
                 return 1
@@ -53,15 +73,16 @@ def _poc(args) -> int:
 
 def _submit(args) -> int:
     from fairfl.deploy import admin
-    from fairfl.jobconfig import check_job
+    from fairfl.jobconfig import checked_overrides
 
     try:
-        check_job(args.job)  # before the federation sees the job
+        overrides = checked_overrides(args.job, args.set)  # before the federation sees the job
     except ValueError as e:
         return _fail("submit", e)
     try:
-        job_id = admin.submit(args.admin, args.job, args.user)
-        print(f"job {job_id} submitted", flush=True)
+        with _job_to_submit(args.job, overrides) as job:
+            job_id = admin.submit(args.admin, job, args.user)
+        print(f"job {job_id}{_with_overrides(overrides)} submitted", flush=True)
         if args.no_wait:
             return 0
         status = admin.wait(args.admin, job_id, args.timeout, args.user)
@@ -69,6 +90,10 @@ def _submit(args) -> int:
         return _fail("submit", f"{type(e).__name__}: {e}")
     print(f"job {job_id}: {status}\nnext: fairfl download {job_id} --admin {args.admin}")
     return 0 if status == admin.COMPLETED else 1
+
+
+def _with_overrides(overrides: dict) -> str:
+    return f" (with {overrides})" if overrides else ""
 
 
 def _download(args) -> int:
@@ -139,6 +164,7 @@ def _dashboard(args) -> int:
 def add_commands(sub) -> None:
     """Register the deployment subcommands on the `fairfl` parser's subparsers."""
     from fairfl.cli_arguments import at_least
+    from fairfl.jobconfig import add_set_argument
 
     port = at_least(1, at_most=65535)
     p = sub.add_parser(
@@ -155,6 +181,7 @@ def add_commands(sub) -> None:
     a.add_argument("--timeout", type=int, default=120, help="seconds to wait for the sites to connect")
     a = actions.add_parser("submit", help="submit a job (without app/custom: not BYOC) and wait for it")
     a.add_argument("job", help="job folder, e.g. jobs/fedlwr")
+    add_set_argument(a)
     a.add_argument("--no-wait", action="store_true")
     a.add_argument("--timeout", type=float, default=0.0, help="seconds to wait (0: until it ends)")
     a = actions.add_parser("download", help="download a job's workspace and write its report")
@@ -171,6 +198,7 @@ def add_commands(sub) -> None:
         p = sub.add_parser(name, help=what)
         if name == "submit":
             p.add_argument("job", help="job folder; any app/custom folder is left out (not BYOC)")
+            add_set_argument(p)
             p.add_argument("--no-wait", action="store_true")
             p.add_argument("--timeout", type=float, default=0.0, help="seconds to wait (0: until it ends)")
             p.set_defaults(func=_submit)
