@@ -29,7 +29,7 @@ from nvflare.recipe.spec import Recipe, _peek_recipe_args
 
 from fairfl.cli_arguments import add_gpu_argument, add_mlflow_argument, at_least, gpu_problem
 from fairfl.files import parse_json
-from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG, config_problem, set_arguments
+from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG, add_set_argument, config_problem, set_arguments
 from fairfl.jobconfig import JOBS as JOBS_FOLDER
 from fairfl.overwrite import refuse_to_overwrite
 from fairfl.simulate import RECIPE_SITE_ERRORS
@@ -198,13 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
         "file was written (the workspace has the logs).",
     )
     parser.add_argument("job", help="a job in jobs/ (fedavg, fedlwr, ...) or a job folder")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="change a job argument (JSON value), e.g. --set num_rounds=50; repeatable",
-    )
+    add_set_argument(parser)
     parser.add_argument("-n", "--n-clients", type=at_least(1), default=6, help="simulated sites (default 6)")
     parser.add_argument("-t", "--threads", type=at_least(1), help="client processes at once (default n)")
     parser.add_argument(
