@@ -315,9 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("root", type=existing_folder, help="data root holding <site>.json datalists")
     p.add_argument("--sites", nargs="+", metavar="SITE", help="check these sites (default: every <site>.json)")
-    p.add_argument("--task", choices=["segmentation", "classification"], help="default: dataset.json's, else segmentation")
-    p.add_argument("--num-classes", type=at_least(1), help="background included; default: dataset.json's, else the task's")
-    p.add_argument("--in-channels", type=at_least(1), help="for --decode; default: dataset.json's, else the task's")
+    p.add_argument("--task", choices=["segmentation", "classification"], help="default: dataset.json's or segmentation")
+    p.add_argument("--num-classes", type=at_least(1), help="background included; default: dataset.json's or the task's")
+    p.add_argument("--in-channels", type=at_least(1), help="for --decode; default: dataset.json's or the task's")
     p.add_argument("--decode", action="store_true", help="also decode every file as a site's loader does (slower)")
     p.set_defaults(func=lambda args: _import("fairfl.data.check:check_data_command")(args))
 

@@ -52,6 +52,7 @@ def load_datalist(
     allow_absolute_paths: bool = False,
     max_image_side: int = MAX_IMAGE_SIDE,
     max_image_voxels: int = MAX_IMAGE_VOXELS,
+    problems: list[DataError] | None = None,
 ) -> dict[str, list[dict]]:
     """Read and validate `<data_root>/<site>.json`; return `{split: entries}` with absolute paths.
 
@@ -67,10 +68,45 @@ def load_datalist(
     image and mask have the same spatial shape;
     mask values are integers in `[0, num_classes - 1]`; for classification, each label is an integer in
     that range.
+
+    With a `problems` list nothing is raised (fairfl check-data): each problem is appended to it and the checks
+    go on, one DataError for each bad entry, split or unreadable datalist, and the result holds the entries that
+    passed.
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     root = Path(data_root).expanduser()
+
+    def checked(check, *args):  # check's result, or None with its problem kept in `problems`
+        try:
+            return check(*args)
+        except DataError as err:
+            if problems is None:
+                raise
+            problems.append(err)
+            return None
+
+    datalist = checked(_read_datalist, root, site, allow_absolute_paths)
+    if datalist is None:
+        return {}
+    datalist_path = root / f"{site}.json"
+    settings = (task, num_classes, allow_absolute_paths, (max_image_side, max_image_voxels))  # each entry's checks
+    result = {}
+    for split in [*splits, *(s for s in optional_splits if s in datalist)]:
+        entries = checked(_split_entries, datalist, split, site, datalist_path)
+        if entries is None:
+            continue
+        passed = (
+            checked(_checked_entry, entry, root, site, datalist_path, f"{split}[{index}]", *settings)
+            for index, entry in enumerate(entries)
+        )
+        result[split] = [entry for entry in passed if entry is not None]
+    return result
+
+
+def _read_datalist(root: Path, site: str, allow_absolute_paths: bool) -> dict:
+    """`<root>/<site>.json` as a dict, or a DataError: an unsafe site name, no such file, a link out of the root,
+    not a JSON object."""
     try:
         safe_name(site, "site name")
     except ValueError as err:  # it becomes a file name: never `../other`
@@ -91,29 +127,16 @@ def load_datalist(
         raise DataError(site, datalist_path, f"datalist: {err}") from None
     if not isinstance(datalist, dict):
         raise DataError(site, datalist_path, "datalist must be a JSON object with keys " + ", ".join(SPLITS))
+    return datalist
 
-    result = {}
-    for split in [*splits, *(s for s in optional_splits if s in datalist)]:
-        entries = datalist.get(split)
-        if entries is None:
-            raise DataError(site, datalist_path, f"split {split!r} missing from datalist")
-        if not isinstance(entries, list) or not entries:
-            raise DataError(site, datalist_path, f"split {split!r} is empty (or not a list)")
-        result[split] = [
-            _checked_entry(
-                entry,
-                root,
-                site,
-                datalist_path,
-                f"{split}[{index}]",
-                task,
-                num_classes,
-                allow_absolute_paths,
-                (max_image_side, max_image_voxels),
-            )
-            for index, entry in enumerate(entries)
-        ]
-    return result
+
+def _split_entries(datalist: dict, split: str, site: str, datalist_path: Path) -> list:
+    entries = datalist.get(split)
+    if entries is None:
+        raise DataError(site, datalist_path, f"split {split!r} missing from datalist")
+    if not isinstance(entries, list) or not entries:
+        raise DataError(site, datalist_path, f"split {split!r} is empty (or not a list)")
+    return entries
 
 
 def _checked_entry(
