@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fairfl.data.classification_sites import CORRUPTED_SPLIT, SKIN_CLASSES
+from fairfl.data.classification_sites import SKIN_CLASSES
 from fairfl.data.convert_isic import convert_isic
-from fairfl.data.datalist import SPLITS, load_datalist
+from fairfl.data.datalist import CORRUPTED_SPLIT, SPLITS, load_datalist
 from fairfl.data.loaders import make_loader
 from fairfl.errors import DataError
 

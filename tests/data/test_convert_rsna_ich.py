@@ -14,9 +14,8 @@ from test_convert_isic import (  # shared helpers of the converter tests
     unsafe_name,
 )
 
-from fairfl.data.classification_sites import CORRUPTED_SPLIT
 from fairfl.data.convert_rsna_ich import SUBTYPES, convert_rsna_ich
-from fairfl.data.datalist import SPLITS, load_datalist
+from fairfl.data.datalist import CORRUPTED_SPLIT, SPLITS, load_datalist
 from fairfl.data.loaders import make_loader
 from fairfl.errors import DataError
 

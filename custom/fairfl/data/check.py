@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fairfl.data.builtin import BUILTIN_DATASETS
-from fairfl.data.datalist import SPLITS, TASKS, load_datalist, load_dataset_info
+from fairfl.data.datalist import SPLITS, TASKS, load_datalist, load_dataset_info, site_load_options
 from fairfl.errors import DataError, data_error_in
 from fairfl.files import read_json
 from fairfl.site_settings import site_settings
@@ -94,22 +94,8 @@ def check_site(root: str | Path, site: str, settings: DataSettings, decode: bool
     except DataError as err:  # a malformed setting in this environment: the site would stop there too
         return SiteCheck(site, {}, [err])
     problems: list[DataError] = []
-    if settings.task == "classification":
-        from fairfl.data.classification_sites import CORRUPTED_SPLIT  # imports torch: only where it is needed
-
-        optional_splits: tuple[str, ...] = (CORRUPTED_SPLIT,)
-    else:
-        optional_splits = ()
     datalist = load_datalist(
-        root,
-        site,
-        task=settings.task,
-        num_classes=settings.num_classes,
-        optional_splits=optional_splits,
-        allow_absolute_paths=own.allow_absolute_paths,
-        max_image_side=own.max_image_side,
-        max_image_voxels=own.max_image_voxels,
-        problems=problems,
+        root, site, **site_load_options(own, settings.task, settings.num_classes), problems=problems
     )
     if decode:
         datalist = {split: _decoded(entries, site, settings, problems) for split, entries in datalist.items()}

@@ -43,11 +43,17 @@ import numpy as np
 from fairfl.classification import class_counts
 from fairfl.data.builtin import extra_test_count
 from fairfl.data.corruption import Corruption
-from fairfl.data.datalist import SPLITS, check_output_folder, output_site_names, staged_output, write_datalist
+from fairfl.data.datalist import (
+    CORRUPTED_SPLIT,
+    SPLITS,
+    check_output_folder,
+    output_site_names,
+    staged_output,
+    write_datalist,
+)
 from fairfl.errors import DataError
 from fairfl.names import safe_site_names
 
-CORRUPTED_SPLIT = "testing_corrupted"
 TEST_SETS = ("shared", "site")
 
 

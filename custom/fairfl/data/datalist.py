@@ -35,11 +35,26 @@ from fairfl.site_settings import (
 
 SPLITS = ("training", "validation", "testing")
 TASKS = ("segmentation", "classification")
+# a classification datalist's optional split: the test images corrupted as the corrupted sites' are (FedISM+'s shift)
+CORRUPTED_SPLIT = "testing_corrupted"
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
 PIL_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
 # PIL modes read as they are: one grey channel (bit, 8/16/32-bit integer, float), grey + alpha, RGB(A)
 IMAGE_MODES = ("1", "L", "I", "F", "I;16", "I;16B", "I;16L", "LA", "RGB", "RGBA")
 MASK_MODES = ("1", "L", "P", "I", "I;16", "I;16B", "I;16L")  # one channel of class indices (a palette's too)
+
+
+def site_load_options(own, task: str, num_classes: int) -> dict:
+    """`load_datalist`'s keyword arguments for a site whose own settings are `own` (fairfl.site_settings): what the
+    site checks its data with at its first task, and `fairfl check-data` before a federation starts."""
+    return {
+        "num_classes": num_classes,
+        "task": task,
+        "allow_absolute_paths": own.allow_absolute_paths,
+        "max_image_side": own.max_image_side,
+        "max_image_voxels": own.max_image_voxels,
+        "optional_splits": (CORRUPTED_SPLIT,) if task == "classification" else (),
+    }
 
 
 def load_datalist(

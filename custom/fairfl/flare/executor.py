@@ -20,7 +20,6 @@ import contextlib
 import functools
 import os
 import time
-from typing import Any
 
 import torch
 from nvflare.apis.executor import Executor
@@ -32,8 +31,7 @@ from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 from fairfl.arguments import check_all
 from fairfl.classification import LogitAdjustedCrossEntropy, class_counts, evaluate_classification
 from fairfl.data.builtin import builtin_dataset, check_test_scale, ensure_builtin
-from fairfl.data.classification_sites import CORRUPTED_SPLIT
-from fairfl.data.datalist import load_datalist, load_dataset_info
+from fairfl.data.datalist import CORRUPTED_SPLIT, load_datalist, load_dataset_info, site_load_options
 from fairfl.data.free_rider import free_rider_datalist
 from fairfl.data.loaders import make_loader
 from fairfl.errors import DataError
@@ -416,14 +414,7 @@ class FairflExecutor(Executor):
         (`testing_corrupted`)."""
         site, root = task.site, self._data_root(task)
         own = site_settings(site)
-        options: dict[str, Any] = dict(  # load_datalist's keyword arguments
-            num_classes=task.num_classes,
-            task=task.kind,
-            allow_absolute_paths=own.allow_absolute_paths,
-            max_image_side=own.max_image_side,
-            max_image_voxels=own.max_image_voxels,
-            optional_splits=(CORRUPTED_SPLIT,) if task.kind == CLASSIFICATION else (),
-        )
+        options = site_load_options(own, task.kind, task.num_classes)
         info = load_dataset_info(root, site, task.num_classes)
         self._regions, self._corrupted_sites = info.get("regions"), info.get("corrupted_sites", [])
         if own.free_rider:  # this site's own test switch: one image of another site, repeated
