@@ -10,7 +10,7 @@ from fairfl.methods.fedce.report import plot_contributions
 from fairfl.methods.fedlwr.report import plot_layer_weights, short_names
 from fairfl.report.document import SECTIONS, make_report, report_sections
 from fairfl.report.figures import plot_cross_site
-from fairfl.report.parts import GroupFigure, RunFigure, Section, method_parts, ordered
+from fairfl.report.parts import RESERVED_KEYS, GroupFigure, RunFigure, Section, method_parts, ordered
 from fairfl.report.runs import load_runs
 
 from report_runs import LAYERS, is_png, personalised_run
@@ -105,3 +105,8 @@ def test_the_method_units_add_their_sections_and_figures_where_they_say():
     for key in ("spread", "table"):  # a section already there, or a result make_report returns itself
         with pytest.raises(ValueError, match=f"section '{key}'"):
             ordered(SECTIONS, [Section(key, key, str, empty, after="spread")])
+
+
+def test_the_keys_a_section_may_not_take_are_those_make_report_returns_for_itself(runs_dir, tmp_path):
+    result = make_report([runs_dir], tmp_path / "report")
+    assert set(result) - {section.key for section in report_sections()} == set(RESERVED_KEYS)

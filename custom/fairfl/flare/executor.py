@@ -383,9 +383,9 @@ class FairflExecutor(Executor):
             self._datalist = self._load_datalist(task)
         key = (split, train, max_samples, batch_size)
         if key not in self._loaders:
-            # the server's task chooses a sample's size: keep one sampled loader per split, not one per size it asks
-            for old in [k for k in self._loaders if max_samples is not None and k[:2] == key[:2] and k[2] is not None]:
-                del self._loaders[old]
+            if max_samples is not None:  # the server's task chooses a sample's size: one sampled loader per split
+                for old in [k for k in self._loaders if k[:2] == key[:2] and k[2] is not None]:
+                    del self._loaders[old]
             self._loaders[key] = make_loader(
                 self._datalist[split],
                 image_size=self.image_size,
