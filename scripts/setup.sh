@@ -11,7 +11,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
-if ! python -c "import fairfl, torch, nvflare, monai, mlflow, alembic, xdist, zxcvbn" 2>/dev/null || ! command -v ruff >/dev/null || ! command -v mypy >/dev/null; then
+if ! python -c "import fairfl, torch, nvflare, monai, pydicom, mlflow, alembic, xdist, zxcvbn" 2>/dev/null || ! command -v ruff >/dev/null || ! command -v mypy >/dev/null; then
   echo "installing torch==2.13.0, then fairfl and its dependencies into $VENV ..."
   python -m pip install -q torch==2.13.0
   python -m pip install -q -e "$ROOT[test]"

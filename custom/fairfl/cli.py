@@ -154,19 +154,20 @@ def _prepare_data(args) -> int:
 
 
 def _converter(target: str, options=()):
-    """A subcommand handler for a dataset converter `convert(src, dst, seed=..., site_names=..., **options)`;
+    """A subcommand handler for a dataset converter `convert(src, dst, seed=..., site_names=..., **options)` (seed
+    and site_names where the subcommand has --seed: a converter without sites, convert-dicom, takes neither);
     `options` names the arguments passed on when given. Bad data: the error (site and file) and exit code 1."""
 
     def convert(args) -> int:
         extra = {k: getattr(args, k) for k in options if getattr(args, k) is not None}
+        if hasattr(args, "seed"):
+            extra.update(seed=args.seed, site_names="flare" if args.rename_sites else None)
         problem = refuse_to_overwrite(args.dst, False, "output folder")  # converters never write over data
         if problem:
             print(f"fairfl {args.command}: {problem.split(' or give --force')[0]}", file=sys.stderr)
             return 1
         try:
-            summary = _import(target)(
-                args.src, args.dst, seed=args.seed, site_names="flare" if args.rename_sites else None, **extra
-            )
+            summary = _import(target)(args.src, args.dst, **extra)
         except ValueError as e:  # DataError included: it names the site and the file
             print(f"fairfl {args.command}: {e}", file=sys.stderr)
             return 1
@@ -351,6 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
                 "datalist/); their sites and split are kept",
             )
         p.set_defaults(func=_converter(target, extra), command=name)
+
+    p = sub.add_parser("convert-dicom", help="convert DICOM series to NIfTI volumes, one per series (the 3-D path)")
+    p.add_argument("src", type=existing_folder, help="folder of DICOM files at any depth (any patients and series)")
+    p.add_argument("dst", help="output folder (<series>.nii.gz, series.json); must not exist or be empty")
+    p.set_defaults(func=_converter("fairfl.data.convert_dicom:convert_dicom"), command="convert-dicom")
 
     # classification: Dirichlet sites with a quality shift (FedISM+) or, for ISIC, one site per source (FedNPR)
     for name, target, what, extra in (
