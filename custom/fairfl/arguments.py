@@ -94,10 +94,11 @@ ROUND = (
         "dataset",
         OneOf(tuple(BUILTIN_DATASETS)),
         "prostate",
-        'built-in data of sites without a data root, and so the task: segmentation "prostate" (T2 MRI) or "fundus" '
-        '(RGB, disc/cup); classification under quality shift "skin" (8 dermoscopy classes, RGB) or "ich" (5 '
-        'hemorrhage subtypes, CT), with Gaussian-noise corrupted sites, or "skin_blur", "ich_blur" with motion blur; '
-        '"skin_imbalanced", "ich_imbalanced" (FedNPR). With a data root, name the built-in dataset of the same task',
+        'built-in data of sites without a data root, and so the task: segmentation "prostate" (T2 MRI slices), '
+        '"prostate3d" (T2 MRI volumes, 3-D) or "fundus" (RGB, disc/cup); classification under quality shift "skin" '
+        '(8 dermoscopy classes, RGB) or "ich" (5 hemorrhage subtypes, CT), with Gaussian-noise corrupted sites, or '
+        '"skin_blur", "ich_blur" with motion blur; "skin_imbalanced", "ich_imbalanced" (FedNPR). With a data root, '
+        "name the built-in dataset of the same task",
     ),
     # the ranges of the model spec a site accepts (fairfl.models.SPEC_INTS, SPEC_LISTS)
     Argument(

@@ -100,6 +100,7 @@ def _run(args) -> int:
 # the generator of each built-in dataset, for `prepare-data --out` ("module:function", imported when used)
 GENERATORS = {
     "prostate": "fairfl.data.synthetic_prostate:generate_prostate_sites",
+    "prostate3d": "fairfl.data.synthetic_prostate3d:generate_prostate3d_sites",
     "fundus": "fairfl.data.synthetic_fundus:generate_fundus_sites",
     "skin": "fairfl.data.synthetic_classification:generate_skin_sites",
     "ich": "fairfl.data.synthetic_classification:generate_ich_sites",

@@ -29,6 +29,7 @@ class BuiltinDataset:
     num_classes: int
     ensure: str  # "module:function" with the signature of `ensure_builtin`'s arguments
     min_sites: int = 6  # the data is generated for at least this many sites (the prostate generator's six scanners)
+    spatial_dims: int = 2  # 2: images (slices), 3: volumes; the server builds a network of as many dimensions
 
     def ensure_function(self) -> Callable[..., Path]:
         module, function = self.ensure.split(":")
@@ -37,6 +38,11 @@ class BuiltinDataset:
 
 BUILTIN_DATASETS = {
     "prostate": BuiltinDataset("prostate", "segmentation", 1, 2, "fairfl.data.synthetic_prostate:ensure_builtin_data"),
+    # the same six scanners as T2 volumes (32 x 64 x 64 at image size 64) with their own voxel spacings and, at two
+    # sites, flipped axes (the affine says so): the data of the 3-D path (patches, sliding-window evaluation)
+    "prostate3d": BuiltinDataset(
+        "prostate3d", "segmentation", 1, 2, "fairfl.data.synthetic_prostate3d:ensure_builtin_prostate3d", spatial_dims=3
+    ),
     # background, optic disc (rim), optic cup; Dice is reported for the disc (rim + cup) and the cup
     "fundus": BuiltinDataset("fundus", "segmentation", 3, 3, "fairfl.data.synthetic_fundus:ensure_builtin_fundus"),
     # FedISM+'s quality shift: 8 dermoscopy classes (RGB) or 5 hemorrhage subtypes (grey CT), split over exactly
@@ -136,6 +142,29 @@ def ensure_cached(name: str, generate: Callable[[Path], object], cache_dir: str 
     return final
 
 
+def ensure_generated(
+    kind: str,
+    version: int,
+    generate: Callable[..., object],
+    image_size: int,
+    seed: int,
+    num_sites: int,
+    size_scale: float,
+    test_scale: float,
+    cache_dir: str | Path | None = None,
+) -> Path:
+    """What `generate(folder, num_sites=, image_size=, seed=, size_scale=, test_scale=)` writes, cached under
+    `cache_name(kind, version, ...)` and made on first use (`ensure_cached`): the body of a generator's `ensure`
+    function when those are all its settings."""
+    return ensure_cached(
+        cache_name(kind, version, image_size, seed, num_sites, size_scale, test_scale),
+        lambda folder: generate(
+            folder, num_sites=num_sites, image_size=image_size, seed=seed, size_scale=size_scale, test_scale=test_scale
+        ),
+        cache_dir,
+    )
+
+
 @contextmanager
 def _exclusive_lock(path: Path):
     """An advisory inter-process lock (POSIX flock); a no-op where flock is unavailable, since
@@ -187,3 +216,14 @@ def extra_test_rng(*key: int) -> np.random.Generator:
 def recorded_test_scale(test_scale: float) -> dict:
     """dataset.json's record of test_scale: {"test_scale": s}, or nothing at 1 (data made before it existed)."""
     return {} if test_scale == 1.0 else {"test_scale": test_scale}
+
+
+def recorded_parameters(num_sites: int, image_size: int, seed: int, size_scale: float, test_scale: float) -> dict:
+    """dataset.json's `parameters` of a generator whose settings are `ensure_generated`'s."""
+    return dict(
+        num_sites=num_sites,
+        image_size=image_size,
+        seed=seed,
+        size_scale=size_scale,
+        **recorded_test_scale(test_scale),
+    )

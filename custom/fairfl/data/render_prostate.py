@@ -34,6 +34,9 @@ TISSUES = {
     "lesion": (0.3, 0.1),
 }
 TISSUE_INDEX = {name: i for i, name in enumerate(TISSUES)}
+# Above the base the bladder grows with z up to this (1 at the base: 38 x 23 mm semi-axes; 1.6: 54 x 33 mm, a
+# moderately full bladder) and then keeps its size, so a volume's upper slices hold a bladder, not the whole pelvis.
+BLADDER_GROWTH = 1.6
 
 
 # ----------------------------------------------------------------------------------------------
@@ -83,6 +86,7 @@ class ProstateCase:
 
         erc = profile.endorectal_coil > 0
         scale = max(0.7, rng.normal(profile.organ_scale, profile.organ_scale_sd))
+        self.organ_scale = scale  # the gland's length along z follows its width (fairfl.data.synthetic_prostate3d)
         self.gland = dict(
             a=rng.uniform(24, 30) * scale,
             b=rng.uniform(17, 21) * scale * (0.85 if erc else 1.0),  # the balloon flattens the gland
@@ -173,9 +177,11 @@ class ProstateCase:
         return r
 
     def render(self, z: float):
-        """The axial slice at height z in (-1 apex, 1 base).
+        """The axial slice at height z, in units of the gland's half-length: -1 apex, 1 base.
 
-        Returns the fine-grid tissue-index map, the gland mask, a per-pixel signal gain for
+        The 2-D cases stay inside the gland (|z| < 1); a volume (`fairfl.data.synthetic_prostate3d`) also has slices
+        below the apex and above the base, where the gland is absent, the femoral heads keep their size and the
+        bladder stops growing. Returns the fine-grid tissue-index map, the gland mask, a per-pixel signal gain for
         hyperplastic nodules, and the endorectal coil's (x, y) in mm from the image centre
         (None without one).
         """
@@ -222,7 +228,7 @@ class ProstateCase:
             paint(radius(side * 54 * w, -68, 5.5, 4.5) < 1, "vein")
             bone(side * 17, pelvis["pubis_y"], 16, 9, side * 0.5)
             bone(side * 70 * w, 6, 11, 28, side * 0.12)
-            femur_r = pelvis["femur_r"] * (0.75 + 0.25 * z)
+            femur_r = pelvis["femur_r"] * (0.75 + 0.25 * min(max(z, -1.0), 1.0))
             bone(side * pelvis["femur_x"] * w, -4, femur_r, femur_r, cortex=2.5)
             paint(radius(side * 47 * w, 4, 11, 32, side * 0.12) < 1, "muscle")
             paint(radius(side * 62 * w, 78, 32, 42, -side * 0.5) < 1, "muscle")
@@ -239,7 +245,7 @@ class ProstateCase:
 
         # Bladder above the base, seminal vesicles behind it: only in the basal slices.
         if z > 0.55:
-            grow = (z - 0.55) / 0.45
+            grow = min((z - 0.55) / 0.45, BLADDER_GROWTH)
             r = radius(gx, gy - 0.7 * b, 12 + 26 * grow, 7 + 16 * grow)
             paint(r < 1, "wall")
             paint(r < 1 - 2.5 / (7 + 16 * grow), "urine")
@@ -276,40 +282,46 @@ class ProstateCase:
             paint(radius(gx + side * 0.9 * a, gy + 0.7 * b, 1.1, 1.1) < 1, "flow_void")
 
         # The prostate, computed in a window around it: an irregular superellipse, flatter
-        # posteriorly, with capsule, peripheral and transition zones, stroma, urethra.
-        win = self.window(gx, gy, 1.6 * max(a, b))
-        u, v = (X[win] - gx) / a, (Y[win] - gy) / b
-        v = np.where(v > 0, v * (1 + gland["posterior_flat"]), v)
-        theta = np.arctan2(v, u)
-        wobble = 1 + sum(amp * np.cos(k * theta + phase) for k, amp, phase in gland["harmonics"])
-        r = (np.abs(u) ** gland["power"] + np.abs(v) ** gland["power"]) ** (1 / gland["power"]) / wobble
-        if rectum["balloon"]:  # the balloon indents the gland
-            r[_radius(X[win], Y[win], gx, ry, ra + 4, rb + 4) < 1] = 2.0
+        # posteriorly, with capsule, peripheral and transition zones, stroma, urethra. Below the apex and above
+        # the base (only a volume's slices go there) the slice misses it.
         organ = np.zeros(X.shape, dtype=bool)
-        organ[win] = r < 1
-        paint(r < 1, "capsule", win)
-        inside = r < 1 - 1.2 / b
-        paint(inside, "pz", win)
-        # Transition zone: anterior-central, small at the apex, large at the base (hyperplasia).
-        tz_size = gland["tz"] * (0.45 + 0.55 * (z + 1) / 2)
-        tu, tv = u / tz_size, (v + 0.3) / (0.95 * tz_size)
-        tz_r = np.sqrt(tu * tu + tv * tv)
-        tz = (tz_r < 1) & inside
-        paint(tz, "capsule", win)  # the surgical pseudo-capsule between the zones
-        paint(tz & (tz_r < 1 - 1.0 / (b * tz_size)), "tz", win)
         nodule_gain = np.ones(X.shape, dtype=np.float32)
-        for nu, nv, na, nb, angle, gain in gland["nodules"]:
-            nodule_gain[win][tz & (_radius(tu, tv, nu, nv, na, nb, angle) < 1)] = gain
-        paint((r < 1) & (v < -0.75) & (np.abs(u) < 0.55), "stroma", win)  # anterior fibromuscular stroma
-        paint(_radius(u, v, 0, -0.2, 0.08, 0.11) < 1, "urethra", win)
-        if gland["lesion"] is not None:
-            lu, lr = gland["lesion"]
-            paint((_radius(u, v, lu, 0.6, lr, 0.7 * lr) < 1) & inside & ~tz, "lesion", win)
+        if abs(z) < 1:
+            win = self.window(gx, gy, 1.6 * max(a, b))
+            u, v = (X[win] - gx) / a, (Y[win] - gy) / b
+            v = np.where(v > 0, v * (1 + gland["posterior_flat"]), v)
+            theta = np.arctan2(v, u)
+            wobble = 1 + sum(amp * np.cos(k * theta + phase) for k, amp, phase in gland["harmonics"])
+            r = (np.abs(u) ** gland["power"] + np.abs(v) ** gland["power"]) ** (1 / gland["power"]) / wobble
+            if rectum["balloon"]:  # the balloon indents the gland
+                r[_radius(X[win], Y[win], gx, ry, ra + 4, rb + 4) < 1] = 2.0
+            organ[win] = r < 1
+            paint(r < 1, "capsule", win)
+            inside = r < 1 - 1.2 / b
+            paint(inside, "pz", win)
+            # Transition zone: anterior-central, small at the apex, large at the base (hyperplasia).
+            tz_size = gland["tz"] * (0.45 + 0.55 * (z + 1) / 2)
+            tu, tv = u / tz_size, (v + 0.3) / (0.95 * tz_size)
+            tz_r = np.sqrt(tu * tu + tv * tv)
+            tz = (tz_r < 1) & inside
+            paint(tz, "capsule", win)  # the surgical pseudo-capsule between the zones
+            paint(tz & (tz_r < 1 - 1.0 / (b * tz_size)), "tz", win)
+            for nu, nv, na, nb, angle, gain in gland["nodules"]:
+                nodule_gain[win][tz & (_radius(tu, tv, nu, nv, na, nb, angle) < 1)] = gain
+            paint((r < 1) & (v < -0.75) & (np.abs(u) < 0.55), "stroma", win)  # anterior fibromuscular stroma
+            paint(_radius(u, v, 0, -0.2, 0.08, 0.11) < 1, "urethra", win)
+            if gland["lesion"] is not None:
+                lu, lr = gland["lesion"]
+                paint((_radius(u, v, lu, 0.6, lr, 0.7 * lr) < 1) & inside & ~tz, "lesion", win)
         coil = (gx - self.shift[0], ry - 0.45 * rb - self.shift[1]) if rectum["balloon"] else None
         return tissue, organ, nodule_gain, coil
 
-    def acquire(self, tissue: np.ndarray, nodule_gain: np.ndarray, coil: tuple[float, float] | None) -> np.ndarray:
-        """The slice as this site's scanner records it: float32, image_size squared."""
+    def acquire(
+        self, tissue: np.ndarray, nodule_gain: np.ndarray, coil: tuple[float, float] | None, coil_z: float = 0.0
+    ) -> np.ndarray:
+        """The slice as this site's scanner records it: float32, image_size squared. `coil_z`: how far (mm) the slice
+        lies beyond the endorectal coil's ends along z (a volume's slices below or above it; 0 for the 2-D cases):
+        the near-coil gain falls off with the distance in three dimensions."""
         profile, rng, size = self.profile, self.rng, self.image_size
         values = np.array([v for v, _ in TISSUES.values()], dtype=np.float32) * self.tissue_gain
         texture = np.array([t for _, t in TISSUES.values()], dtype=np.float32)
@@ -332,6 +344,8 @@ class ProstateCase:
         if coil is not None:
             axis = (np.arange(size) - (size - 1) / 2) * self.spacing
             distance = np.hypot(axis[None, :] - coil[0], axis[:, None] - coil[1])
+            if coil_z:
+                distance = np.hypot(distance, coil_z)
             field = field * (1 + profile.endorectal_coil * np.exp(-distance / 22.0))
         signal = signal * field / np.median(field[body])
 

@@ -16,18 +16,21 @@ gives partial-volume edges; the mask is the organ's area fraction >= 0.5 on the 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from fairfl.data.builtin import (
     cache_name,
     check_test_scale,
-    ensure_cached,
+    ensure_generated,
     extra_test_count,
     extra_test_rng,
-    recorded_test_scale,
+    recorded_parameters,
 )
 from fairfl.data.datalist import SPLITS, split_cases, write_datalist
 from fairfl.data.drawing import SUPERSAMPLE, box_mean
@@ -35,6 +38,7 @@ from fairfl.data.render_prostate import ProstateCase
 
 GENERATOR_VERSION = 1
 SPLIT_FRACTIONS = (0.6, 0.2, 0.2)
+Written = TypeVar("Written")  # what write_site_cases's `write` returns for a case (its datalist entries)
 
 
 @dataclass(frozen=True)
@@ -194,6 +198,29 @@ def generate_site_cases(profile: SiteProfile, image_size: int, rng: np.random.Ge
 # writing a dataset, and the cache the jobs use
 
 
+def write_site_cases(
+    generate: Callable[[np.random.Generator, int], Iterable[tuple]],
+    write: Callable[..., Written],
+    num_cases: int,
+    key: list[int],
+    test_scale: float,
+) -> tuple[dict[str, Written], dict[str, list[str]], list[float]]:
+    """One site's cases (the 2-D slices' and the volumes'): `generate(rng, count)` yields (case_id, ..., masks), each
+    written by `write(case_id, ...)`; `num_cases` from `default_rng(key)`, split 6:2:2 by case (seeded by the key's
+    seed and site index), then test_scale's extra test cases `extra-<case_id>` from `extra_test_rng(*key)`. Returns
+    what `write` returned for each case, the case ids of each split, and each first `num_cases` case's organ fraction.
+    """
+    written, organ_fraction = {}, []
+    for case_id, *data in generate(np.random.default_rng(key), num_cases):
+        written[case_id] = write(case_id, *data)
+        organ_fraction.append(float(data[-1].mean()))
+    cases = split_cases(list(written), SPLIT_FRACTIONS, seed=key[:2])
+    for case_id, *data in generate(extra_test_rng(*key), extra_test_count(len(cases["testing"]), test_scale)):
+        written[f"extra-{case_id}"] = write(f"extra-{case_id}", *data)
+        cases["testing"].append(f"extra-{case_id}")
+    return written, cases, organ_fraction
+
+
 def generate_prostate_sites(
     root: str | Path,
     num_sites: int = 6,
@@ -219,21 +246,15 @@ def generate_prostate_sites(
     sites = {}
     for index in range(num_sites):
         site, profile = f"site-{index + 1}", site_profile(index)
-        rng = np.random.default_rng([seed, index])
-        num_cases = max(len(SPLITS), round(profile.cases * size_scale))
-        slices, organ_fraction = {}, []
-        for case_id, spacing, images, masks in generate_site_cases(profile, image_size, rng, num_cases):
-            slices[case_id] = _write_case(root, site, case_id, spacing, profile.slice_thickness_mm, images, masks)
-            organ_fraction.append(float(masks.mean()))
-        cases = split_cases(list(slices), SPLIT_FRACTIONS, seed=[seed, index])
-        extra = extra_test_count(len(cases["testing"]), test_scale)
-        for case_id, spacing, images, masks in generate_site_cases(
-            profile, image_size, extra_test_rng(seed, index), extra
-        ):
-            slices[f"extra-{case_id}"] = _write_case(
-                root, site, f"extra-{case_id}", spacing, profile.slice_thickness_mm, images, masks
-            )
-            cases["testing"].append(f"extra-{case_id}")
+        slices, cases, organ_fraction = write_site_cases(
+            partial(generate_site_cases, profile, image_size),
+            lambda case_id, spacing, images, masks, site=site, profile=profile: _write_case(
+                root, site, case_id, spacing, profile.slice_thickness_mm, images, masks
+            ),
+            max(len(SPLITS), round(profile.cases * size_scale)),
+            [seed, index],
+            test_scale,
+        )
         write_datalist(
             root / f"{site}.json",
             {split: [entry for case in cases[split] for entry in slices[case]] for split in SPLITS},
@@ -248,13 +269,7 @@ def generate_prostate_sites(
     description = dict(
         name="fairfl synthetic multi-site prostate T2w MRI",
         generator=f"fairfl.data.synthetic_prostate v{GENERATOR_VERSION}",
-        parameters=dict(
-            num_sites=num_sites,
-            image_size=image_size,
-            seed=seed,
-            size_scale=size_scale,
-            **recorded_test_scale(test_scale),
-        ),
+        parameters=recorded_parameters(num_sites, image_size, seed, size_scale, test_scale),
         labels={"0": "background", "1": "prostate"},
         note=(
             "Synthetic 2-D axial T2w slices (cases of a few slices from apex to base), sites modelled on "
@@ -273,8 +288,6 @@ def _write_case(
     root: Path, site: str, case_id: str, spacing: float, thickness: float, images: np.ndarray, masks: np.ndarray
 ) -> list[dict]:
     """Save one case's slices as 2-D NIfTI; return their datalist entries (paths relative to root)."""
-    import nibabel as nib
-
     # Array axes (row, column) = (anterior->posterior, right->left of the patient), so the affine
     # maps them to -y and -x in RAS+ and viewers show the usual radiological orientation.
     affine = np.array([[0, -spacing, 0, 0], [-spacing, 0, 0, 0], [0, 0, thickness, 0], [0, 0, 0, 1]], dtype=float)
@@ -283,12 +296,20 @@ def _write_case(
         name = f"{case_id}_s{k}.nii.gz"
         paths = {"image": f"{site}/images/{name}", "label": f"{site}/labels/{name}"}
         for key, array in (("image", image.astype(np.float32)), ("label", mask.astype(np.uint8))):
-            (root / paths[key]).parent.mkdir(parents=True, exist_ok=True)
-            nifti = nib.Nifti1Image(array, affine)
-            nifti.header.set_xyzt_units("mm")
-            nib.save(nifti, root / paths[key])
+            save_nifti(root / paths[key], array, affine)
         entries.append({**paths, "case": case_id})
     return entries
+
+
+def save_nifti(path: Path, array: np.ndarray, affine: np.ndarray) -> None:
+    """Write `array` as NIfTI at `path` (its folder made), the affine's units millimetres (the 2-D slices and the
+    volumes of `fairfl.data.synthetic_prostate3d`)."""
+    import nibabel as nib
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nifti = nib.Nifti1Image(array, affine)
+    nifti.header.set_xyzt_units("mm")
+    nib.save(nifti, path)
 
 
 def builtin_data_name(
@@ -307,12 +328,15 @@ def ensure_builtin_data(
     test_scale: float = 1.0,
 ) -> Path:
     """Path of the cached built-in dataset (`generate_prostate_sites` output), generating it on first use
-    (`fairfl.data.builtin.ensure_cached`: one generator at a time, never half-written)."""
-    name = builtin_data_name(image_size, seed, num_sites, size_scale, test_scale)
-    return ensure_cached(
-        name,
-        lambda folder: generate_prostate_sites(
-            folder, num_sites=num_sites, image_size=image_size, seed=seed, size_scale=size_scale, test_scale=test_scale
-        ),
+    (`fairfl.data.builtin.ensure_generated`: one generator at a time, never half-written)."""
+    return ensure_generated(
+        "prostate",
+        GENERATOR_VERSION,
+        generate_prostate_sites,
+        image_size,
+        seed,
+        num_sites,
+        size_scale,
+        test_scale,
         cache_dir,
     )
