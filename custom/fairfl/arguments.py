@@ -22,10 +22,12 @@ from fairfl.data.builtin import BUILTIN_DATASETS, MAX_TEST_SCALE, check_test_sca
 from fairfl.kinds import Boolean, Checked, Integer, ListOf, Nullable, OneOf, Pattern, Real, Text, shown
 from fairfl.methods import UNITS
 from fairfl.names import safe_name
+from fairfl.networks import argument_problem, is_network_name
 from fairfl.presets import PRESETS
 from fairfl.quorum import check_min_clients
 from fairfl.site_settings import MOVED_ARGUMENTS
 
+OWN_NETWORKS = ("unet", "cnn", "resnet18")  # fairfl.models.DEFAULTS; any other network is fairfl.networks
 MIN_IMAGE_SIZE = 16  # the smallest image the networks take (the U-Net halves it three times)
 MAX_ROUNDS = 100_000
 MAX_SECONDS = 30 * 24 * 3600  # a month: any longer wait is a mistake, not a setting
@@ -58,6 +60,10 @@ def with_defaults(arguments: tuple, **defaults) -> tuple:
     if unknown:
         raise ValueError(f"no argument(s) {sorted(unknown)} to change the default of")
     return tuple(dataclasses.replace(a, default=defaults.get(a.name, a.default)) for a in arguments)
+
+
+def _refuse_network(name) -> bool:
+    raise ValueError(f"{shown(name)} is not a network name")
 
 
 def _site_name(value) -> str:
@@ -114,11 +120,48 @@ ROUND = (
         "image channels; null = the built-in dataset's (prostate 1, fundus 3, skin 3, ich 1)",
     ),
     Argument(
-        "model",
-        Nullable(OneOf(("unet", "cnn", "resnet18"))),
+        "task",
+        Nullable(OneOf(("segmentation", "classification"))),
         None,
-        '"unet", "cnn" (small CNN) or "resnet18" (MONAI, never pretrained); null = unet for segmentation, cnn for '
-        "classification",
+        "what the data is for; null = the built-in dataset's. Your own data declares it in its dataset.json (read "
+        "when --set names a data_root), and each site refuses a task its dataset.json contradicts",
+    ),
+    Argument(
+        "spatial_dims",
+        Nullable(Integer(2, 3)),
+        None,
+        "2 (images, slices) or 3 (volumes); null = the built-in dataset's (prostate3d 3, the others 2)",
+    ),
+    Argument(
+        "model",
+        Nullable(
+            Checked(
+                lambda name: name in OWN_NETWORKS or is_network_name(name) or _refuse_network(name),
+                '"unet", "cnn", "resnet18", a class of monai.networks.nets or a package.module:function factory',
+            )
+        ),
+        None,
+        '"unet", "cnn" (small CNN) or "resnet18" (MONAI, never pretrained); any class of monai.networks.nets '
+        '(e.g. "SegResNet", "DenseNet121", with model_args); or a hospital\'s own "package.module:function" that '
+        "every site (and the server) admits in its FAIRFL_MODEL_FACTORIES (fairfl.networks); null = unet for "
+        "segmentation, cnn for classification",
+    ),
+    Argument(
+        "model_args",
+        Nullable(Checked(argument_problem, "an object of the constructor's arguments (JSON values)", reports=True)),
+        None,
+        "the arguments of a model that is not fairfl's own, as its constructor names them (e.g. SegResNet "
+        '{"init_filters": 8}); the task gives in_channels, num_classes and spatial_dims. Nothing that fetches '
+        "weights (pretrained, a path): the federation's start comes from the server",
+    ),
+    Argument(
+        "bundle",
+        Text(),
+        "",
+        "a MONAI bundle folder on the server (configs/, models/model.pt; fairfl.bundle): its network_def is the "
+        "network, its preprocessing replaces fairfl's normalisation at the sites and its weights, when it has them, "
+        "are the global model of round 0. Only its data is read, never its code: model, model_args and the network "
+        "arguments below are then unused",
     ),
     Argument(
         "model_channels",
@@ -134,8 +177,9 @@ ROUND = (
         "model_norm",
         Nullable(OneOf(("batch", "group", "instance"))),
         None,
-        'the network\'s normalisation, "batch", "group" (classification networks) or "instance"; null = the '
-        "network's default (unet: instance, without affine parameters; cnn: group; resnet18: batch)",
+        'fairfl\'s own networks\' normalisation, "batch", "group" (classification networks) or "instance"; null = '
+        "the network's default (unet: instance, without affine parameters; cnn: group; resnet18: batch). Another "
+        "network takes its own in model_args (a job's default here, e.g. FedBN's, does not apply to it)",
     ),
     Argument(
         "weighting",
@@ -270,7 +314,48 @@ EXECUTOR = (
         "folder holding <site>.json datalists; empty = the built-in synthetic data. The site's own FAIRFL_DATA_ROOT "
         "overrides it (fairfl.site_settings)",
     ),
-    Argument("image_size", Integer(MIN_IMAGE_SIZE, 2048), 64, "images and masks are resized to this square"),
+    Argument("image_size", Integer(MIN_IMAGE_SIZE, 2048), 64, "2-D: images and masks are resized to this square"),
+    # 3-D volumes (fairfl.data.volumes): resampled and oriented, normalised, trained on patches, scored whole
+    Argument(
+        "patch_size",
+        ListOf(Integer(MIN_IMAGE_SIZE, 1024), 3, 3),
+        (64, 64, 32),
+        "3-D: the training patches and the sliding window, in voxels along the RAS axes (left-right, "
+        "posterior-anterior, inferior-superior) after resampling; each a multiple of the network's downsampling",
+    ),
+    Argument(
+        "patches_per_volume",
+        Integer(1, 64),
+        2,
+        "3-D: patches cut from a volume per visit, half centred on the foreground, half on the background (MONAI's "
+        "RandCropByPosNegLabeld); a batch holds batch_size volumes' patches",
+    ),
+    Argument(
+        "spacing",
+        Nullable(ListOf(Real(0.01, 100), 3, 3)),
+        None,
+        "3-D: the voxel spacing in mm every volume is resampled to; null = dataset.json's `spacing`, else none",
+    ),
+    Argument(
+        "intensity_window",
+        Nullable(ListOf(Real(-1e6, 1e6), 2, 2, increasing=True)),
+        None,
+        "3-D: [low, high] in the image's own units mapped to [0, 1], clipped (CT: a Hounsfield window, e.g. "
+        "[-1000, 1000] for the body or [0, 80] for brain); null = intensity_percentiles",
+    ),
+    Argument(
+        "intensity_percentiles",
+        ListOf(Real(0, 100), 2, 2, increasing=True),
+        (0.5, 99.5),
+        "3-D, without an intensity_window: each volume's [low, high] percentiles mapped to [0, 1], clipped (MR has "
+        "no absolute scale)",
+    ),
+    Argument(
+        "sliding_window_overlap",
+        Real(0, 0.9),
+        0.25,
+        "3-D: the overlap of neighbouring windows when a whole volume is scored (MONAI's sliding_window_inference)",
+    ),
     Argument(
         "batch_size",
         Nullable(Integer(1, 4096)),

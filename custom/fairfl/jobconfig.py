@@ -199,8 +199,33 @@ def checked_overrides(job: str, assignments: list[str]) -> dict:
         overrides = parse_assignments(assignments)
     except ValueError as e:
         raise ValueError(f"argument --set: {e}") from None
+    overrides = {**declared_by_data(overrides.get("data_root")), **overrides}
     check_job(job, overrides)
     return overrides
+
+
+# what a data root's dataset.json declares that the server must know to build the network (the round's arguments)
+DECLARED_ROUND_ARGUMENTS = ("task", "num_classes", "in_channels", "spatial_dims")
+
+
+def declared_by_data(data_root) -> dict:
+    """The round arguments the dataset.json of `data_root` declares (task, num_classes, in_channels, spatial_dims):
+    the server has no data, so what the data says of itself travels in the job; `--set` wins over it, and each site
+    refuses a job its own dataset.json contradicts. {} without a data root or its dataset.json; a malformed one is a
+    ValueError naming it."""
+    from fairfl.data.datalist import declared_task
+
+    if not isinstance(data_root, str) or not data_root:
+        return {}
+    path = os.path.join(os.path.expanduser(data_root), "dataset.json")
+    if not os.path.isfile(path):
+        return {}
+    info = read_json(path)
+    if not isinstance(info, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    declared = declared_task(info)
+    return {key: declared[key] for key in DECLARED_ROUND_ARGUMENTS if key in declared}
+
 
 
 def parse_assignments(items: list[str]) -> dict:

@@ -1,5 +1,7 @@
 """Model factories. Networks come from MONAI; a model is described by a plain dict (its spec) so that the
-server can send one spec to every site and all of them build the same architecture."""
+server can send one spec to every site and all of them build the same architecture: fairfl's own three (`unet`,
+`cnn`, `resnet18`, 2-D or 3-D) or any network of fairfl.networks (a class of monai.networks.nets with its `args`, or a
+hospital's own factory that the building process admits)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ import torch
 from monai.networks.blocks import Convolution
 from monai.networks.layers import get_norm_layer
 from monai.networks.nets import UNet, resnet18
+from torch.overrides import TorchFunctionMode
 
+from fairfl.networks import argument_problem, build_network, is_network_name
 from fairfl.site_settings import MAX_MODEL_PARAMETERS
 
 SERVER_MAX_MODEL_PARAMETERS_ENV = "FAIRFL_SERVER_MAX_MODEL_PARAMETERS"  # the server's own cap; the sites' default
@@ -64,6 +68,7 @@ SPEC_INTS = {
     "num_res_units": (0, 16),
     "norm_groups": (1, 4096),
     "conv1_stride": (1, 4),
+    "spatial_dims": (2, 3),
 }
 SPEC_LISTS = {"channels": (1, 8192, 10), "strides": (1, 4, 9)}  # (low, high, most entries)
 SPEC_KEYS = {
@@ -73,19 +78,29 @@ SPEC_KEYS = {
 }
 
 
-def check_model_spec(spec, max_parameters: int, whose: str = "this site's") -> str | None:
+TASK_KEYS = {"name", "in_channels", "num_classes", "spatial_dims"}  # every spec may hold these
+
+
+def check_model_spec(spec, max_parameters: int, whose: str = "this site's", environ=None) -> str | None:
     """Why the network `spec` describes must not be built here, or None: an unknown name or key, a value of the
-    wrong type or out of range (SPEC_INTS, SPEC_LISTS), or more than `max_parameters` parameters (counted on
-    torch's meta device: no memory is allocated). The one check of a network's size, at the sites (the server's
-    task) and on the server (its own job: `server_parameter_limit`); `whose` names the limit in the message."""
+    wrong type or out of range (SPEC_INTS, SPEC_LISTS; fairfl.networks for the `args` of another network), a
+    factory this process does not admit (`environ`'s FAIRFL_MODEL_FACTORIES), or more than `max_parameters`
+    parameters and buffers (counted on torch's meta device: no memory is allocated). The one check of a network's
+    size, at the sites (the server's task) and on the server (its own job: `server_parameter_limit`); `whose` names
+    the limit in the message."""
     if not isinstance(spec, dict):
         return f"must be an object, got {type(spec).__name__}"
     name = spec.get("name", "unet")
-    if not isinstance(name, str) or name not in DEFAULTS:
-        return f"name {name!r} is not one of {', '.join(DEFAULTS)}"
-    unknown = set(spec) - {"name", "in_channels", "num_classes"} - SPEC_KEYS[name]
+    if not isinstance(name, str) or (name not in DEFAULTS and not is_network_name(name)):
+        return (
+            f"name {name!r} is not one of {', '.join(DEFAULTS)}, a class of monai.networks.nets or a "
+            f"package.module:function factory"
+        )
+    if name not in DEFAULTS:
+        return _check_other_network(spec, max_parameters, whose, environ)
+    unknown = set(spec) - TASK_KEYS - SPEC_KEYS[name]
     if unknown:
-        return f"unknown key(s) {sorted(unknown)} for {name}"
+        return f"unknown key(s) {sorted(unknown, key=str)} for {name}"
     for key, value in spec.items():
         if key in SPEC_INTS and not is_int_in(value, *SPEC_INTS[key]):
             return f"{key} {value!r} is not an integer in {list(SPEC_INTS[key])}"
@@ -102,14 +117,45 @@ def check_model_spec(spec, max_parameters: int, whose: str = "this site's") -> s
     full = {**DEFAULTS[name], **spec}
     if name == "unet" and len(full["strides"]) != len(full["channels"]) - 1:
         return f"strides {full['strides']} for channels {full['channels']}: a U-Net needs one stride fewer"
+    return _size_problem(spec, max_parameters, whose, environ)
+
+
+def _check_other_network(spec: dict, max_parameters: int, whose: str, environ) -> str | None:
+    """check_model_spec of a network of fairfl.networks: the task's keys in range, `args` plain and safe."""
+    unknown = set(spec) - TASK_KEYS - {"args"}
+    if unknown:
+        return f"unknown key(s) {sorted(unknown, key=str)} for {spec['name']} (its own arguments go under args)"
+    for key in ("in_channels", "num_classes", "spatial_dims"):
+        if key in spec and not is_int_in(spec[key], *SPEC_INTS[key]):
+            return f"{key} {spec[key]!r} is not an integer in {list(SPEC_INTS[key])}"
+    if "in_channels" not in spec or "num_classes" not in spec:
+        return f"{spec['name']} needs in_channels and num_classes"
+    problem = argument_problem(spec.get("args", {}))
+    return problem or _size_problem(spec, max_parameters, whose, environ)
+
+
+def _size_problem(spec: dict, max_parameters: int, whose: str, environ) -> str | None:
+    """Built on torch's meta device (nothing allocated): why it cannot be, or has more than `max_parameters`
+    parameters and buffers (a constructor's buffers take memory too)."""
     try:
-        with torch.device("meta"):
-            count = sum(p.numel() for p in build_model(spec).parameters())
-    except Exception as err:  # what the ranges above let through and MONAI still refuses
+        with torch.device("meta"), _SizeOnly():
+            model = build_model(spec, environ)
+            count = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
+    except Exception as err:  # what the ranges above let through and the constructor still refuses
         return f"cannot be built: {type(err).__name__}: {err}"
     if count > max_parameters:
         return f"has {count:,} parameters, more than {whose} limit of {max_parameters:,}"
     return None
+
+
+class _SizeOnly(TorchFunctionMode):
+    """While a network is built on the meta device to be counted: a value read out of a meta tensor (`.item()`, as
+    SwinUNETR's drop-path rates are) reads 0, since a count of parameters never depends on such values."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.Tensor.item, torch.Tensor.tolist) and args and getattr(args[0], "is_meta", False):
+            return 0.0 if func is torch.Tensor.item else []
+        return func(*args, **(kwargs or {}))
 
 
 def server_parameter_limit(environ=None) -> int:
@@ -130,16 +176,20 @@ def is_int_in(value, low: int, high: int) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
-def build_model(spec: dict) -> torch.nn.Module:
-    """Build the network a spec describes (see DEFAULT_UNET, DEFAULT_RESNET18 and DEFAULT_CNN for the keys);
-    without a name, the U-Net."""
+def build_model(spec: dict, environ=None) -> torch.nn.Module:
+    """Build the network a spec describes (see DEFAULT_UNET, DEFAULT_RESNET18 and DEFAULT_CNN for the keys, and
+    fairfl.networks for the others; `environ`: whose FAIRFL_MODEL_FACTORIES admits a factory, default this
+    process's); without a name, the U-Net. `spatial_dims` 2 (default) or 3."""
     name = (spec or {}).get("name", "unet")
     if name not in DEFAULTS:
+        if is_network_name(name):
+            return build_network(spec, environ)
         raise ValueError(f"unknown model name {name!r}; known: {', '.join(map(repr, DEFAULTS))}")
     spec = {**DEFAULTS[name], **(spec or {})}
+    dims = spec.get("spatial_dims", 2)
     if name == "unet":
         return UNet(
-            spatial_dims=2,
+            spatial_dims=dims,
             in_channels=spec["in_channels"],
             out_channels=spec["num_classes"],
             channels=tuple(spec["channels"]),
@@ -152,7 +202,7 @@ def build_model(spec: dict) -> torch.nn.Module:
     if name == "resnet18":
         model = resnet18(
             pretrained=False,
-            spatial_dims=2,
+            spatial_dims=dims,
             n_input_channels=spec["in_channels"],
             num_classes=spec["num_classes"],
             conv1_t_stride=spec["conv1_stride"],
@@ -164,9 +214,10 @@ def build_model(spec: dict) -> torch.nn.Module:
         # no norm in the last block: a per-channel (instance, small-group) norm right before the global pooling
         # would give every channel the same mean and leave the classifier nothing to read
         norm = _norm(spec, channels) if i < len(spec["channels"]) - 1 else None
-        layers.append(Convolution(2, width, channels, strides=2, kernel_size=3, act="relu", norm=norm))
+        layers.append(Convolution(dims, width, channels, strides=2, kernel_size=3, act="relu", norm=norm))
         width = channels
-    layers += [torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(width, spec["num_classes"])]
+    pool = torch.nn.AdaptiveAvgPool2d(1) if dims == 2 else torch.nn.AdaptiveAvgPool3d(1)
+    layers += [pool, torch.nn.Flatten(), torch.nn.Linear(width, spec["num_classes"])]
     return torch.nn.Sequential(*layers)
 
 
@@ -223,9 +274,17 @@ def head_inputs(model: torch.nn.Module):
 
 
 def forward_with_features(model: torch.nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(features [B, d], logits [B, C]) from one forward pass: features are the input of the head."""
+    """(features [B, d], logits [B, C]) from one forward pass: features are the input of the head. A network whose
+    forward does not end with its last linear layer (`classifier_head`: it adds or scales something after it) is a
+    ValueError, since its features would not be the classifier's."""
+    name, head = classifier_head(model)
     with head_inputs(model) as latest:
         logits = model(images)
+    if not latest or not torch.equal(head(latest[0]), logits):
+        raise ValueError(
+            f"{type(model).__name__}'s forward does not end with its last linear layer {name!r}: the classifier head "
+            f"a prototype method needs is not found (its features would not be the classifier's input)"
+        )
     return latest[0], logits
 
 
@@ -236,8 +295,9 @@ def _replace_batch_norms(model: torch.nn.Module, spec: dict) -> torch.nn.Module:
         return model
     for parent in list(model.modules()):
         for child_name, child in parent.named_children():
-            if isinstance(child, torch.nn.BatchNorm2d):
-                setattr(parent, child_name, get_norm_layer(_norm(spec, child.num_features), 2, child.num_features))
+            if isinstance(child, (torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)):
+                dims = spec.get("spatial_dims", 2)
+                setattr(parent, child_name, get_norm_layer(_norm(spec, child.num_features), dims, child.num_features))
     return model
 
 
@@ -250,10 +310,17 @@ def _norm(spec: dict, channels: int):
     return (norm, {"affine": True}) if norm == "instance" else norm
 
 
-def initial_state(spec: dict, seed: int) -> dict:
-    """The seeded initial weights of the global model, as numpy arrays (what FLARE ships)."""
+def initial_state(spec: dict, seed: int, weights: dict | None = None) -> dict:
+    """The initial weights of the global model, as numpy arrays (what FLARE ships): seeded, or `weights` (a MONAI
+    bundle's: they must fit the network exactly, every key and shape)."""
     torch.manual_seed(seed)
-    return state_to_numpy(build_model(spec).state_dict())
+    model = build_model(spec)
+    if weights is not None:
+        try:
+            model.load_state_dict(weights, strict=True)
+        except RuntimeError as err:
+            raise ValueError(f"the bundle's weights do not fit its network: {str(err).splitlines()[0]}") from err
+    return state_to_numpy(model.state_dict())
 
 
 def state_to_numpy(state: dict) -> dict:

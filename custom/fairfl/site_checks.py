@@ -124,10 +124,17 @@ def samples_problem(num_samples, declared: int | None, cap: int) -> str | None:
     return None
 
 
-def metrics_problem(metrics, low: float = -MAX_REPORTED, high: float = MAX_REPORTED) -> str | None:
+# evaluation metrics that are distances in mm, not scores (names ending so: hd95, global_hd95)
+DISTANCE_METRICS = ("hd95",)
+
+
+def metrics_problem(
+    metrics, low: float = -MAX_REPORTED, high: float = MAX_REPORTED, distances: tuple = ()
+) -> str | None:
     """Why a site's metrics {name: number} cannot be recorded: not a mapping, too many, a name that is not a short
     string of the characters MLflow takes (letters, digits, `_-. :/`; else MLflow refuses the whole batch of the
-    run's metrics it is in), or a value that is not a finite real number in [low, high]."""
+    run's metrics it is in), or a value that is not a finite real number in [low, high] (a name ending with one of
+    `distances`: in [0, MAX_REPORTED])."""
     if metrics is None:
         return None
     if not isinstance(metrics, Mapping):
@@ -141,7 +148,8 @@ def metrics_problem(metrics, low: float = -MAX_REPORTED, high: float = MAX_REPOR
             return f"metric name {shown(name)} has characters other than letters, digits and _-. :/"
         if not is_plain_path(name):
             return f"metric name {shown(name)} is absolute, holds '..' or '//', or is not in its plain form"
-        problem = number_problem(value, f"metric {name}", low, high)
+        bounds = (0.0, MAX_REPORTED) if distances and name.endswith(distances) else (low, high)
+        problem = number_problem(value, f"metric {name}", *bounds)
         if problem:
             return problem
     return None

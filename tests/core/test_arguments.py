@@ -65,7 +65,28 @@ HOSTILE = {
     ("fedavg", "dataset"): [5, "../../etc", "cifar"],
     ("fedavg", "num_classes"): ["2", 0, 10**9, -1],
     ("fedavg", "in_channels"): ["3", 0, 65],
-    ("fedavg", "model"): [5, "vgg16", "../evil"],
+    ("fedavg", "model"): [5, "vgg16", "../evil", "os.system", "a:b:c", "Seg Res", ""],
+    ("fedavg", "model_args"): [
+        "x",
+        [1],
+        {"pretrained": True},
+        {"weights_path": "/etc/passwd"},
+        {"url": "http://x"},
+        {"a": float("nan")},
+        {"1bad": 1},
+        {"deep": [[[[[1]]]]]},
+        {"many": list(range(2000))},
+    ],
+    ("fedavg", "bundle"): [5, ["x"], "a\0b", "x" * 5000],
+    ("fedavg", "task"): [1, "detection"],
+    ("fedavg", "spatial_dims"): ["3", 1, 4, 2.5],
+    ("fedavg", "patch_size"): ["64", [64, 64], [0, 64, 64], [64, 64, 4096], [64, 64, "x"]],
+    ("fedavg", "patches_per_volume"): ["2", 0, 1000],
+    ("fedavg", "spacing"): ["1", [1, 1], [0, 1, 1], [1, 1, NAN], [1, 1, 1000]],
+    ("fedavg", "intensity_window"): ["x", [1], [80, 0], [0, NAN], [-1e9, 0]],
+    ("fedavg", "intensity_percentiles"): ["x", [99, 1], [-1, 50], [0, 101], [50, 50]],
+    ("fedavg", "sliding_window_overlap"): ["0.5", -0.1, 1.0, NAN],
+    ("fedlwr", "cka_max_positions"): ["4096", 0, 10**9],
     ("fedavg", "model_channels"): ["16,32", [], [0, 16], [16] * 11, [16, "x"], [99_999]],
     ("fedavg", "model_strides"): ["2", [], [0], [5], [2] * 10],
     ("fedavg", "model_norm"): [5, "layer"],
@@ -285,12 +306,12 @@ def built_on_meta_only(monkeypatch) -> list:
 
     devices, build = [], models.build_model
 
-    def guarded(spec):
+    def guarded(spec, *args):
         device = torch.empty(0).device.type
         devices.append(device)
         if device != "meta":
             raise AssertionError(f"{spec} built on {device}")
-        return build(spec)
+        return build(spec, *args)
 
     monkeypatch.setattr(models, "build_model", guarded)
     return devices
@@ -385,7 +406,8 @@ def test_the_declarations_agree_with_the_modules_that_use_the_same_values():
     assert round_["robust_aggregation"].kind.choices == aggregation.ROBUST_MODES
     assert round_["local_optimizer"].kind.choices == tuple(training.OPTIMIZERS)
     assert round_["max_samples"].default == site_checks.MAX_SAMPLES
-    assert set(round_["model"].kind.kind.choices) == set(models.DEFAULTS)
+    assert set(arguments.OWN_NETWORKS) == set(models.DEFAULTS)
+    assert all(round_["model"].kind.allows(name) for name in models.DEFAULTS)
     assert round_["model_norm"].kind.kind.choices == models.NORMS
     channels = round_["model_channels"].kind.kind
     assert (channels.item.low, channels.item.high, channels.longest) == models.SPEC_LISTS["channels"]

@@ -390,7 +390,7 @@ def test_grey_alpha_image_is_read_as_grey_and_a_link_inside_the_root_is_fine(tmp
     (root / "alias.png").symlink_to(image)
     set_first(root, "image", "alias.png")
     executor = load_site(root)
-    batch = next(iter(executor._loaders[("training", False, None, None)]))
+    batch = next(iter(executor._loaders[("training", False, None, None, False)]))
     assert batch["image"].shape == (2, 1, 16, 16) and torch.isfinite(batch["image"]).all()
     assert executor._datalist["training"][0]["image"] == str(image)  # resolved: swapping the link later is moot
     escaping("absolute")(root, image, None)

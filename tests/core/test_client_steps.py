@@ -51,7 +51,7 @@ from fairfl.models import initial_state
 
 from helpers import segmentation_task_meta
 
-SPEC = {"name": "unet", "in_channels": 1, "num_classes": 3, "channels": [8, 16, 32], "strides": [2, 2]}
+SPEC = {"name": "unet", "in_channels": 1, "num_classes": 2, "channels": [8, 16, 32], "strides": [2, 2]}
 META = segmentation_task_meta(SPEC)
 CALLS = []
 
@@ -270,8 +270,8 @@ def test_a_site_keeps_one_sampled_loader_per_split_whatever_sizes_the_server_ask
         assert FLModelUtils.from_shareable(reply).meta["probed"] == size
     assert run(protocol.TASK_VALIDATE, META).get_return_code() == ReturnCode.OK
     sampled = [key for key in run.executor._loaders if key[2] is not None]
-    assert sampled == [("validation", False, 3, 2)]
-    assert ("testing", False, None, None) in run.executor._loaders  # the unsampled loaders stay
+    assert sampled == [("validation", False, 3, 2, False)]
+    assert ("testing", False, None, None, False) in run.executor._loaders  # the unsampled loaders stay
 
 
 # ------------------------------------------------------------------------------------ what the server sends

@@ -14,13 +14,13 @@ from fairfl.flare import protocol
 from fairfl.flare.executor import FairflExecutor
 from fairfl.methods.fedism.protocol import SALT_RHO, SHARPNESS, SHARPNESS_RHO
 from fairfl.methods.fedlwr.cka import _GramWorkspace
-from fairfl.methods.fedlwr.protocol import CKA, CKA_BATCH_SIZE, CKA_MAX_SAMPLES, CKA_SPLIT, TASK_CKA
+from fairfl.methods.fedlwr.protocol import CKA, CKA_BATCH_SIZE, CKA_MAX_POSITIONS, CKA_MAX_SAMPLES, CKA_SPLIT, TASK_CKA
 from fairfl.models import build_model, initial_state
 from fairfl.training import TrainSettings, mixed_precision, train_local
 
 from helpers import segmentation_task_meta
 
-SPEC = {"name": "unet", "in_channels": 1, "num_classes": 3, "channels": [8, 16], "strides": [2]}
+SPEC = {"name": "unet", "in_channels": 1, "num_classes": 2, "channels": [8, 16], "strides": [2]}
 META = segmentation_task_meta(SPEC)
 
 
@@ -108,7 +108,8 @@ def test_a_site_with_amp_runs_fedism_plus_and_fedlwr_tasks_in_bfloat16(tmp_path,
     assert np.isfinite(trained.metrics["train_loss"]) and np.isfinite(trained.metrics["train_perturbed_loss"])
     assert {k: v.dtype for k, v in trained.params.items()} == {k: v.dtype for k, v in sent.items()}
     assert all(np.isfinite(v).all() for v in trained.params.values())
-    cka = run(TASK_CKA, {**META, CKA_SPLIT: "training", CKA_MAX_SAMPLES: 64, CKA_BATCH_SIZE: 32}, sent).meta[CKA]
+    sample = {CKA_SPLIT: "training", CKA_MAX_SAMPLES: 64, CKA_BATCH_SIZE: 32, CKA_MAX_POSITIONS: 4096}
+    cka = run(TASK_CKA, {**META, **sample}, sent).meta[CKA]
     assert cka and all(0.0 <= v <= 1.0 for v in cka.values())
     scores = run(protocol.TASK_VALIDATE, META, trained.params).metrics
     assert 0.0 <= scores["dice"] <= 1.0

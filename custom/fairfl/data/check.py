@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fairfl.data.builtin import BUILTIN_DATASETS
-from fairfl.data.datalist import SPLITS, TASKS, load_datalist, load_dataset_info, site_load_options
+from fairfl.data.datalist import SPLITS, TASKS, declared_task, load_datalist, load_dataset_info, site_load_options
 from fairfl.errors import DataError, data_error_in
 from fairfl.files import read_json
 from fairfl.site_settings import site_settings
@@ -34,6 +34,7 @@ class DataSettings:
     num_classes: int
     in_channels: int
     source: str
+    spatial_dims: int = 2  # 3: volumes (dataset.json's spatial_dims)
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,13 @@ def data_settings(
     )
     in_channels, channels_from = _first(
         (in_channels, "given"),
-        (_count(info.get("in_channels")), "dataset.json"),
+        (_count(declared_task(info).get("in_channels")), "dataset.json"),
         (default.in_channels, f"built-in {default.name}"),
     )
+    declared_dims = declared_task(info).get("spatial_dims")
+    spatial_dims = declared_dims if declared_dims in (2, 3) else 2
     where = f"task {task_from}, classes {classes_from}, channels {channels_from}"
-    return DataSettings(task, num_classes, in_channels, where)
+    return DataSettings(task, num_classes, in_channels, where, spatial_dims)
 
 
 def _first(*options):
@@ -95,7 +98,10 @@ def check_site(root: str | Path, site: str, settings: DataSettings, decode: bool
         return SiteCheck(site, {}, [err])
     problems: list[DataError] = []
     datalist = load_datalist(
-        root, site, **site_load_options(own, settings.task, settings.num_classes), problems=problems
+        root,
+        site,
+        **site_load_options(own, settings.task, settings.num_classes, settings.spatial_dims),
+        problems=problems,
     )
     if decode:
         datalist = {split: _decoded(entries, site, settings, problems) for split, entries in datalist.items()}
@@ -106,9 +112,20 @@ def _decoded(entries: list[dict], site: str, settings: DataSettings, problems: l
     """The entries whose files the site's loader reads without a problem (its transforms without augmentation, which
     decode, check and prepare each file; the image size does not change what fails, so the smallest)."""
     from fairfl.arguments import MIN_IMAGE_SIZE
-    from fairfl.data.loaders import classification_transforms, segmentation_transforms
+    from fairfl.data.loaders import (
+        classification_transforms,
+        segmentation_transforms,
+        volume_classification_transforms,
+        volume_segmentation_transforms,
+    )
+    from fairfl.data.volumes import VolumeSettings
 
-    if settings.task == "segmentation":
+    volume = VolumeSettings(spacing=None)  # resampling changes nothing of what fails
+    if settings.spatial_dims == 3 and settings.task == "segmentation":
+        transform = volume_segmentation_transforms(volume, False, True, settings.in_channels, site)
+    elif settings.spatial_dims == 3:
+        transform = volume_classification_transforms(volume, False, settings.in_channels, site)
+    elif settings.task == "segmentation":
         transform = segmentation_transforms(MIN_IMAGE_SIZE, settings.num_classes, False, settings.in_channels, site)
     else:
         transform = classification_transforms(MIN_IMAGE_SIZE, False, settings.in_channels, site)
@@ -132,7 +149,14 @@ def check_data(
     """The problems of `<root>/dataset.json` (each site reads it) and each site's check."""
     shared: list[DataError] = []
     try:
-        load_dataset_info(root, EVERY_SITE, settings.num_classes)
+        load_dataset_info(
+            root,
+            EVERY_SITE,
+            settings.num_classes,
+            task=settings.task,
+            in_channels=settings.in_channels,
+            spatial_dims=settings.spatial_dims,
+        )
     except DataError as err:
         shared.append(err)
     return shared, [check_site(root, site, settings, decode) for site in sites]
@@ -159,7 +183,8 @@ def check_data_command(args) -> int:
         return 2
     settings = data_settings(args.root, args.task, args.num_classes, args.in_channels)
     print(
-        f"checking {len(sites)} site(s) of {args.root} as a {settings.task} task, {settings.num_classes} classes, "
+        f"checking {len(sites)} site(s) of {args.root} as a {settings.spatial_dims}-D {settings.task} task, "
+        f"{settings.num_classes} classes, "
         f"{settings.in_channels} channel(s) ({settings.source}); "
         + ("every file decoded" if args.decode else "headers read, images not decoded (--decode does)"),
         flush=True,

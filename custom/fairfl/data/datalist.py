@@ -44,12 +44,13 @@ IMAGE_MODES = ("1", "L", "I", "F", "I;16", "I;16B", "I;16L", "LA", "RGB", "RGBA"
 MASK_MODES = ("1", "L", "P", "I", "I;16", "I;16B", "I;16L")  # one channel of class indices (a palette's too)
 
 
-def site_load_options(own, task: str, num_classes: int) -> dict:
+def site_load_options(own, task: str, num_classes: int, spatial_dims: int = 2) -> dict:
     """`load_datalist`'s keyword arguments for a site whose own settings are `own` (fairfl.site_settings): what the
     site checks its data with at its first task, and `fairfl check-data` before a federation starts."""
     return {
         "num_classes": num_classes,
         "task": task,
+        "spatial_dims": spatial_dims,
         "allow_absolute_paths": own.allow_absolute_paths,
         "max_image_side": own.max_image_side,
         "max_image_voxels": own.max_image_voxels,
@@ -68,6 +69,7 @@ def load_datalist(
     max_image_side: int = MAX_IMAGE_SIDE,
     max_image_voxels: int = MAX_IMAGE_VOXELS,
     problems: list[DataError] | None = None,
+    spatial_dims: int = 2,
 ) -> dict[str, list[dict]]:
     """Read and validate `<data_root>/<site>.json`; return `{split: entries}` with absolute paths.
 
@@ -78,7 +80,8 @@ def load_datalist(
     the site is a plain name (fairfl.names); the datalist exists and is JSON; each requested split is
     present and non-empty; every image (and, for segmentation, mask) file exists inside the data
     root (anywhere with `allow_absolute_paths`); its header says a 2-D image of a supported kind
-    (not a volume, no palette image, a one-channel mask) of at most `max_image_side` per axis and
+    (not a volume, no palette image, a one-channel mask), or with `spatial_dims` 3 a NIfTI volume, of at most
+    `max_image_side` per axis and
     `max_image_voxels` in all (the site's settings; checked before any pixel, a mask's too, is read);
     image and mask have the same spatial shape;
     mask values are integers in `[0, num_classes - 1]`; for classification, each label is an integer in
@@ -105,7 +108,8 @@ def load_datalist(
     if datalist is None:
         return {}
     datalist_path = root / f"{site}.json"
-    settings = (task, num_classes, allow_absolute_paths, (max_image_side, max_image_voxels))  # each entry's checks
+    # each entry's checks
+    settings = (task, num_classes, allow_absolute_paths, (max_image_side, max_image_voxels, spatial_dims))
     result = {}
     for split in [*splits, *(s for s in optional_splits if s in datalist)]:
         entries = checked(_split_entries, datalist, split, site, datalist_path)
@@ -163,7 +167,7 @@ def _checked_entry(
     task: str,
     num_classes: int,
     allow_absolute_paths: bool,
-    limits: tuple[int, int],
+    limits: tuple[int, int, int],
 ) -> dict:
     if not isinstance(entry, dict) or "image" not in entry or "label" not in entry:
         raise DataError(site, datalist_path, f"entry {where} must be an object with 'image' and 'label'")
@@ -254,15 +258,16 @@ def spatial_shape(
     modes: Sequence[str] = IMAGE_MODES,
     max_side: int = MAX_IMAGE_SIDE,
     max_voxels: int = MAX_IMAGE_VOXELS,
-) -> tuple[int, int]:
+    spatial_dims: int = 2,
+) -> tuple[int, ...]:
     """Spatial shape as MONAI's LoadImage will see it, read from the header only; a DataError unless the
-    header says a 2-D image (PNG/JPEG: of one of the PIL `modes`) of at most `max_side` along each axis and
-    `max_voxels` in all: decoding is never where a huge declared size is found (PIL's decompression-bomb limit,
-    about 179 million pixels, comes on top of these).
+    header says a 2-D image (PNG/JPEG: of one of the PIL `modes`), or with `spatial_dims` 3 a NIfTI volume, of at
+    most `max_side` along each axis and `max_voxels` in all: decoding is never where a huge declared size is found
+    (PIL's decompression-bomb limit, about 179 million pixels, comes on top of these).
 
-    NIfTI: the stored shape without trailing singleton axes (an HxWx1 slice is HxW). PNG/JPEG:
-    (width, height), because MONAI's PIL reader transposes to the ITK axis order; colour
-    channels are not spatial.
+    NIfTI: the stored shape without trailing singleton axes (an HxWx1 slice is HxW; a volume's fourth axis, when
+    there is one, holds its channels). PNG/JPEG: (width, height), because MONAI's PIL reader transposes to the ITK
+    axis order; colour channels are not spatial.
     """
     try:
         if image_format(path) == "nifti":
@@ -279,18 +284,27 @@ def spatial_shape(
                 shape, mode = tuple(image.size), image.mode
     except Exception as err:  # unsupported, corrupt or unreadable: say which file
         raise DataError(site, path, f"cannot read image header: {err}") from err
-    if len(shape) != 2 or min(shape) < 1:
+    total = int(np.prod(shape, dtype=np.int64)) if shape else 0
+    spatial = shape[:3] if spatial_dims == 3 and len(shape) == 4 else shape
+    if spatial_dims == 2 and (len(shape) != 2 or min(shape) < 1):
         raise DataError(
             site,
             path,
-            f"not a 2-D slice: shape {shape} (a volume? fairfl trains on 2-D slices; "
-            f"the converters, e.g. fairfl convert-prostate, cut volumes into slices)",
+            f"not a 2-D slice: shape {shape} (a volume? set spatial_dims 3 in the job, or declare it in the data "
+            f"root's dataset.json, to train on volumes; or cut it into slices, e.g. fairfl convert-prostate)",
         )
-    if max(shape) > max_side or shape[0] * shape[1] > max_voxels:
+    if spatial_dims == 3 and (mode is not None or len(spatial) != 3 or min(spatial) < 1):
         raise DataError(
             site,
             path,
-            f"declares {shape[0]} x {shape[1]} ({shape[0] * shape[1]:,} voxels): above this site's limit of "
+            f"not a 3-D volume: shape {shape} (a volume is a NIfTI file of three spatial axes, a fourth for channels "
+            f"if any; DICOM series: fairfl convert-dicom)",
+        )
+    if max(shape) > max_side or total > max_voxels:
+        raise DataError(
+            site,
+            path,
+            f"declares {' x '.join(map(str, shape))} ({total:,} voxels): above this site's limit of "
             f"{max_side} per axis and {max_voxels:,} voxels ({MAX_IMAGE_SIDE_ENV}, {MAX_IMAGE_VOXELS_ENV}); not read",
         )
     if mode is not None and mode not in modes:
@@ -300,7 +314,7 @@ def spatial_shape(
             f"PIL image mode {mode!r} is not one of {', '.join(modes)} "
             f"(convert it to grey or RGB{'' if 'P' in modes else '; masks: one channel'})",
         )
-    return shape
+    return spatial
 
 
 def read_array(path: Path, site: str) -> np.ndarray:
@@ -318,9 +332,43 @@ def read_array(path: Path, site: str) -> np.ndarray:
         raise DataError(site, path, f"cannot read file: {err}") from err
 
 
-def load_dataset_info(data_root: str | Path, site: str, num_classes: int) -> dict:
+def declared_task(info: Mapping) -> dict:
+    """What a dataset.json declares about its task, by fairfl's names: `task`, `num_classes` (or as many as its
+    `labels`), `in_channels` (or `channels`), `spatial_dims`, `spacing` (mm), `modality`; only those present."""
+    labels = info.get("labels")
+    found = {
+        "task": info.get("task"),
+        "num_classes": info.get("num_classes", len(labels) if isinstance(labels, Mapping) and labels else None),
+        "in_channels": info.get("in_channels", info.get("channels")),
+        "spatial_dims": info.get("spatial_dims"),
+        "spacing": info.get("spacing"),
+        "modality": info.get("modality"),
+    }
+    return {key: value for key, value in found.items() if value is not None}
+
+
+def _declared_problem(declared: dict, expected: dict) -> str | None:
+    """Why the task a dataset.json declares (`declared_task`) is not the server's (`expected`), or None."""
+    if "spacing" in declared and not (
+        isinstance(declared["spacing"], list)
+        and len(declared["spacing"]) == 3
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 100 for v in declared["spacing"])
+    ):
+        return f"'spacing' must be three numbers of mm in (0, 100), got {declared['spacing']!r}"
+    differ = [
+        f"{key} {declared[key]!r} (the job's: {value!r})"
+        for key, value in expected.items()
+        if key in declared and value is not None and declared[key] != value
+    ]
+    return "declares " + ", ".join(differ) if differ else None
+
+
+def load_dataset_info(data_root: str | Path, site: str, num_classes: int, **expected) -> dict:
     """What the site uses of `<data_root>/dataset.json` (optional): `regions` ({name: [class, ...]} Dice is
-    reported for) and `corrupted_sites` (names); {} without the file. Anything malformed is a DataError."""
+    reported for), `corrupted_sites` (names) and what it declares of its task (`declared_task`: its `spacing` is the
+    3-D loaders' default); {} without the file. Anything malformed, or a declared task, number of classes, input
+    channels or spatial dimensions that contradicts the job's (`expected`: task, in_channels, spatial_dims;
+    `num_classes`), is a DataError naming the file: data of another task must never be trained on quietly."""
     path = Path(data_root).expanduser() / "dataset.json"
     if not path.exists():
         return {}
@@ -330,6 +378,10 @@ def load_dataset_info(data_root: str | Path, site: str, num_classes: int) -> dic
         raise DataError(site, path, str(err)) from None
     if not isinstance(info, dict):
         raise DataError(site, path, "must be a JSON object")
+    declared = declared_task(info)
+    problem = _declared_problem(declared, {**expected, "num_classes": num_classes})
+    if problem:
+        raise DataError(site, path, f"{problem}: this data is not for this job")
     regions, corrupted = info.get("regions"), info.get("corrupted_sites") or []
     if regions is not None and not (
         isinstance(regions, dict)
@@ -348,7 +400,11 @@ def load_dataset_info(data_root: str | Path, site: str, num_classes: int) -> dic
         )
     if not isinstance(corrupted, list) or not all(isinstance(s, str) for s in corrupted):
         raise DataError(site, path, f"'corrupted_sites' must be a list of site names, got {corrupted!r}")
-    return {**({"regions": regions} if regions is not None else {}), "corrupted_sites": corrupted}
+    return {
+        **({"regions": regions} if regions is not None else {}),
+        "corrupted_sites": corrupted,
+        "declared": declared,
+    }
 
 
 def split_cases(

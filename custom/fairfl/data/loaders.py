@@ -1,8 +1,10 @@
-"""MONAI transforms and cached data loaders for 2-D segmentation and classification datalists (NIfTI or PNG/JPEG)."""
+"""MONAI transforms and cached data loaders for segmentation and classification datalists: 2-D (NIfTI or PNG/JPEG) and
+3-D volumes (NIfTI; fairfl.data.volumes)."""
 
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Hashable, Mapping, Sequence
 
 import torch
@@ -23,9 +25,14 @@ from monai.transforms import (
     Resized,
 )
 
+from fairfl.bundle import build_transforms
+from fairfl.data import volumes
 from fairfl.errors import DataError, data_error_in
 
 KEYS = ("image", "label")
+# MONAI's LoadImage sets up every reader it knows, its GPU DICOM decoder too, which warns on every site without one;
+# DICOM reaches fairfl converted (fairfl convert-dicom), so the warning says nothing a site can act on
+warnings.filterwarnings("ignore", message="NvImgCodecPydicomReader", category=UserWarning)
 TASKS = ("segmentation", "classification")
 
 
@@ -165,7 +172,13 @@ def _augmentation(spatial_keys, names=AUGMENTATIONS) -> list:
 
 
 def segmentation_transforms(
-    image_size: int, num_classes: int, train: bool, in_channels: int = 1, site: str = "?", augmentation=AUGMENTATIONS
+    image_size: int,
+    num_classes: int,
+    train: bool,
+    in_channels: int = 1,
+    site: str = "?",
+    augmentation=AUGMENTATIONS,
+    preprocessing: list | None = None,
 ) -> Compose:
     """Load, normalise and resize an image/mask pair to `image_size` squared; augment if `train`.
 
@@ -173,17 +186,23 @@ def segmentation_transforms(
     transform: `load_datalist` has already checked every mask holds values in [0, num_classes - 1].
     The deterministic part comes first, so `CacheDataset` caches everything up to the first
     random transform; a bad file is a DataError naming `site` and the file (`LoadCheckedd`).
+    `preprocessing`: a MONAI bundle's transforms (fairfl.bundle) in place of the z-score, before the resize.
     """
+    # Per-image z-score: MR intensities have no absolute scale (they differ by scanner, coil,
+    # protocol and even by scan), so each image is standardised on its own, as nnU-Net does
+    # for MR and as the multi-site prostate papers (MS-Net, SAML) preprocess. Over the whole
+    # slice (nonzero=False): the background is Rician noise, not exact zeros.
+    normalise = (
+        build_transforms(preprocessing)
+        if preprocessing
+        else [NormalizeIntensityd("image", nonzero=False, channel_wise=True)]
+    )
     deterministic = [
         EnsureChannelFirstd(KEYS),
         SqueezeTrailingSingletond(KEYS),
         MatchChannelsd("image", in_channels),
         MatchChannelsd("label", 1),
-        # Per-image z-score: MR intensities have no absolute scale (they differ by scanner, coil,
-        # protocol and even by scan), so each image is standardised on its own, as nnU-Net does
-        # for MR and as the multi-site prostate papers (MS-Net, SAML) preprocess. Over the whole
-        # slice (nonzero=False): the background is Rician noise, not exact zeros.
-        NormalizeIntensityd("image", nonzero=False, channel_wise=True),
+        *normalise,
         Resized(KEYS, spatial_size=(image_size, image_size), mode=("bilinear", "nearest"), anti_aliasing=(True, False)),
         CastToTyped("label", dtype=torch.long),
     ]
@@ -192,8 +211,44 @@ def segmentation_transforms(
     return Compose([LoadCheckedd(KEYS, site, deterministic), *augmentation, EnsureTyped(KEYS, track_meta=False)])
 
 
+def volume_segmentation_transforms(
+    settings: volumes.VolumeSettings,
+    train: bool,
+    whole: bool,
+    in_channels: int = 1,
+    site: str = "?",
+    augmentation=AUGMENTATIONS,
+    preprocessing: list | None = None,
+) -> Compose:
+    """A 3-D image/mask pair (fairfl.data.volumes): one frame and intensity scale (or a MONAI bundle's
+    `preprocessing`, fairfl.bundle), then training patches (`train`), the whole volume (`whole`: scored by sliding
+    window) or patches as for training, without augmentation (a method's probe). A bad file is a DataError naming
+    `site` and the file (`LoadCheckedd`), as in 2-D."""
+    matched = [MatchChannelsd("image", in_channels), MatchChannelsd("label", 1)]
+    fixed, random = volumes.segmentation_steps(settings, whole)
+    chosen = volumes.augmentation(KEYS, check_augmentation(augmentation)) if train else []
+    prepared = (
+        [EnsureChannelFirstd(KEYS), *matched, *build_transforms(preprocessing)]
+        if preprocessing
+        else volumes.prepared(KEYS, matched, settings)
+    )
+    return Compose(
+        [
+            LoadCheckedd(KEYS, site, [*prepared, *fixed]),
+            *random,
+            *chosen,
+            *volumes.plain_tensors(KEYS),
+        ]
+    )
+
+
 def classification_transforms(
-    image_size: int, train: bool, in_channels: int = 1, site: str = "?", augmentation=AUGMENTATIONS
+    image_size: int,
+    train: bool,
+    in_channels: int = 1,
+    site: str = "?",
+    augmentation=AUGMENTATIONS,
+    preprocessing: list | None = None,
 ) -> Compose:
     """Load, normalise and resize an image to `image_size` squared; augment if `train`. The label is a
     class index (already checked by `load_datalist`).
@@ -203,11 +258,16 @@ def classification_transforms(
     segmentation transforms it needs no dataset statistics and takes 8- and 16-bit files alike, but it
     keeps the balance between colour channels, which carries diagnostic colour (red vessels, blue-grey
     veil) in dermoscopy."""
+    normalise = (
+        build_transforms(preprocessing)
+        if preprocessing
+        else [NormalizeIntensityd("image", nonzero=False, channel_wise=False)]
+    )
     deterministic = [
         EnsureChannelFirstd("image"),
         SqueezeTrailingSingletond("image"),
         MatchChannelsd("image", in_channels),
-        NormalizeIntensityd("image", nonzero=False, channel_wise=False),
+        *normalise,
         Resized("image", spatial_size=(image_size, image_size), mode="bilinear", anti_aliasing=True),
     ]
     augmentation = _augmentation("image", augmentation) if train else []
@@ -215,6 +275,22 @@ def classification_transforms(
         [
             LoadCheckedd("image", site, deterministic),
             *augmentation,
+            EnsureTyped("image", track_meta=False),
+            EnsureTyped("label", dtype=torch.long, track_meta=False),
+        ]
+    )
+
+
+def volume_classification_transforms(
+    settings: volumes.VolumeSettings, train: bool, in_channels: int = 1, site: str = "?", augmentation=AUGMENTATIONS
+) -> Compose:
+    """A 3-D volume and its class index (fairfl.data.volumes): one frame and intensity scale, resized whole."""
+    prepared = volumes.prepared(("image",), [MatchChannelsd("image", in_channels)], settings)
+    chosen = volumes.augmentation(("image",), check_augmentation(augmentation)) if train else []
+    return Compose(
+        [
+            LoadCheckedd("image", site, [*prepared, *volumes.classification_steps(settings)]),
+            *chosen,
             EnsureTyped("image", track_meta=False),
             EnsureTyped("label", dtype=torch.long, track_meta=False),
         ]
@@ -240,6 +316,9 @@ def make_loader(
     site: str = "?",
     augmentation=AUGMENTATIONS,
     num_workers: int = 0,
+    volume: volumes.VolumeSettings | None = None,
+    whole: bool = False,
+    preprocessing: list | None = None,
 ) -> torch.utils.data.DataLoader:
     """A loader over datalist entries, cached in memory after the first read.
 
@@ -254,6 +333,9 @@ def make_loader(
     `task` "classification" gives batches with "image" float [B, C, S, S] and "label" int64 [B]
     (`classification_transforms`); "segmentation" (the default) image/mask pairs.
     Every file is decoded and checked here, once; a bad one is a DataError naming `site` and the file.
+    `volume`: the entries are 3-D volumes prepared as these settings say (fairfl.data.volumes; `image_size` unused):
+    training patches, or with `whole` (evaluation) each volume whole, one per batch, of its own size.
+    `preprocessing`: a MONAI bundle's transforms (fairfl.bundle, checked) in place of fairfl's normalisation.
     `num_workers`: worker processes that augment and collate the batches beside the training, so a GPU does not
     wait for one CPU thread (0: in this process). The batches' order is drawn here either way; each worker seeds
     its augmentation from the generator, so a seed still gives the same batches for the same `num_workers`.
@@ -261,11 +343,17 @@ def make_loader(
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     entries, generator, sampler = list(entries), torch.Generator().manual_seed(seed), None
-    transform = (
-        segmentation_transforms(image_size, num_classes, train, in_channels, site, augmentation)
-        if task == "segmentation"
-        else classification_transforms(image_size, train, in_channels, site, augmentation)
-    )
+    if volume is not None and task == "segmentation":
+        transform = volume_segmentation_transforms(volume, train, whole, in_channels, site, augmentation, preprocessing)
+        batch_size = 1 if whole else batch_size  # whole volumes differ in size
+    elif volume is not None:
+        transform = volume_classification_transforms(volume, train, in_channels, site, augmentation)
+    elif task == "segmentation":
+        transform = segmentation_transforms(
+            image_size, num_classes, train, in_channels, site, augmentation, preprocessing
+        )
+    else:
+        transform = classification_transforms(image_size, train, in_channels, site, augmentation, preprocessing)
     if max_samples is not None:
         if max_samples < 1:
             raise ValueError(f"max_samples must be >= 1, got {max_samples}")

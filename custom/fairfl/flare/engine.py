@@ -28,6 +28,7 @@ from fairfl.aggregation import (
     weighted_average,
 )
 from fairfl.arguments import check_all
+from fairfl.bundle import bundle_weights, read_bundle
 from fairfl.data.builtin import builtin_dataset
 from fairfl.files import save_atomic
 from fairfl.flare import protocol
@@ -48,6 +49,7 @@ from fairfl.models import (
 from fairfl.quorum import quorum
 from fairfl.results import GLOBAL_PREFIX, RESULTS_FILE, ResultsLog, site_key
 from fairfl.site_checks import (
+    DISTANCE_METRICS,
     answer_problem,
     check_site_state,
     distance,
@@ -92,13 +94,14 @@ class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
         vars(self).update(own)
         self.task = self.settings.task
         self.metric = MAIN_METRIC[self.task]
+        self.bundle = read_bundle(self.settings.bundle) if self.settings.bundle else None
         problem = check_model_spec(
             self.model_spec(), server_parameter_limit(), f"{SERVER_MAX_MODEL_PARAMETERS_ENV}, the server's"
         )
         if problem:
             raise ValueError(
-                f"{type(self).__name__}: the network of model, model_channels, model_strides, model_norm, num_classes "
-                f"and in_channels, {self.model_spec()}, {problem}"
+                f"{type(self).__name__}: the network of model, model_args, model_channels, model_strides, model_norm, "
+                f"num_classes, in_channels and spatial_dims, {self.model_spec()}, {problem}"
             )
         if self.settings.exclude_sites and self.start_from == protocol.FROM_LOCAL:
             raise ValueError(
@@ -170,7 +173,7 @@ class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
         self.task_meta = self.common_task_meta(sites)
         run_dir = self.get_run_dir()
         self.results = self._results_log(sites)
-        global_state = initial_state(self.model_spec(), settings.seed)
+        global_state = initial_state(self.model_spec(), settings.seed, bundle_weights(self.bundle))
         first_round = 0
         if settings.run_name:
             checkpoint = self._load_checkpoint(self._checkpoint_path())
@@ -414,10 +417,11 @@ class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
 
     def _screen_scores(self, result, with_global: bool) -> tuple:
         """(the answer's metrics as floats, None) or (None, why they cannot be recorded): every evaluation metric is a
-        score in [0, 1] and the main one must be there; the global model's scores (GLOBAL_PREFIX) are kept only
-        `with_global`, and then the main one of them must be there too."""
+        score in [0, 1] but a distance in mm (a volume's HD95: in [0, MAX_REPORTED]) and the main one must be there;
+        the global model's scores (GLOBAL_PREFIX) are kept only `with_global`, and then the main one of them must be
+        there too."""
         metrics = {} if result.metrics is None else result.metrics
-        problem = metrics_problem(metrics, 0.0, 1.0)
+        problem = metrics_problem(metrics, 0.0, 1.0, distances=DISTANCE_METRICS)
         if problem:
             return None, problem
         metrics = {k: float(v) for k, v in metrics.items() if with_global or not k.startswith(GLOBAL_PREFIX)}
@@ -554,12 +558,20 @@ class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
         }
         if settings.run_name:
             meta[protocol.RUN_NAME] = settings.run_name
+        if self.bundle is not None and self.bundle.preprocessing:
+            meta[protocol.PREPROCESSING] = self.bundle.preprocessing
         return {**meta, **self.site_meta()}
 
     def model_spec(self) -> dict:
         """The network of the settings, as fairfl.models.build_model takes it (and every task sends it)."""
         settings = self.settings
+        if self.bundle is not None:  # the bundle's network, as it defines it
+            return dict(self.bundle.network)
         spec = {"name": settings.network, "in_channels": settings.in_channels, "num_classes": settings.num_classes}
+        if settings.spatial_dims != 2:  # left out for 2-D: the spec every 2-D run has sent stays as it was
+            spec["spatial_dims"] = settings.spatial_dims
+        if settings.network not in ("unet", "cnn", "resnet18"):
+            return {**spec, "args": dict(settings.model_args or {})}
         if settings.network in ("unet", "cnn"):
             spec["channels"] = list(settings.model_channels)
         if settings.network == "unet":

@@ -34,6 +34,7 @@ from fairfl.data.builtin import builtin_dataset, check_test_scale, ensure_builti
 from fairfl.data.datalist import CORRUPTED_SPLIT, load_datalist, load_dataset_info, site_load_options
 from fairfl.data.free_rider import free_rider_datalist
 from fairfl.data.loaders import make_loader
+from fairfl.data.volumes import VolumeSettings
 from fairfl.errors import DataError
 from fairfl.flare import protocol
 from fairfl.flare.site_state import keep_version, kept_model_versions, kept_versions, newest_before
@@ -55,6 +56,7 @@ from fairfl.training import (
     segmentation_loss,
     select_device,
     site_seed,
+    sliding_window,
     train_local,
 )
 
@@ -87,7 +89,7 @@ class FairflExecutor(Executor):
                     f"FairflExecutor: device {self.device!r}: this site has "
                     f"{f'CUDA devices cuda:0 to cuda:{count - 1}' if count else 'no CUDA device'}"
                 )
-        self._datalist, self._regions, self._corrupted_sites = None, None, []
+        self._datalist, self._regions, self._corrupted_sites, self._declared_spacing = None, None, [], None
         # cached per process, for every task's loaders (CacheDataset reads the files once): the key is (split, train,
         # max_samples, batch_size), so a method's sample of a split is a loader of its own
         self._loaders = {}
@@ -191,7 +193,7 @@ class FairflExecutor(Executor):
             model = self._model_for(ctx, steps, task.evaluate) if model is None else model
         if task.submit_model:
             return FLModel(params_type=ParamsType.FULL, params=state_to_numpy(model.state_dict()), metrics={})
-        loader = self._loader(task, "testing", train=False, seed=self.seed)
+        loader = self._loader(task, "testing", train=False, seed=self.seed, whole=True)
         metrics = self._test_scores(task, model, loader)
         if task.score_global and not held_out:
             sent = self._sent_model(task)
@@ -217,7 +219,7 @@ class FairflExecutor(Executor):
             scores = {"clean": metrics}
             if CORRUPTED_SPLIT in self._datalist:
                 scores["corrupted"] = self._evaluate(
-                    model, self._loader(task, CORRUPTED_SPLIT, train=False, seed=self.seed), task
+                    model, self._loader(task, CORRUPTED_SPLIT, train=False, seed=self.seed, whole=True), task
                 )
             corrupted_site = task.site in self._corrupted_sites and "corrupted" in scores
             metrics = {
@@ -230,17 +232,19 @@ class FairflExecutor(Executor):
     def _validation_score(self, task: SiteTask, model, device):
         """Dice (classification: balanced accuracy) of `model` on the validation split; None when NaN (no foreground
         to score)."""
-        loader = self._loader(task, "validation", train=False, seed=self.seed)
+        loader = self._loader(task, "validation", train=False, seed=self.seed, whole=True)
         score = self._evaluate(model, loader, task, device)[VALIDATION_METRIC[task.kind]]
         return score if score == score else None
 
     def _evaluate(self, model, loader, task: SiteTask, device=None) -> dict:
-        """Dice (segmentation) or accuracy, balanced accuracy and AUC (classification) of `model` on `loader`."""
+        """Dice (segmentation; volumes whole, by sliding window, with HD95 and surface Dice) or accuracy, balanced
+        accuracy and AUC (classification) of `model` on `loader`."""
         device = device or select_device(self.device)
         with mixed_precision(device, self.amp):
             if task.kind == CLASSIFICATION:
                 return evaluate_classification(model, loader, task.num_classes, device)
-            return evaluate_dice(model, loader, task.num_classes, device, regions=self._regions)
+            predict = sliding_window(self.patch_size, self.sliding_window_overlap) if task.spatial_dims == 3 else None
+            return evaluate_dice(model, loader, task.num_classes, device, regions=self._regions, predict=predict)
 
     # --- what the methods' steps and tasks see -----------------------------------------------------------
     def _context(self, task: SiteTask, state_dir: str, trains: bool) -> StepContext:
@@ -376,12 +380,14 @@ class FairflExecutor(Executor):
         keep_version(saved, state_dir, protocol.OPTIMIZER_STATE_FILES, self._optimizer_versions(task, state_dir))
 
     # --- the site's data -------------------------------------------------------------------------------
-    def _loader(self, task: SiteTask, split, train, seed, max_samples=None, batch_size=None):
+    def _loader(self, task: SiteTask, split, train, seed, max_samples=None, batch_size=None, whole=False):
         """The site's loader of `split` (a random sample of at most `max_samples`, in minibatches of `batch_size`,
-        default the job's), built once per process and re-seeded with `seed` for this task."""
+        default the job's), built once per process and re-seeded with `seed` for this task. `whole`: for scoring, 3-D
+        segmentation volumes come whole (fairfl.data.volumes); elsewhere it changes nothing."""
         if self._datalist is None:
             self._datalist = self._load_datalist(task)
-        key = (split, train, max_samples, batch_size)
+        whole = whole and task.spatial_dims == 3 and task.kind == SEGMENTATION
+        key = (split, train, max_samples, batch_size, whole)
         if key not in self._loaders:
             if max_samples is not None:  # the server's task chooses a sample's size: one sampled loader per split
                 for old in [k for k in self._loaders if k[:2] == key[:2] and k[2] is not None]:
@@ -399,6 +405,9 @@ class FairflExecutor(Executor):
                 site=task.site,
                 augmentation=self.augmentation,
                 num_workers=self.loader_workers if train else 0,
+                volume=self._volume_settings() if task.spatial_dims == 3 else None,
+                whole=whole,
+                preprocessing=task.preprocessing,
             )
         loader = self._loaders[key]
         # Re-seed shuffling and augmentation per round, so a round's batches do not depend on whether this
@@ -414,9 +423,12 @@ class FairflExecutor(Executor):
         (`testing_corrupted`)."""
         site, root = task.site, self._data_root(task)
         own = site_settings(site)
-        options = site_load_options(own, task.kind, task.num_classes)
-        info = load_dataset_info(root, site, task.num_classes)
+        options = site_load_options(own, task.kind, task.num_classes, task.spatial_dims)
+        info = load_dataset_info(
+            root, site, task.num_classes, task=task.kind, in_channels=task.in_channels, spatial_dims=task.spatial_dims
+        )
         self._regions, self._corrupted_sites = info.get("regions"), info.get("corrupted_sites", [])
+        self._declared_spacing = info.get("declared", {}).get("spacing")
         if own.free_rider:  # this site's own test switch: one image of another site, repeated
             return free_rider_datalist(load_datalist(root, own.free_rider_source, **options))
         return load_datalist(root, site, **options)
@@ -449,6 +461,18 @@ class FairflExecutor(Executor):
                 size_scale=self.synthetic_size_scale,
                 test_scale=test_scale,
             )
+        )
+
+    def _volume_settings(self) -> VolumeSettings:
+        """How this site prepares 3-D volumes: the job's 3-D arguments, the spacing dataset.json declares unless the
+        job sets one (read with the datalist)."""
+        spacing = self.spacing or self._declared_spacing
+        return VolumeSettings(
+            patch_size=tuple(self.patch_size),
+            patches_per_volume=self.patches_per_volume,
+            spacing=None if spacing is None else (float(spacing[0]), float(spacing[1]), float(spacing[2])),
+            intensity_window=None if self.intensity_window is None else tuple(self.intensity_window),
+            intensity_percentiles=tuple(self.intensity_percentiles),
         )
 
     # --- the site's own settings and state dir ---------------------------------------------------------

@@ -29,6 +29,7 @@ HELD_OUT = "held_out"  # validate: the sites held out of training (exclude_sites
 # it is, never a model of its own (a kept part of the model or a model a method keeps beside it)
 SUBMIT_MODEL = "submit_model"  # validate (cross-site evaluation): the site returns the model it is scored with, as
 # its params, instead of scores
+PREPROCESSING = "preprocessing"  # a MONAI bundle's pre-processing (fairfl.bundle), in place of fairfl's normalisation
 RUN_NAME = "run_name"  # a named (resumable) run: sites keep their state in run_state_dir(...) of it
 OPTIMIZER = "optimizer"  # {"name": "adam" or "sgd", "momentum", "keep_state"}: the local optimiser; keep_state
 # carries its state (Adam's moments) from round to round (OPTIMIZER_STATE_FILE)

@@ -33,7 +33,11 @@ class RoundSettings:
     dataset: str
     num_classes: int  # resolved: the dataset's when null
     in_channels: int  # resolved: the dataset's when null
+    task: str  # resolved: the dataset's when null ("segmentation" or "classification")
+    spatial_dims: int  # resolved: the dataset's when null
     model: str | None  # null: the task's network (`network`)
+    model_args: dict | None  # a network's own arguments (fairfl.networks): only for one that is not fairfl's own
+    bundle: str  # a MONAI bundle folder on the server ("" none): its network replaces model and model_args
     model_channels: list[int]  # resolved: the task's when null
     model_strides: list[int]
     model_norm: str | None
@@ -61,12 +65,22 @@ class RoundSettings:
         those are left out), with a null max_share taking the method's `default_max_share`."""
         values = SimpleNamespace(**{field.name: checked[field.name] for field in dataclasses.fields(cls)})
         data = builtin_dataset(values.dataset)
-        if values.model_norm == "group" and (values.model or DEFAULT_MODEL[data.task]) == "unet":
+        task = values.task or data.task
+        network = values.model or DEFAULT_MODEL[task]
+        if values.model_norm == "group" and network == "unet":
             raise ValueError("model_norm 'group' is for the classification networks; the U-Net takes batch or instance")
-        fill_task_defaults(values, data.task)
+        own_network = network in ("unet", "cnn", "resnet18")
+        if own_network and values.model_args is not None:
+            raise ValueError(
+                f"model_args is for a network that is not fairfl's own; {network} takes model_channels, model_strides "
+                f"and model_norm"
+            )
+        fill_task_defaults(values, task)
         return cls(
             **{
                 **vars(values),
+                "task": task,
+                "spatial_dims": int(values.spatial_dims or data.spatial_dims),
                 "num_classes": int(values.num_classes or data.num_classes),
                 "in_channels": int(values.in_channels or data.in_channels),
                 "model_strides": list(values.model_strides),
@@ -87,11 +101,6 @@ class RoundSettings:
         values = SimpleNamespace(**{field.name: getattr(self, field.name) for field in dataclasses.fields(self)})
         apply_preset(values, self.preset, self.task)
         return dataclasses.replace(self, **vars(values))
-
-    @property
-    def task(self) -> str:
-        """ "segmentation" or "classification": the dataset's."""
-        return builtin_dataset(self.dataset).task
 
     @property
     def network(self) -> str:

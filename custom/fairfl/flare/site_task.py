@@ -17,6 +17,7 @@ import torch
 from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
+from fairfl.bundle import preprocessing_problem
 from fairfl.data.builtin import BUILTIN_DATASETS
 from fairfl.errors import DataError
 from fairfl.flare import protocol
@@ -42,6 +43,9 @@ TASK_FIELDS = {
     protocol.SUBMIT_MODEL: Boolean(),
     protocol.DATASET: OneOf(tuple(BUILTIN_DATASETS)),
     protocol.RUN_NAME: Checked(lambda value: safe_name(value, protocol.RUN_NAME), "a safe name (a folder at the site)"),
+    protocol.PREPROCESSING: Checked(
+        preprocessing_problem, "a list of monai.transforms dictionary transforms with plain arguments", reports=True
+    ),
 }
 
 
@@ -79,6 +83,16 @@ class SiteTask:
     @property
     def in_channels(self) -> int:
         return self.model_spec["in_channels"]
+
+    @property
+    def preprocessing(self) -> list | None:
+        """A MONAI bundle's pre-processing (fairfl.bundle), checked; None: fairfl's own."""
+        return self.meta.get(protocol.PREPROCESSING) or None
+
+    @property
+    def spatial_dims(self) -> int:
+        """2 (images) or 3 (volumes): the network's, so the data it is fed."""
+        return self.model_spec.get("spatial_dims", 2)
 
     @classmethod
     def of(cls, site: str, model: FLModel) -> SiteTask:

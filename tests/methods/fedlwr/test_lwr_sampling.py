@@ -18,7 +18,7 @@ from fairfl.flare.site_task import SiteTask, check_meta
 from fairfl.methods.fedlwr.cka import layerwise_cka
 from fairfl.methods.fedlwr.client import AnchorCKA
 from fairfl.methods.fedlwr.controller import FedLWRController
-from fairfl.methods.fedlwr.protocol import CKA, CKA_BATCH_SIZE, CKA_MAX_SAMPLES, CKA_SPLIT
+from fairfl.methods.fedlwr.protocol import CKA, CKA_BATCH_SIZE, CKA_MAX_POSITIONS, CKA_MAX_SAMPLES, CKA_SPLIT
 from fairfl.methods.fedlwr.weights import lwr_layer_weights
 from fairfl.models import build_model, initial_state, load_numpy_state, state_to_numpy
 from fairfl.training import TrainSettings, train_local
@@ -125,7 +125,7 @@ def test_a_site_measures_cka_on_a_fresh_sample_every_round_in_minibatches_of_cka
     executor = FairflExecutor(image_size=SIZE, batch_size=8)
 
     def cka(round_num, batch_size, split="training"):
-        sample = {CKA_SPLIT: split, CKA_MAX_SAMPLES: 64, CKA_BATCH_SIZE: batch_size}
+        sample = {CKA_SPLIT: split, CKA_MAX_SAMPLES: 64, CKA_BATCH_SIZE: batch_size, CKA_MAX_POSITIONS: 4096}
         task = FLModel(
             params_type=ParamsType.FULL,
             params=state_to_numpy(anchor.state_dict()),
@@ -143,17 +143,19 @@ def test_a_site_measures_cka_on_a_fresh_sample_every_round_in_minibatches_of_cka
     controller = FedLWRController(cka_batch_size=8)
     controller.task_meta = meta  # every task's meta, set when the job starts
     sent = controller.cka_meta()
-    assert {k: sent[k] for k in AnchorCKA.fields} == {CKA_SPLIT: "training", CKA_MAX_SAMPLES: 64, CKA_BATCH_SIZE: 8}
+    expected = {CKA_SPLIT: "training", CKA_MAX_SAMPLES: 64, CKA_BATCH_SIZE: 8, CKA_MAX_POSITIONS: 4096}
+    assert {k: sent[k] for k in AnchorCKA.fields} == expected
     for bad in (
         {"cka_batch_size": 3},
         {"cka_split": "testing"},
         {"cka_max_samples": 2},
         {"cka_batch_size": None},
         {"cka_batch_size": 32.5},
+        {"cka_max_positions": 0},
     ):
         with pytest.raises(ValueError, match="cka"):
             FedLWRController(**bad)
         with pytest.raises(DataError, match=f"task field {next(iter(bad))} is"):
             check_meta("site-2", {**meta, **sent, **bad}, AnchorCKA)
     with pytest.raises(DataError, match="task field cka_split is missing"):
-        check_meta("site-2", {**meta, CKA_MAX_SAMPLES: 64, CKA_BATCH_SIZE: 8}, AnchorCKA)
+        check_meta("site-2", {**meta, CKA_MAX_SAMPLES: 64, CKA_BATCH_SIZE: 8, CKA_MAX_POSITIONS: 64}, AnchorCKA)

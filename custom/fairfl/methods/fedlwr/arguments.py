@@ -26,6 +26,14 @@ CKA_SAMPLE = (
         32,
         "Fed-LWR's CKA minibatch (at least 4, for the unbiased HSIC; docs/methods/fedlwr.md: measured against 8, 64)",
     ),
+    Argument(
+        "cka_max_positions",
+        Integer(1, 10_000_000),
+        4096,
+        "3-D networks: CKA reads each layer's output at most at this many voxel positions, the same random ones in "
+        "both models, so its memory stays flat however large the feature maps (docs/methods/fedlwr.md: measured); "
+        "2-D feature maps are read whole",
+    ),
 )
 FEDLWR = (
     Argument(

@@ -24,6 +24,7 @@ The unbiased estimator can also fall slightly outside [0, 1]; results are clampe
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -245,6 +246,7 @@ def layerwise_cka(
     batches: Iterable,
     layer_names: Iterable[str] | None = None,
     device: str | torch.device = "cpu",
+    max_volume_positions: int | None = None,
 ) -> dict[str, float]:
     """Minibatch linear CKA between the outputs of the same-named layers of two models.
 
@@ -257,6 +259,11 @@ def layerwise_cka(
         layer_names: module names (from `named_modules()`) to compare; default: every module
             that owns parameters or buffers, i.e. the keys of `parameter_layers(model_a)`.
         device: where the models run.
+        max_volume_positions: a 3-D layer output [B, C, X, Y, Z] with more voxel positions than this is read at this
+            many of them only, drawn at random once per layer and shape (seeded: the same for both models and every
+            batch), so the features fed to the Gram matrix are C x max_volume_positions however large the volume.
+            The Gram matrix is a sum over positions, so a uniform sample of them estimates it up to a scale, which
+            CKA ignores (tests/methods/fedlwr: measured against reading every position). None: every position.
 
     Returns:
         {layer name: CKA in [0, 1]}, in the order of `layer_names`.
@@ -289,9 +296,21 @@ def layerwise_cka(
                     f"layer {name!r}: output shape {tuple(out.shape)} does not start with the batch size {now['batch']}"
                 )
             # Reduce the output to its Gram matrix right away: nothing of size D is kept.
-            grams[side][name] = gram(out)
+            grams[side][name] = gram(sampled(name, out))
 
         return hook
+
+    positions: dict[tuple, torch.Tensor] = {}  # (layer, spatial shape) -> the voxel positions read
+
+    def sampled(name: str, out: torch.Tensor) -> torch.Tensor:
+        if max_volume_positions is None or out.dim() != 5 or out.shape[2:].numel() <= max_volume_positions:
+            return out
+        key = (name, tuple(out.shape[2:]))
+        if key not in positions:
+            generator = torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+            chosen = torch.randperm(out.shape[2:].numel(), generator=generator)[:max_volume_positions]
+            positions[key] = chosen.to(out.device)
+        return out.flatten(2).index_select(2, positions[key])
 
     handles, was_training = [], {side: m.training for side, m in models.items()}
     cka, used = MinibatchCKA(), 0

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from fairfl.methods.fedlwr.arguments import CKA_SAMPLE
 from fairfl.methods.fedlwr.cka import layerwise_cka
-from fairfl.methods.fedlwr.protocol import CKA, CKA_BATCH_SIZE, CKA_MAX_SAMPLES, CKA_SPLIT, TASK_CKA
+from fairfl.methods.fedlwr.protocol import (
+    CKA,
+    CKA_BATCH_SIZE,
+    CKA_MAX_POSITIONS,
+    CKA_MAX_SAMPLES,
+    CKA_SPLIT,
+    TASK_CKA,
+)
 from fairfl.methods.steps import MethodTask, StepContext
 from fairfl.training import mixed_precision
 
@@ -16,10 +23,11 @@ class AnchorCKA(MethodTask):
     sample of meta[CKA_MAX_SAMPLES] images of the site's meta[CKA_SPLIT] split in minibatches of meta[CKA_BATCH_SIZE],
     drawn afresh every round from the site's seed and the round, in random order (make_loader's max_samples). Never
     in datalist order: minibatches of neighbouring slices of one or two patients show the unbiased HSIC only
-    within-patient variation, and CKA comes out too high at exactly the small sites."""
+    within-patient variation, and CKA comes out too high at exactly the small sites. A 3-D layer's output is read at
+    most at meta[CKA_MAX_POSITIONS] voxel positions (fairfl.methods.fedlwr.cka.layerwise_cka)."""
 
     name = TASK_CKA
-    fields = {key: SAMPLE_KINDS[key] for key in (CKA_SPLIT, CKA_MAX_SAMPLES, CKA_BATCH_SIZE)}
+    fields = {key: SAMPLE_KINDS[key] for key in (CKA_SPLIT, CKA_MAX_SAMPLES, CKA_BATCH_SIZE, CKA_MAX_POSITIONS)}
 
     def run(self, ctx: StepContext) -> None:
         local, anchor = ctx.own_network(), ctx.sent_model()
@@ -31,4 +39,10 @@ class AnchorCKA(MethodTask):
             batch_size=ctx.meta[CKA_BATCH_SIZE],
         )
         with mixed_precision(ctx.device, ctx.amp):
-            ctx.reply[CKA] = layerwise_cka(local, anchor, (b["image"] for b in loader), device=ctx.device)
+            ctx.reply[CKA] = layerwise_cka(
+                local,
+                anchor,
+                (b["image"] for b in loader),
+                device=ctx.device,
+                max_volume_positions=ctx.meta[CKA_MAX_POSITIONS],
+            )

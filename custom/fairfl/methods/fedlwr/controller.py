@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from fairfl.flare.engine import FairRoundController
 from fairfl.methods.fedlwr.cka import parameter_layers
-from fairfl.methods.fedlwr.protocol import CKA, CKA_BATCH_SIZE, CKA_MAX_SAMPLES, CKA_SPLIT, TASK_CKA
+from fairfl.methods.fedlwr.protocol import (
+    CKA,
+    CKA_BATCH_SIZE,
+    CKA_MAX_POSITIONS,
+    CKA_MAX_SAMPLES,
+    CKA_SPLIT,
+    TASK_CKA,
+)
 from fairfl.methods.fedlwr.weights import cka_report, layerwise_average, lwr_layer_weights
 from fairfl.models import build_model, state_to_numpy, state_to_torch
 
@@ -42,6 +49,7 @@ class FedLWRController(FairRoundController):
             CKA_SPLIT: self.cka_split,
             CKA_MAX_SAMPLES: self.cka_max_samples,
             CKA_BATCH_SIZE: self.cka_batch_size,
+            CKA_MAX_POSITIONS: self.cka_max_positions,
         }
 
     def layers(self) -> dict:
