@@ -208,8 +208,11 @@ def _leave_one_out(args) -> int:
 
 
 def _export_job(args) -> int:
-    """Copy a job without its BYOC marker folders, for sites that forbid bring-your-own-code; --set changes arguments
-    of the copy as `fairfl run --set` does."""
+    """Copy a job without its app/custom folders, for NVFlare's own submit tools (`nvflare job submit`, the FLARE API)
+    and sites that forbid bring-your-own-code: the repository's jobs carry one holding only a README, which makes
+    `nvflare simulator` admit the installed package (docs/running.md). --set changes arguments of the copy as `fairfl
+    run --set` does. Code in app/custom is left out too, and named: the sites would not run it."""
+    from fairfl.deploy.admin import custom_code
     from fairfl.files import read_json
     from fairfl.jobconfig import checked_overrides, customize_job
 
@@ -239,6 +242,13 @@ def _export_job(args) -> int:
             json.dump(meta, f, indent=2)
     changed = f" with {overrides}" if overrides else ""
     print(f"exported {args.job}{changed} -> {args.out} (no app/custom: sites need `fairfl provision-complete`)")
+    left_out = custom_code(args.job)
+    if left_out:
+        print(
+            f"left out code of app/custom, which the sites would not run: {', '.join(left_out)}; the classes a job "
+            f"names must be installed at every site and allow-listed",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -465,7 +475,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="change nothing; fail if a job differs from its spec")
     p.set_defaults(func=_make_jobs)
 
-    p = sub.add_parser("export-job", help="copy a job for POC/production sites that forbid bring-your-own-code")
+    p = sub.add_parser(
+        "export-job",
+        help="copy a job without app/custom, for NVFlare's own submit tools (nvflare job submit -j OUT, the FLARE "
+        "API): a repository job as it is is refused there (BYOC); fairfl submit and fairfl poc submit do this "
+        "themselves",
+    )
     p.add_argument("job", type=job_folder)
     p.add_argument("out")
     p.add_argument("--gpus", type=at_least(0), help="GPUs each site must lend the job (meta.json resource_spec)")

@@ -11,7 +11,9 @@ would lose them (FedProxController(num_rounds=2, mu=0.5) is written as {"mu": 0.
 The code is the installed package: nothing is copied into the job (no app/custom, so no bring-your-own-code), and
 every site checks our classes against its class allow-list. NVFlare's SimEnv writes its default list, which lacks
 them, into the simulator workspace unless one is there; so before a SimEnv run the recipe writes ours there
-(local/resources.json: NVFlare's default list plus each of our classes by its exact path)."""
+(local/resources.json: NVFlare's default list plus each of our classes by its exact path). ProdEnv submits to a
+federation whose kits `fairfl provision-complete` completed, fairfl's POC included; PocEnv is refused
+(POC_ENV_REFUSED)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import time
 from pathlib import Path
 
 from nvflare.job_config.api import FedJob
-from nvflare.recipe import SimEnv
+from nvflare.recipe import PocEnv, SimEnv
 from nvflare.recipe.spec import Recipe, _peek_recipe_args
 
 from fairfl.cli_arguments import add_gpu_argument, add_mlflow_argument, at_least, gpu_problem
@@ -36,6 +38,14 @@ from fairfl.simulate import RECIPE_SITE_ERRORS
 from fairfl.tracking import with_mlflow
 
 META = "meta.json"
+# PocEnv provisions its own POC with NVFlare's settings, and first stops and deletes the POC of NVFlare's recorded
+# workspace, which `fairfl poc prepare` made its own: refused before it does
+POC_ENV_REFUSED = (
+    "PocEnv would stop and delete a running POC and provision a new one whose sites refuse fairfl's classes "
+    "(NVFlare's default class allow-list): start fairfl's POC with `fairfl poc prepare` and `fairfl poc start`, then "
+    "run the recipe in ProdEnv(startup_kit_location=<POC workspace>/fairfl/prod_00/admin@fairfl.org, "
+    "username='admin@fairfl.org') (docs/running.md)"
+)
 ONE_APP_FOR_ALL = {"app": ["@ALL"]}  # the deploy map of every fairfl job, and the only one a FedJob with one app writes
 # the simulator empties its workspace at start but keeps these (the sites' settings, e.g. the allow-list)
 KEPT_BY_SIMULATOR = {"local", "startup"}
@@ -167,6 +177,8 @@ class FairflRecipe(Recipe):
                 )
 
     def run(self, env, server_exec_params=None, client_exec_params=None):
+        if isinstance(env, PocEnv):
+            raise ValueError(POC_ENV_REFUSED)
         if isinstance(env, SimEnv):  # else SimEnv writes NVFlare's default allow-list, which refuses our classes
             allow_fairfl_classes(os.path.join(env.workspace_root, self.name))
         return super().run(env, server_exec_params, client_exec_params)

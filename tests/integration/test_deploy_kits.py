@@ -289,16 +289,6 @@ def test_every_shipped_job_names_only_listed_components_and_nvflare_admits_nothi
         load_class(f"{ALLOW_LIST[0]}.__init__")
 
 
-def test_submitted_job_leaves_out_custom(tmp_path):
-
-    job = os.path.join(REPO, "jobs", "fedlwr")
-    copy = admin.without_custom(job, str(tmp_path))
-    assert os.path.basename(copy) == "fedlwr" and not os.path.exists(os.path.join(copy, "app", "custom"))
-    assert admin.without_custom(copy, str(tmp_path / "again")) == copy
-    with pytest.raises(FileNotFoundError, match="not a job folder"):
-        admin.without_custom(str(tmp_path), str(tmp_path))
-
-
 def test_export_job_asks_each_site_for_gpus(tmp_path):
     from nvflare.utils.job_launcher_utils import get_resource_manager_spec, validate_portable_resource_spec
 

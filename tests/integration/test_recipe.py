@@ -10,7 +10,7 @@ import pytest
 from nvflare.apis.app_validation import AppValidationKey
 from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
 from nvflare.app_common.filters.exclude_vars import ExcludeVars
-from nvflare.recipe import SimEnv
+from nvflare.recipe import PocEnv, SimEnv
 
 from fairfl.flare.components import ALLOW_LIST
 from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG, customize_job
@@ -177,6 +177,16 @@ def test_sim_env_workspace_allow_lists_our_classes_and_nvflare_keeps_them(tmp_pa
         with pytest.raises(ValueError, match=why) as e:
             allow_fairfl_classes(str(tmp_path / "own"))
         assert str(local / "resources.json") in str(e.value)
+
+
+def test_poc_env_is_refused_before_it_stops_a_running_poc_naming_fairfl_poc_and_prod_env(tmp_path, monkeypatch):
+    # PocEnv would stop and delete the POC of NVFlare's recorded workspace, then provision one whose sites refuse our
+    # classes; ProdEnv with the POC's admin kit runs the recipe (the POC test submits one)
+    monkeypatch.setenv("NVFLARE_POC_WORKSPACE", str(tmp_path / "poc"))  # never a user's own
+    (tmp_path / "poc").mkdir()
+    with pytest.raises(ValueError, match=r"fairfl poc prepare.*fairfl poc start.*ProdEnv\(startup_kit_location="):
+        FairflRecipe("fedavg").execute(PocEnv(num_clients=2))
+    assert os.listdir(tmp_path / "poc") == []
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 
+from fairfl.methods.make_jobs import BYOC_MARKER
 from fairfl.results import RESULTS_FILE
 
 COMPLETED = "FINISHED:COMPLETED"
@@ -35,30 +36,64 @@ def admin_session(kit: str, user: str | None = None, timeout: float = 30.0):
         session.close()
 
 
-def without_custom(job: str, tmp: str) -> str:
-    """The job folder itself if it carries no `custom/` code, else a copy without it (in `tmp`).
+# what NVFlare's admin API writes into every folder of a job it submits (its signature), in place
+SIGNATURE_FILES = (".__nvfl_sig.json", ".__nvfl_submitter.crt")
 
-    Our jobs' `app/custom/` holds only a README that marks them BYOC for the simulator; production sites
-    run the installed package instead (see `fairfl export-job`)."""
+
+def custom_code(job: str) -> list[str]:
+    """The files in the custom/ folders of `job`'s apps other than fairfl's marker (a README.md directly in the folder,
+    what `fairfl make-jobs` writes for `nvflare simulator`) and NVFlare's signature files: code the sites would have
+    to run as bring-your-own-code."""
+    found = []
+    for custom in glob.glob(os.path.join(job, "*", "custom")):
+        for folder, _, names in os.walk(custom):
+            for name in names:
+                if name in SIGNATURE_FILES or (name == BYOC_MARKER and folder == custom):
+                    continue
+                found.append(os.path.relpath(os.path.join(folder, name), job))
+    return sorted(found)
+
+
+def refuse_custom_code(job: str) -> None:
+    """A ValueError saying what to do when `job` brings code in app/custom, which no fairfl federation runs."""
+    code = custom_code(job)
+    if code:
+        shown = ", ".join(code[:3]) + (f" and {len(code) - 3} more" if len(code) > 3 else "")
+        raise ValueError(
+            f"{job} brings code in app/custom ({shown}): the sites of a fairfl POC or federation run only the "
+            f"installed fairfl package and nobody may bring code, so the server would refuse the job (BYOC not "
+            f"permitted). Put the code in the package (its classes allow-listed by `fairfl provision-complete`), or, "
+            f"if the job names only installed classes, write a copy without app/custom with `fairfl export-job {job} "
+            f"OUT` and submit OUT"
+        )
+
+
+def submittable_copy(job: str, tmp: str) -> str:
+    """A copy of the job folder in `tmp` without its app/custom marker (so not BYOC); a job with code there is refused
+    (refuse_custom_code). A copy, since NVFlare's admin API writes its signature into the folder it submits."""
     if not os.path.isfile(os.path.join(job, "meta.json")):
         raise FileNotFoundError(f"{job} is not a job folder (no meta.json)")
-    if not glob.glob(os.path.join(job, "*", "custom")):
-        return job
-    copy = os.path.join(tmp, os.path.basename(os.path.abspath(job).rstrip("/")))
-    shutil.copytree(job, copy, ignore=shutil.ignore_patterns("custom", "__pycache__"))
+    refuse_custom_code(job)
+    copy = os.path.join(tmp, os.path.basename(os.path.abspath(job).rstrip("/")))  # the name it is listed under
+    shutil.copytree(job, copy, ignore=shutil.ignore_patterns("custom", "__pycache__", *SIGNATURE_FILES))
     return copy
 
 
 def submit(kit: str, job: str, user: str | None = None) -> str:
-    """Submit `job` (without any custom/ folder) and return its job id."""
+    """Submit a copy of `job` without its app/custom marker (submittable_copy) and return its job id."""
     with tempfile.TemporaryDirectory() as tmp, admin_session(kit, user) as session:
-        return session.submit_job(os.path.abspath(without_custom(job, tmp)))
+        return session.submit_job(os.path.abspath(submittable_copy(job, tmp)))
 
 
 def wait(kit: str, job_id: str, timeout: float = 0.0, user: str | None = None) -> str:
-    """Block until the job ends (timeout seconds, 0: no limit); its final status, e.g. FINISHED:COMPLETED."""
+    """Block until the job ends (timeout seconds, 0: no limit); its final status, e.g. FINISHED:COMPLETED, and for a
+    job that did not complete what the server recorded of its deployment, e.g. FINISHED:FAILED_TO_RUN (server: BYOC
+    not permitted)."""
     with admin_session(kit, user) as session:
-        return session.wait_for_job(job_id, timeout=timeout, poll_interval=2.0)["status"]
+        meta = session.wait_for_job(job_id, timeout=timeout, poll_interval=2.0)
+    status = meta["status"]
+    problems = [str(d) for d in meta.get("job_deploy_detail") or [] if not str(d).endswith(": OK")]
+    return f"{status} ({'; '.join(problems)})" if status != COMPLETED and problems else status
 
 
 def download(kit: str, job_id: str, out: str, user: str | None = None) -> str:

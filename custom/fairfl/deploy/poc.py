@@ -11,12 +11,17 @@ inherit this environment: `FAIRFL_DATA_ROOT` (default: built-in synthetic data),
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import io
+import json
 import os
+import socket
 import subprocess
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -71,13 +76,22 @@ def project(n_sites: int, port: int = 8002) -> dict:
     }
 
 
-def _nvflare(*args, ws: str | None = None, timeout: float = 300) -> None:
+def _nvflare(*args, ws: str | None = None, timeout: float = 300, quiet: bool = False) -> None:
+    """`nvflare poc ARGS` on the workspace; quiet: its output is kept back and shown only when it fails."""
     from fairfl.simulate import nvflare_command
 
     env = {**os.environ, "NVFLARE_POC_WORKSPACE": ws or workspace()}
-    proc = subprocess.run(nvflare_command() + ["poc", *args], env=env, timeout=timeout, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        nvflare_command() + ["poc", *args],
+        env=env,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        capture_output=quiet,
+        text=True,
+    )
     if proc.returncode != 0:
-        raise RuntimeError(f"`nvflare poc {' '.join(args)}` failed with exit code {proc.returncode} (see above)")
+        said = f":\n{(proc.stdout + proc.stderr)[-3000:]}" if quiet else " (see above)"
+        raise RuntimeError(f"`nvflare poc {' '.join(args)}` failed with exit code {proc.returncode}{said}")
 
 
 def is_poc_workspace(folder) -> bool:
@@ -105,10 +119,146 @@ def prepare(n_sites: int = 2, port: int = 8002, force: bool = False) -> str:
     return ws
 
 
-def start(timeout: int = 120) -> None:
-    """Start the server and every site (background processes); returns once they are connected."""
+POLL_SECONDS = 2.0  # between two looks at a starting POC (each a login once the port answers)
+
+
+@dataclass(frozen=True)
+class Federation:
+    """What of the POC runs: each participant's live processes (its pid files), whether the server's admin port
+    answers on this machine, and the sites the server lists as connected (None: not asked, or no answer yet)."""
+
+    server: str
+    sites: tuple[str, ...]
+    pids: dict[str, list[int]]
+    port: int
+    port_answers: bool
+    connected: frozenset[str] | None = None
+
+    @property
+    def ready(self) -> bool:
+        """Every participant runs, the port answers and the server lists every site: a job can be submitted."""
+        everyone = all(name in self.pids for name in (self.server, *self.sites))
+        return everyone and self.port_answers and self.connected is not None and set(self.sites) <= self.connected
+
+    def lines(self) -> list[str]:
+        """A line per participant: its processes, then the server's port or whether the server lists the site."""
+        names = [f"server {self.server}", *self.sites]
+        width = max(len(name) for name in names)
+        lines = []
+        for name, label in zip((self.server, *self.sites), names, strict=True):
+            pids = self.pids.get(name)
+            if not pids:
+                lines.append(f"  {label:{width}}  no process")
+                continue
+            if name == self.server:
+                state = f"admin port {self.port} {'answers' if self.port_answers else 'does not answer yet'}"
+            elif self.connected is None:
+                state = "connection unknown (the server did not answer)"
+            else:
+                state = "connected" if name in self.connected else "not connected yet"
+            lines.append(f"  {label:{width}}  pids {', '.join(map(str, pids))}  {state}")
+        return lines
+
+
+class StartTimeout(RuntimeError):
+    """The POC was not ready in time; `federation` is what ran at the deadline (its processes are left running)."""
+
+    def __init__(self, federation: Federation, timeout: float):
+        self.federation = federation
+        what = "\n".join(federation.lines())
+        if federation.pids:
+            advice = (
+                "Its processes keep running and may still get ready: `fairfl poc status` shows them, "
+                "`fairfl poc stop` stops them."
+            )
+        else:
+            advice = "Nothing of it runs."
+        super().__init__(
+            f"the POC was not ready after {timeout:.0f} s (wait longer with --timeout SECONDS):\n{what}\n{advice} "
+            f"Logs: {prod_dir()}/<participant>/log.txt and poc_console.log"
+        )
+
+
+def participants(ws: str | None = None) -> tuple[str, tuple[str, ...]]:
+    """(server, sites) of the POC, as its project.yml names them."""
+    path = os.path.join(ws or workspace(), "project.yml")
+    try:
+        with open(path) as f:
+            people = yaml.safe_load(f)["participants"]
+        server = next(p["name"] for p in people if p.get("type") == "server")
+        return server, tuple(p["name"] for p in people if p.get("type") == "client")
+    except (OSError, KeyError, StopIteration, TypeError, yaml.YAMLError) as e:
+        raise FileNotFoundError(f"no usable POC project at {path} ({e!r}): run `fairfl poc prepare` first") from None
+
+
+def admin_port(ws: str | None = None) -> int:
+    """The port the admin kit connects to (this POC's server port: federation and admin share it)."""
+    with open(os.path.join(admin_kit(ws), "startup", "fed_admin.json")) as f:
+        return int(json.load(f)["admin"]["port"])
+
+
+def _port_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _connected_sites(timeout: float = 10.0) -> frozenset[str] | None:
+    """The sites the server lists as connected, asked through the admin API; None while it does not answer."""
+    try:  # the admin API prints "Connecting to FLARE ..." on every try
+        with contextlib.redirect_stdout(io.StringIO()), admin.admin_session(admin_kit(), timeout=timeout) as session:
+            return frozenset(client.name for client in session.get_system_info().client_info)
+    except Exception:  # starting: the server refuses logins, or answers nothing, until it is up
+        return None
+
+
+def status(ask_server: bool = True) -> Federation:
+    """What of the POC runs now; ask_server: also ask the server which sites are connected (a login, when its process
+    runs and its port answers)."""
+    server, sites = participants()
+    pids = _live_pids()
+    port = admin_port()
+    answers = _port_answers(port)
+    connected = _connected_sites() if ask_server and answers and server in pids else None
+    return Federation(server, sites, pids, port, answers, connected)
+
+
+def start(timeout: float, check=None, clock=None, sleep=None) -> tuple[Federation, float]:
+    """Start the server and every site as background processes (`nvflare poc start --no-wait`, whose own lines are
+    kept back: they name an admin port this POC does not use), then wait until `check()` (default `status`) finds
+    them all running, the admin port answering and every site connected; (the Federation, seconds it took). After
+    `timeout` seconds a StartTimeout says what runs and how to stop it; nothing is stopped. check, clock (default
+    time.monotonic) and sleep (time.sleep): for tests."""
+    check, clock, sleep = check or status, clock or time.monotonic, sleep or time.sleep
     admin_kit()
-    _nvflare("start", "--timeout", str(timeout), timeout=timeout + 60)
+    before = check(ask_server=False)
+    if before.pids:
+        running = "\n".join(check().lines())
+        raise RuntimeError(
+            f"a POC already runs from {workspace()}:\n{running}\n`fairfl poc status` shows it, `fairfl poc stop` "
+            f"stops it"
+        )
+    started = clock()
+    deadline = started + timeout
+    try:
+        _nvflare("start", "--no-wait", timeout=max(1.0, deadline - clock()), quiet=True)
+    except subprocess.TimeoutExpired:
+        pass  # what it started runs on: judged below, like everything else
+    except RuntimeError as e:
+        now = check()
+        if now.pids:
+            running = "\n".join(now.lines())
+            raise RuntimeError(f"{e}\nyet these run:\n{running}\nstop them with `fairfl poc stop`") from None
+        raise
+    while True:
+        federation = check()
+        if federation.ready:
+            return federation, clock() - started
+        if clock() >= deadline:
+            raise StartTimeout(federation, timeout)
+        sleep(POLL_SECONDS)
 
 
 def stop(timeout: float = 120) -> None:

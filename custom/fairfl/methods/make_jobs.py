@@ -20,14 +20,20 @@ MIN_CLIENTS = 2
 # seconds a site waits after answering a task before it asks for the next one (NVFlare's server setting
 # `task_request_interval`, default 2): with several tasks a round, NVFlare's 2 s were most of a small round's time
 TASK_REQUEST_INTERVAL = 0.2
-# the job runs with bring-your-own-code only so that `nvflare simulator` admits the installed package
-CUSTOM_README = (
-    'This folder holds no code. Its presence marks the job as "bring your own code" for `nvflare simulator`,\n'
-    "which has no other way to learn that the installed `fairfl` package may be used (NVFlare 2.9's class\n"
-    "allow-list). All code comes from the installed `fairfl` package. For POC and production, where sites\n"
-    "forbid bring-your-own-code, `fairfl export-job` writes the job without this folder and each site's\n"
-    '`local/resources.json` allow-lists our component classes (see docs/running.md, "How the jobs find the code").\n'
-)
+# the one file of a job's app/custom/, which holds no code: it makes `nvflare simulator` treat the job as bringing its
+# own code, so that a fresh simulator workspace admits fairfl's classes; fairfl's submits leave it out (deploy/admin.py)
+BYOC_MARKER = "README.md"
+# what it says: why the job carries app/custom/, and what to submit instead
+CUSTOM_README = """\
+This folder holds no code: all of it comes from the installed `fairfl` package. It is here for
+`nvflare simulator jobs/{job} -w WS`: NVFlare 2.9 checks a job's classes against the site's class allow-list
+unless the job brings its own code (this folder), and a fresh simulator workspace allows only NVFlare's classes.
+
+POC and production sites forbid bring-your-own-code, so this folder as it is ends there FINISHED:FAILED_TO_RUN
+("BYOC not permitted"). Submit with `fairfl poc submit jobs/{job}` or `fairfl submit jobs/{job} --admin KIT`, which
+leave this folder out, or write a copy without it for NVFlare's own tools (`nvflare job submit -j OUT`, the FLARE
+API, a recipe's ProdEnv): `fairfl export-job jobs/{job} OUT`. See docs/running.md, "How the jobs find the code".
+"""
 
 
 def load_class(path: str) -> type:
@@ -85,7 +91,7 @@ def to_json(value, indent: int = 0) -> str:
 def job_files(job: Job) -> dict:
     """{path inside the job folder: text} of everything `make-jobs` writes for `job`."""
     files = {path: to_json(content) + "\n" for path, content in job_configs(job).items()}
-    return {**files, "app/custom/README.md": CUSTOM_README}
+    return {**files, f"app/custom/{BYOC_MARKER}": CUSTOM_README.format(job=job.name)}
 
 
 def _stale(root: str, name: str, files: dict) -> dict:
