@@ -227,7 +227,6 @@ def declared_by_data(data_root) -> dict:
     return {key: declared[key] for key in DECLARED_ROUND_ARGUMENTS if key in declared}
 
 
-
 def parse_assignments(items: list[str]) -> dict:
     """['num_rounds=50', 'cka_clip=[0.0001,0.99]'] -> {'num_rounds': 50, 'cka_clip': [0.0001, 0.99]} (JSON values;
     anything that is not JSON stays a string)."""

@@ -28,7 +28,7 @@ from fairfl.report.runs import (
     region_metrics,
     with_final,
 )
-from fairfl.report.site_tables import SPREAD_TEXT, paper_table, spread_table, write_csv
+from fairfl.report.site_tables import SPREAD_TEXT, SURFACE_TEXT, paper_table, spread_table, surface_table, write_csv
 from fairfl.text import markdown_text
 
 
@@ -42,6 +42,12 @@ SECTIONS = (  # the report's own, in their order
         "Spread across sites",
         lambda inputs: SPREAD_TEXT.format(label=_label(inputs)),
         lambda inputs: spread_table(inputs.runs, inputs.metric),
+    ),
+    Section(
+        "surface",
+        "Surface distances (volumes)",
+        lambda inputs: SURFACE_TEXT,
+        lambda inputs: surface_table(inputs.runs),
     ),
     Section(
         "personal_global",

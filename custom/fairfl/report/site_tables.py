@@ -131,3 +131,31 @@ def spread_table(runs, metric=None) -> tuple[str, dict]:
         for key, v in stats.items()
     )
     return "\n".join(table_lines(["Method", *(h for h, _, _, _ in SPREAD_COLUMNS), "seeds"], rows)), stats
+
+
+SURFACE_TEXT = (
+    "The final global (or each site's own) model's surfaces on each site's whole test volumes, in mm: HD95, the 95th "
+    "percentile of the distances between the predicted and the true boundary (lower is better; a structure predicted "
+    "empty scores the volume's diagonal), and surface Dice (%), the share of both boundaries within 2 mm of the "
+    "other (MONAI's metrics; `fairfl.training.evaluate_dice`). Mean ± sd over seeds."
+)
+
+
+def surface_table(runs) -> tuple[str, dict]:
+    """Per method and site, the final HD95 (mm) and surface Dice (%) of volume runs (their per-site `hd95` and
+    `surface_dice`); ("", {}) when no run has them (2-D runs)."""
+    done = [r for r in runs if r.get("final") and site_scores(r["final"], "hd95")]
+    if not done:
+        return "", {}
+    sites, rows, stats = sites_of(done), [], {}
+    for method, group in by_method(done).items():
+        hd95 = [{s: v / 100.0 for s, v in site_scores(r["final"], "hd95").items()} for r in group]
+        nsd = [site_scores(r["final"], "surface_dice") for r in group]
+        cells = []
+        for site in sites:
+            hd, sd = mean_sd(h[site] for h in hd95 if site in h), mean_sd(n[site] for n in nsd if site in n)
+            cells.append(f"{cell(hd)} / {cell(sd)}")
+            stats.setdefault(method, {})[site] = {"hd95": hd, "surface_dice": sd}
+        rows.append([group_name_markdown(method), *cells])
+    header = ["Method", *(f"{markdown_text(site)} HD95 / surface Dice" for site in sites)]
+    return "\n".join(table_lines(header, rows)), stats
