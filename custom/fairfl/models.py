@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from contextlib import contextmanager
 from typing import TypeGuard
 
@@ -21,6 +22,7 @@ from fairfl.networks import argument_problem, build_network, is_network_name
 from fairfl.site_settings import MAX_MODEL_PARAMETERS
 
 SERVER_MAX_MODEL_PARAMETERS_ENV = "FAIRFL_SERVER_MAX_MODEL_PARAMETERS"  # the server's own cap; the sites' default
+SIZING_SECONDS = 30.0  # the longest a site or the server spends sizing a network before refusing it
 
 # CPU-sized default: a four-level MONAI U-Net. The paper preset uses the five-level one (16..256).
 DEFAULT_UNET = {
@@ -138,7 +140,9 @@ def _size_problem(spec: dict, max_parameters: int, whose: str, environ) -> str |
     """Built on torch's meta device (nothing allocated): why it cannot be, or has more than `max_parameters`
     parameters and buffers (a constructor's buffers take memory too)."""
     try:
-        with torch.device("meta"), _SizeOnly():
+        # a constructor's intermediate tensors count too: a generous multiple of the limit (and a floor, so that a
+        # small limit still lets the count be told) bounds the building
+        with torch.device("meta"), _SizeOnly(max_values=16 * max_parameters + 50_000_000):
             model = build_model(spec, environ)
             count = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
     except Exception as err:  # what the ranges above let through and the constructor still refuses
@@ -150,12 +154,25 @@ def _size_problem(spec: dict, max_parameters: int, whose: str, environ) -> str |
 
 class _SizeOnly(TorchFunctionMode):
     """While a network is built on the meta device to be counted: a value read out of a meta tensor (`.item()`, as
-    SwinUNETR's drop-path rates are) reads 0, since a count of parameters never depends on such values."""
+    SwinUNETR's drop-path rates are) reads 0, since a count of parameters never depends on such values; and the
+    building stops (ValueError) once it has made more than `max_values` tensor elements or taken `max_seconds`, so a
+    spec of thousands of layers is refused in bounded time, never built for minutes before its count is known."""
+
+    def __init__(self, max_values: float = math.inf, max_seconds: float = SIZING_SECONDS):
+        super().__init__()
+        self.left, self.deadline = max_values, time.monotonic() + max_seconds
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in (torch.Tensor.item, torch.Tensor.tolist) and args and getattr(args[0], "is_meta", False):
             return 0.0 if func is torch.Tensor.item else []
-        return func(*args, **(kwargs or {}))
+        result = func(*args, **(kwargs or {}))
+        if isinstance(result, torch.Tensor) and result.is_meta:
+            self.left -= result.numel()
+            if self.left < 0:
+                raise ValueError("it makes far more values than the limit allows while it is built")
+        if time.monotonic() > self.deadline:
+            raise ValueError(f"sizing it took more than {SIZING_SECONDS:g} s (thousands of layers?)")
+        return result
 
 
 def server_parameter_limit(environ=None) -> int:

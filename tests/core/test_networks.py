@@ -348,8 +348,12 @@ def test_an_admitted_factory_gets_the_task_s_shape_and_is_counted_with_its_buffe
     assert_counted(spec, parameters, environ)
 
     big = {**spec, "args": {"width": 6, "table": 10**9}}  # 4 GB of buffer, counted on the meta device
-    assert check_model_spec(big, 10**6, environ=environ) == (
-        f"has {parameters + 10**9:,} parameters, more than this site's limit of 1,000,000"
+    assert check_model_spec(big, 10**6, environ=environ) == (  # refused while it is built: a far larger buffer
+        "cannot be built: ValueError: it makes far more values than the limit allows while it is built"
+    )
+    fits = {**spec, "args": {"width": 6, "table": 2 * 10**6}}  # over the limit, within what sizing may build
+    assert check_model_spec(fits, 10**6, environ=environ) == (
+        f"has {parameters + 2 * 10**6:,} parameters, more than this site's limit of 1,000,000"
     )
     assert check_model_spec(big, 10**6) and "not admitted" in check_model_spec(big, 10**6)  # os.environ: not here
 
@@ -493,3 +497,16 @@ def test_the_same_seed_builds_the_same_network_and_another_seed_another():
         torch.manual_seed(3)
         built = build_model(spec).state_dict()
         assert all((built[k].numpy() == first[k]).all() for k in first)
+
+
+def test_a_network_of_hundreds_of_layers_is_refused_while_it_is_built_not_after():
+    """A hostile server's spec may be legal JSON of a few numbers and still describe a network that takes minutes to
+    build even on the meta device (DenseNet121 with a block of thousands of layers): sizing stops once it has made a
+    generous multiple of the limit in values, so a site refuses it in bounded time."""
+    import time
+
+    spec = {"name": "DenseNet121", "in_channels": 1, "num_classes": 2, "args": {"block_config": [400]}}
+    started = time.process_time()
+    problem = check_model_spec(spec, 10**6)
+    assert problem == "cannot be built: ValueError: it makes far more values than the limit allows while it is built"
+    assert time.process_time() - started < 10
