@@ -2,7 +2,7 @@
 resnet18), 3-D volumes and 2-D images. Each registered variant plays real rounds in one process: its controller's
 round steps as the round loop runs them, and at every site the real executor (the server's task checked and read as a
 site reads it, its loaders, steps and method tasks), only NVFlare's transport left out. The real simulator runs the
-same on fewer methods (tests/integration/test_simulator_byo.py); this file holds every variant to it cheaply.
+same on Fed-LWR and Solo (tests/integration/test_simulator_jobs.py); this file holds every variant to it cheaply.
 
 A variant either trains and scores every site with finite numbers, or refuses the task at its construction with a
 reason (FedNPR needs classes to form prototypes of: a segmentation task is refused)."""

@@ -1,6 +1,7 @@
 """Integration: NVFlare's real simulator runs each method's job end to end on tiny built-in data (through the recipe
 API, as `fairfl run` does; `nvflare simulator` where a test says so): FedAvg with its trackers and progress lines,
-Fed-LWR and FedCE with fewer threads than sites, Solo on a data root, FedNPR-Per, CFFL and CGSV, Ditto and FedFloor
+Fed-LWR (on a 3-D SegResNet and the built-in volumes) and FedCE with fewer threads than sites, Solo on a data root
+with a MONAI bundle as its model, FedNPR-Per, CFFL and CGSV, Ditto and FedFloor
 with a held-out site. Sites answering like broken or malicious ones are in test_simulator_hostile_sites.py; sites
 that fail, stall or die, and a killed run resumed, in test_simulator_faults.py."""
 
@@ -9,14 +10,20 @@ import os
 import subprocess
 
 import pytest
+import torch
 
+from fairfl.bundle import read_bundle
+from fairfl.methods.fedlwr.cka import parameter_layers
+from fairfl.models import build_model
 from fairfl.progress import outcome_line
 from fairfl.simulate import NVFLARE_SIMULATOR
 
-from helpers import check_tracking, make_job, recorded, segmentation_task_meta
+from helpers import REPO, check_tracking, make_job, recorded, segmentation_task_meta
 from simulator_runs import check_common, check_contributions, load_results, read_json, run
 
 pytestmark = pytest.mark.slow
+TINY_BUNDLE = os.path.join(REPO, "tests", "fixtures", "tiny_bundle")  # a MONAI bundle written in the repository
+SEGRESNET = {"init_filters": 4, "norm": ["group", {"num_groups": 2}], "blocks_down": [1, 1], "blocks_up": [1]}
 
 
 def test_fedavg_trains_and_reports(tiny_fedavg_run):
@@ -44,14 +51,32 @@ def test_fedavg_trains_and_reports(tiny_fedavg_run):
     ) and outcome_line(results, sim.seconds).startswith("finished 2 round(s) in ")
 
 
-def test_fedlwr_layer_weights_with_fewer_threads_than_sites(tmp_path, cache_dir):
+def test_fedlwr_layer_weights_of_a_3d_segresnet_with_fewer_threads_than_sites(tmp_path, cache_dir):
     # -t 1 < -n 2: each client process is restarted per task, so the CKA task must find the local model on disk;
     # through `nvflare simulator JOB -w WS -n 2 -t 1`, the command our users run on jobs/fedlwr. One round: every
-    # task (train, cka, validate) of every site starts a process (imports, then NVFlare's 3 s shutdown grace)
-    job = make_job("fedlwr", str(tmp_path / "job"), server={"num_rounds": 1})
+    # task (train, cka, validate) of every site starts a process (imports, then NVFlare's 3 s shutdown grace). On a
+    # network fairfl does not ship and the built-in volumes: patches in training and CKA, whole test volumes scored by
+    # sliding window, CKA per module of SegResNet by name, each 3-D layer read at cka_max_positions voxels
+    server = {
+        "num_rounds": 1,
+        "dataset": "prostate3d",
+        "model": "SegResNet",
+        "model_args": SEGRESNET,
+        "cka_max_samples": 8,
+        "cka_batch_size": 4,
+        "cka_max_positions": 256,
+    }
+    client = {"patch_size": [16, 16, 16], "batch_size": 2, "synthetic_size_scale": 0.1}
+    job = make_job("fedlwr", str(tmp_path / "job"), server=server, client=client)
     results = load_results(run(job, str(tmp_path / "ws"), n=2, t=1, via=NVFLARE_SIMULATOR))
     sites = ("site-1", "site-2")
     check_common(results, "fedlwr", sites, rounds=1)
+    segresnet = build_model(
+        {"name": "SegResNet", "in_channels": 1, "num_classes": 2, "spatial_dims": 3, "args": SEGRESNET}
+    )
+    assert set(results["rounds"][-1]["layer_weights"]) == set(parameter_layers(segresnet))  # every layer, by name
+    for site, metrics in results["final"]["per_site"].items():  # volumes: surfaces too, in mm
+        assert 0 <= metrics["surface_dice"] <= 1 and math.isfinite(metrics["hd95"]) and metrics["hd95"] >= 0, site
     assert results["config"]["weighting"] == "uniform"  # the paper's anchor: 1/K (Eq. 1, Algorithm 1 line 7)
     for record in results["rounds"]:
         assert "rejected" not in record
@@ -67,17 +92,24 @@ def test_fedlwr_layer_weights_with_fewer_threads_than_sites(tmp_path, cache_dir)
             assert all(0.0 <= v <= 1.0 for v in per_layer.values())
 
 
-def test_solo_evaluates_own_models_on_a_data_root(tmp_path, cache_dir):
+def test_solo_evaluates_own_models_of_a_monai_bundle_on_a_data_root(tmp_path, cache_dir):
+    # the hospital's way in: its data root, and its model as a MONAI bundle (the repository's tiny one: its network,
+    # its preprocessing at the sites, its weights as the start)
     data_root = tmp_path / "data"
     subprocess.run(
         ["fairfl", "prepare-data", "--out", str(data_root), "--image-size", "32", "--num-sites", "3"],
         check=True,
         capture_output=True,
     )
-    job = make_job("solo", str(tmp_path / "job"), {"cross_site_eval": True})
+    job = make_job("solo", str(tmp_path / "job"), {"cross_site_eval": True, "bundle": TINY_BUNDLE})
     sim = run(job, str(tmp_path / "ws"), env={"FAIRFL_DATA_ROOT": str(data_root)})
     results = load_results(sim)
     check_common(results, "solo")
+    assert results["config"]["bundle"] == TINY_BUNDLE
+    kept_file = os.path.join(str(tmp_path / "ws"), "site-1", "simulate_job", "fairfl_site", "local_model.pt")
+    kept = torch.load(kept_file, weights_only=True)
+    bundle = build_model(read_bundle(TINY_BUNDLE).network).state_dict()
+    assert {k: v.shape for k, v in kept["model"].items()} == {k: v.shape for k, v in bundle.items()}
     assert "weights" not in results["rounds"][-1]
     # cross-site evaluation: every site's own model scored on every site's test split; the diagonal is the final score
     cross, sites = results["cross_site"], results["sites"]
