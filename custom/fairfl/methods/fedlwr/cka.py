@@ -262,8 +262,10 @@ def layerwise_cka(
         max_volume_positions: a 3-D layer output [B, C, X, Y, Z] with more voxel positions than this is read at this
             many of them only, drawn at random once per layer and shape (seeded: the same for both models and every
             batch), so the features fed to the Gram matrix are C x max_volume_positions however large the volume.
-            The Gram matrix is a sum over positions, so a uniform sample of them estimates it up to a scale, which
-            CKA ignores (tests/methods/fedlwr: measured against reading every position). None: every position.
+            The Gram matrix is a sum over positions, so a uniform sample of them estimates it without bias up to a
+            scale, which CKA ignores; CKA, a ratio of products of Gram matrices, comes out lower the fewer the
+            positions (tests/methods/fedlwr/test_cka.py measures it against reading every position). None: every
+            position.
 
     Returns:
         {layer name: CKA in [0, 1]}, in the order of `layer_names`.
