@@ -143,3 +143,22 @@ def test_hd95_and_surface_dice_are_millimetres_against_a_computation_by_hand():
         "hd95": [],
         "surface_dice": [],
     }  # nothing to find: not scored
+
+
+@pytest.mark.parametrize("task", ["segmentation", "classification"])
+def test_a_bundle_s_preprocessing_replaces_the_volumes_own_for_either_task(tmp_path, task):
+    """A MONAI bundle's transforms (fairfl.bundle) take the place of the CT window or MR percentiles for volumes of
+    either task, never silently dropped: here one that scales intensities to [0, 7] instead of [0, 1]."""
+    (entry,) = stored_variants(tmp_path)[:1]
+    absolute = {"image": str(tmp_path / entry["image"]), "label": str(tmp_path / entry["label"])}
+    if task == "classification":
+        absolute["label"] = 1
+    scale = [{"name": "ScaleIntensityd", "args": {"keys": "image", "minv": 0.0, "maxv": 7.0}}]
+    settings = VolumeSettings(patch_size=(16, 16, 16))
+    for preprocessing, top in ((None, 1.0), (scale, 7.0)):
+        loader = make_loader(
+            [absolute], 64, 2, 1, train=False, seed=0, task=task, volume=settings, preprocessing=preprocessing
+        )
+        image = next(iter(loader))["image"]
+        # a patch or a resize may miss the brightest voxel: within the range, near its top
+        assert 0.8 * top < float(image.max()) <= top + 1e-4, (task, preprocessing, float(image.max()))

@@ -227,14 +227,9 @@ def volume_segmentation_transforms(
     matched = [MatchChannelsd("image", in_channels), MatchChannelsd("label", 1)]
     fixed, random = volumes.segmentation_steps(settings, whole)
     chosen = volumes.augmentation(KEYS, check_augmentation(augmentation)) if train else []
-    prepared = (
-        [EnsureChannelFirstd(KEYS), *matched, *build_transforms(preprocessing)]
-        if preprocessing
-        else volumes.prepared(KEYS, matched, settings)
-    )
     return Compose(
         [
-            LoadCheckedd(KEYS, site, [*prepared, *fixed]),
+            LoadCheckedd(KEYS, site, [*volumes.prepared(KEYS, matched, settings, preprocessing), *fixed]),
             *random,
             *chosen,
             *volumes.plain_tensors(KEYS),
@@ -282,10 +277,16 @@ def classification_transforms(
 
 
 def volume_classification_transforms(
-    settings: volumes.VolumeSettings, train: bool, in_channels: int = 1, site: str = "?", augmentation=AUGMENTATIONS
+    settings: volumes.VolumeSettings,
+    train: bool,
+    in_channels: int = 1,
+    site: str = "?",
+    augmentation=AUGMENTATIONS,
+    preprocessing: list | None = None,
 ) -> Compose:
-    """A 3-D volume and its class index (fairfl.data.volumes): one frame and intensity scale, resized whole."""
-    prepared = volumes.prepared(("image",), [MatchChannelsd("image", in_channels)], settings)
+    """A 3-D volume and its class index (fairfl.data.volumes): one frame and intensity scale (or a MONAI bundle's
+    `preprocessing`), resized whole."""
+    prepared = volumes.prepared(("image",), [MatchChannelsd("image", in_channels)], settings, preprocessing)
     chosen = volumes.augmentation(("image",), check_augmentation(augmentation)) if train else []
     return Compose(
         [
@@ -347,7 +348,7 @@ def make_loader(
         transform = volume_segmentation_transforms(volume, train, whole, in_channels, site, augmentation, preprocessing)
         batch_size = 1 if whole else batch_size  # whole volumes differ in size
     elif volume is not None:
-        transform = volume_classification_transforms(volume, train, in_channels, site, augmentation)
+        transform = volume_classification_transforms(volume, train, in_channels, site, augmentation, preprocessing)
     elif task == "segmentation":
         transform = segmentation_transforms(
             image_size, num_classes, train, in_channels, site, augmentation, preprocessing

@@ -35,6 +35,8 @@ from monai.transforms import (
     SpatialPadd,
 )
 
+from fairfl.bundle import build_transforms
+
 
 @dataclass(frozen=True)
 class VolumeSettings:
@@ -65,9 +67,11 @@ def intensity(settings: VolumeSettings) -> list:
     return [ScaleIntensityRangePercentilesd("image", low, high, b_min=0.0, b_max=1.0, clip=True, channel_wise=True)]
 
 
-def prepared(keys: tuple, match_channels: list, settings: VolumeSettings) -> list:
-    """The deterministic part, cached once per volume: channel first, the channels matched, one frame, intensity."""
-    return [EnsureChannelFirstd(keys), *match_channels, *frame(keys, settings), *intensity(settings)]
+def prepared(keys: tuple, match_channels: list, settings: VolumeSettings, preprocessing: list | None = None) -> list:
+    """The deterministic part, cached once per volume: channel first, the channels matched, then one frame and
+    intensity, or a MONAI bundle's `preprocessing` (fairfl.bundle, checked) in their place."""
+    own = build_transforms(preprocessing) if preprocessing else [*frame(keys, settings), *intensity(settings)]
+    return [EnsureChannelFirstd(keys), *match_channels, *own]
 
 
 def augmentation(keys: tuple, names) -> list:
