@@ -156,3 +156,22 @@ def variant_controller(name: str, run_dir, sites: list, **settings):
     controller.trainers = controller.sites = list(sites)
     controller.min_responses, controller.absent, controller.failed, controller.task_meta = len(sites), [], {}, {}
     return controller
+
+
+def built_on_meta_only(monkeypatch) -> list:
+    """Make every network build record its device and fail unless on torch's meta device (nothing allocated)."""
+    import torch
+
+    from fairfl import models
+
+    devices, build = [], models.build_model
+
+    def guarded(spec, *args):
+        device = torch.empty(0).device.type
+        devices.append(device)
+        if device != "meta":
+            raise AssertionError(f"{spec} built on {device}")
+        return build(spec, *args)
+
+    monkeypatch.setattr(models, "build_model", guarded)
+    return devices

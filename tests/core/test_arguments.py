@@ -19,7 +19,7 @@ from fairfl import cli
 from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG
 from fairfl.kinds import Boolean, Integer, Nullable, OneOf, Real
 
-from helpers import JOBS, REPO
+from helpers import JOBS, REPO, built_on_meta_only
 
 NAN, INF = float("nan"), float("inf")
 # (job, argument) -> hostile values: a value of the wrong kind first, then values out of range. Every argument of every
@@ -298,23 +298,6 @@ def test_customize_job_refuses_a_hostile_value_and_writes_nothing(tmp_path):
 
 # --- the server's network: counted on the meta device, refused above its own cap ---------------------------------
 HUGE_CNN = {"dataset": "skin", "model": "cnn", "model_channels": [4096] * 10}  # 1.36 billion parameters, 5 GiB
-
-
-def built_on_meta_only(monkeypatch) -> list:
-    """Make every network build record its device and fail unless on torch's meta device (nothing allocated)."""
-    from fairfl import models
-
-    devices, build = [], models.build_model
-
-    def guarded(spec, *args):
-        device = torch.empty(0).device.type
-        devices.append(device)
-        if device != "meta":
-            raise AssertionError(f"{spec} built on {device}")
-        return build(spec, *args)
-
-    monkeypatch.setattr(models, "build_model", guarded)
-    return devices
 
 
 @pytest.mark.parametrize("controller", ["fedavg.controller.FedAvgController", "fedbn.controller.FedBNController"])

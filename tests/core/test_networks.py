@@ -26,6 +26,8 @@ from fairfl.models import (
     norm_state_keys,
 )
 
+from helpers import built_on_meta_only
+
 CAP = 10**9  # a limit no network here reaches, where the count is not the point
 TASK = {"in_channels": 1, "num_classes": 2, "spatial_dims": 2}
 
@@ -79,23 +81,6 @@ def assert_counted(spec: dict, count: int, environ=None) -> None:
     assert check_model_spec(spec, count - 1, environ=environ) == (
         f"has {count:,} parameters, more than this site's limit of {count - 1:,}"
     )
-
-
-def built_on_meta_only(monkeypatch) -> list:
-    """Make every network build record its device and fail unless on torch's meta device (nothing allocated)."""
-    from fairfl import models
-
-    devices, build = [], models.build_model
-
-    def guarded(spec, *args):
-        device = torch.empty(0).device.type
-        devices.append(device)
-        if device != "meta":
-            raise AssertionError(f"{spec} built on {device}")
-        return build(spec, *args)
-
-    monkeypatch.setattr(models, "build_model", guarded)
-    return devices
 
 
 # --- MONAI's networks: built, trained, counted ---------------------------------------------------------------------
