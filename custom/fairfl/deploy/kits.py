@@ -21,7 +21,11 @@ it (the kit for `local/`, the provisioning folder for `state/`); a link leading 
 inside `state/` and `startup/` are left alone, never followed.
 
 Plain NVFlare 2.9 kits carry no `signature.json` (mutual TLS is the trust anchor); HE and confidential
-computing kits sign `local/` too, and editing it would break their start, so those are refused."""
+computing kits sign `local/` too, and editing it would break their start, so those are refused.
+
+The container option is a provisioning builder instead (`ContainerBuilder`, named by
+`provisioning/project_docker.yml`): it writes each server and site kit's `startup/docker.sh` while the kit is made,
+so it is in `startup/` before anything could sign it."""
 
 from __future__ import annotations
 
@@ -31,6 +35,9 @@ import stat
 from pathlib import Path
 
 from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
+from nvflare.lighter.constants import PropKey
+from nvflare.lighter.spec import Builder
+from nvflare.lighter.utils import sh_replace, write
 
 from fairfl.files import write_json_atomic
 from fairfl.tracking import UNCHECKED_RECEIVERS
@@ -273,3 +280,73 @@ def complete_kits(root: str, storage: str | None = None, force: bool = False) ->
     for path, content in planned.items():  # atomic: a crash never leaves a site a truncated policy file
         write_json_atomic(path, content, indent=2)
     return done
+
+
+# A kit's startup/docker.sh (ContainerBuilder), filled as NVFlare fills its own templates ({~~name~~}). The kit and the
+# data root are mounted at their host paths: the absolute paths provision-complete writes (the server's job storage)
+# and a datalist's then hold inside the container too. It runs as the user who starts it (the owner-only keys stay
+# readable), with HOME and USER set because that user has no entry in the image's /etc/passwd.
+DOCKER_SH = """#!/usr/bin/env bash
+# Runs this kit's {~~kind~~} {~~name~~} in the fairfl image: docs/deployment.md, "Containers". Written by
+# fairfl.deploy.kits.ContainerBuilder at provisioning. Each setting: the environment, else the provisioned default.
+#   FAIRFL_IMAGE      the image (default {~~image~~})
+#   FAIRFL_DATA_ROOT  a host folder, mounted read-only at the same path: a site's data root (default {~~data_shown~~};
+#                     empty: none; a site without one trains on the built-in synthetic data)
+#   FAIRFL_GPUS       docker's --gpus value: all, 2, '"device=0,2"' (default {~~gpus_shown~~}; empty: no GPU)
+# Every other FAIRFL_* variable set when it starts is passed on (the site's settings, docs/running.md).
+# docker.sh -d: in the background (docker logs / docker stop {~~name~~}); otherwise in the foreground.
+set -euo pipefail
+DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" >/dev/null 2>&1 && pwd)"
+KIT="$(dirname "$DIR")"
+IMAGE="${FAIRFL_IMAGE:-{~~image~~}}"
+DATA_ROOT="${FAIRFL_DATA_ROOT-{~~data_root~~}}"
+GPUS="${FAIRFL_GPUS-{~~gpus~~}}"
+args=(--rm --init --name {~~name~~} --net=host --ipc=host -u "$(id -u):$(id -g)" -e HOME=/tmp -e USER=fairfl
+      -v "$KIT:$KIT" -w "$KIT")
+if [ -n "$DATA_ROOT" ]; then
+  # docker would create a missing folder, empty and owned by root: a site would start without its data
+  [ -d "$DATA_ROOT" ] || { echo "no data root $DATA_ROOT: set FAIRFL_DATA_ROOT (empty: none)" >&2; exit 1; }
+  args+=(-v "$DATA_ROOT:$DATA_ROOT:ro" -e "FAIRFL_DATA_ROOT=$DATA_ROOT")
+fi
+if [ -n "$GPUS" ]; then args+=(--gpus "$GPUS"); fi
+for var in $(compgen -e); do
+  case "$var" in FAIRFL_IMAGE|FAIRFL_DATA_ROOT|FAIRFL_GPUS) ;; FAIRFL_*) args+=(-e "$var") ;; esac
+done
+if [ "${1:-}" = "-d" ]; then args+=(-d); fi
+if docker container inspect {~~name~~} >/dev/null 2>&1; then
+  echo "a container {~~name~~} exists already (docker stop {~~name~~})" >&2; exit 1
+fi
+# pid files a killed container left would stop the kit's start loop (it would take them for a running instance)
+rm -f "$KIT/daemon_pid.fl" "$KIT/pid.fl"
+exec docker run "${args[@]}" "$IMAGE" "$KIT/startup/sub_start.sh"
+"""
+
+
+class ContainerBuilder(Builder):
+    """NVFlare provisioning builder: `startup/docker.sh` in the server's and every site's kit, running the kit's own
+    start loop (`startup/sub_start.sh`) in the fairfl image (provisioning/docker/Dockerfile).
+
+    image: the image every kit runs; gpu_image: the one of sites whose `capacity` lends GPUs (default `image`), run
+    with `--gpus <num_of_gpus>`; data_root: each site's data folder on its host (the server mounts none).
+    NVFlare's own DockerBuilder writes one compose file for every participant on a single host and an image with an
+    unpinned nvflare, and StaticFileBuilder's `docker_image` script has no GPU setting and mounts no data root."""
+
+    def __init__(self, image: str, gpu_image: str = "", data_root: str = "/srv/fairfl/data"):
+        for name, value in (("image", image), ("gpu_image", gpu_image or image)):
+            if not value or not all(c.isalnum() or c in "._-/:@" for c in value):
+                raise ValueError(f"ContainerBuilder {name} {value!r}: not an image name")
+        if not os.path.isabs(data_root) or any(c in data_root for c in "\"'$`\n"):
+            raise ValueError(f"ContainerBuilder data_root {data_root!r}: not a plain absolute path")
+        self.image, self.gpu_image, self.data_root = image, gpu_image or image, data_root
+
+    def build(self, project, ctx):
+        server = project.get_server()
+        kits = [(server, "server", self.image, "", "")] if server else []
+        for client in project.get_clients():
+            gpus = int((client.get_prop(PropKey.CAPACITY) or {}).get(PropKey.NUM_GPUS, 0))
+            image = self.gpu_image if gpus else self.image
+            kits.append((client, "site", image, self.data_root, str(gpus) if gpus else ""))
+        for participant, kind, image, data_root, gpus in kits:
+            values = {"kind": kind, "name": participant.name, "image": image, "data_root": data_root, "gpus": gpus}
+            values.update(data_shown=data_root or "none", gpus_shown=gpus or "none")
+            write(os.path.join(ctx.get_kit_dir(participant), "docker.sh"), sh_replace(DOCKER_SH, values), "t", True)
