@@ -6,21 +6,18 @@ The slow tests start real NVFlare servers and sites as separate processes on 127
 always stop them: first through the admin API, then by process group, then every process whose command line
 names the test's own folder. One provisioned federation serves all the provisioned checks (module scope)."""
 
-import contextlib
 import glob
 import hashlib
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 from nvflare.apis.fl_exception import UnsafeComponentError
 from nvflare.apis.workspace import Workspace
 from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
@@ -34,37 +31,21 @@ from fairfl.flare.components import ALLOW_LIST, components, dotted_path
 from fairfl.simulate import nvflare_command
 from fairfl.tracking import UNCHECKED_RECEIVERS
 
-from deploy_helpers import JOB_TIMEOUT, fairfl, free_port, kill_processes_under, mode, site_env
+from deploy_helpers import (
+    JOB_TIMEOUT,
+    PROJECT_ADMIN,
+    fairfl,
+    free_port,
+    kill_group,
+    kill_processes_under,
+    mode,
+    provision_project,
+    read,
+    site_env,
+)
 from helpers import JOBS, REPO, make_job
 
 TEMPLATE = os.path.join(REPO, "provisioning", "project.yml")
-PROJECT_ADMIN = "admin@coordinating-center.example.org"
-
-
-def provision(tmp_path, name: str, port: int, sites=("site-1", "site-2")) -> str:
-    """The repo's project.yml template, cut down to a loopback server, `sites` without GPUs, the project admin and
-    the org admins and leads of those sites' organisations; the prod folder."""
-    project = yaml.safe_load(Path(TEMPLATE).read_text())
-    project["name"] = name
-    orgs = {p["org"] for p in project["participants"] if p["type"] == "client" and p["name"] in sites}
-    participants = []
-    for p in project["participants"]:
-        if p["type"] == "server":
-            participants.append({**p, "name": "localhost", "fed_learn_port": port})
-        elif p["type"] == "client" and p["name"] in sites:
-            participants.append({k: v for k, v in p.items() if k != "capacity"})  # this machine has no GPU
-        elif p["type"] == "admin" and (p["role"] == "project_admin" or p["org"] in orgs):
-            participants.append(p)
-    project["participants"] = participants
-    path = tmp_path / f"{name}.yml"
-    path.write_text(yaml.safe_dump(project))
-    subprocess.run(
-        nvflare_command() + ["provision", "-p", str(path), "-w", str(tmp_path / name)],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    return str(tmp_path / name / name / "prod_00")
 
 
 def start(kit: str, kind: str, org: str) -> subprocess.Popen:
@@ -95,13 +76,6 @@ def start(kit: str, kind: str, org: str) -> subprocess.Popen:
         )
 
 
-def kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL a participant started by `start` and its job processes (a crash: nothing is shut down cleanly)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
-
-
 def connected_clients(session) -> set:
     return {c.name for c in session.get_system_info().client_info}
 
@@ -117,10 +91,6 @@ def wait_for_clients(kit, user, names, timeout=120):
             pass
         time.sleep(1)
     raise TimeoutError(f"sites {names} did not connect within {timeout} s")
-
-
-def read(path) -> str:
-    return open(path, errors="replace").read() if os.path.exists(path) else ""
 
 
 # ------------------------------------------------------------------------------------------ fast: kits
@@ -333,11 +303,11 @@ class Federation:
     def __init__(self, root):
         self.root = root
         port = free_port()
-        self.prod = provision(root, "fairfl", port)
+        self.prod = provision_project(root, "fairfl", port)
         complete_kits(self.prod)
         # another project's site aimed at our server, holding our public root CA (so that it trusts our server):
         # its own certificate comes from another root CA, which our server must refuse
-        self.foreign = os.path.join(provision(root, "other", port, sites=("site-3",)), "site-3")
+        self.foreign = os.path.join(provision_project(root, "other", port, sites=("site-3",)), "site-3")
         shutil.copy(os.path.join(self.prod, "site-1", "startup", "rootCA.pem"), os.path.join(self.foreign, "startup"))
         self.admin_kit, self.processes, self._reference = self.kit(PROJECT_ADMIN), {}, None
 
