@@ -36,7 +36,7 @@ def _run(args) -> int:
     from fairfl.report.document import make_report
     from fairfl.simulate import is_simulator_workspace, run_simulator, watch_options
     from fairfl.site_settings import FREE_RIDERS_ENV
-    from fairfl.tracking import TB_FOLDER, mlflow_location
+    from fairfl.tracking import TB_FOLDER, log_report, mlflow_location
 
     problem = gpu_problem(args.gpu, args.n_clients)
     if problem:
@@ -87,10 +87,15 @@ def _run(args) -> int:
         print(run.describe_failure(), file=sys.stderr)
     paths = [("results", run.results_path)] if results else []
     if finished:
-        paths.append(("report", make_report([run.results_path], os.path.join(workspace, "report"))["report"]))
+        report_dir = os.path.join(workspace, "report")
+        paths.append(("report", make_report([run.results_path], report_dir)["report"]))
         run_dir = os.path.dirname(run.results_path)
         paths.append(("tensorboard", f"tensorboard --logdir {os.path.join(run_dir, TB_FOLDER)}"))
         if args.mlflow is not False:
+            try:  # the report beside the job's MLflow runs; the run itself succeeded either way
+                log_report(mlflow_location(run_dir, args.mlflow), run_dir, report_dir)
+            except Exception as e:  # noqa: BLE001 - MLflow's errors and an unreachable server's alike
+                print(f"fairfl run: the report was not added to MLflow: {e}", file=sys.stderr)
             paths.append(("mlflow", f"mlflow ui --backend-store-uri {mlflow_location(run_dir, args.mlflow)}"))
     paths.append(("logs", f"{workspace}/<site>/log.txt, {workspace}/simulator_output.txt"))
     print("\n".join(f"{what + ':':<12} {where}" for what, where in paths))

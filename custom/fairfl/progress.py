@@ -13,6 +13,13 @@ QUIET, PROGRESS, VERBOSE = 0, 1, 2  # how much a run prints: outcome only; a lin
 MISSING_SITES = ("absent", "failed", "rejected")  # the round record's lists/dicts of sites that gave nothing usable
 
 
+def shown_round(round_index: int) -> int:
+    """The round as fairfl shows it to people (console, report, TensorBoard and MLflow steps): counted from 1, so
+    the last of N rounds is round N. results.json's `round` counts from 0, as NVFlare's `current_round` and its own
+    log ("Round 0 started.") do (docs/results.md)."""
+    return round_index + 1
+
+
 def read_results(path: str) -> dict:
     """The results file as a dict; {} when it is missing, unreadable, not JSON or not an object."""
     try:
@@ -90,7 +97,7 @@ def progress_line(record: dict, results: dict, elapsed: float) -> str:
     metric = _text(results.get("metric") or "score", 20)
     record = record if isinstance(record, dict) else {}
     number = record.get("round") if type(record.get("round")) is int else None
-    done = "?" if number is None else number + 1  # rounds count from 0
+    done = "?" if number is None else shown_round(number)
     so_far = [r for r in finished_rounds(results) if number is not None and r["round"] <= number] or [record]
     parts = [f"round {done}/{num_rounds}" if num_rounds else f"round {done}", f"elapsed {clock(elapsed)}"]
     if num_rounds and number is not None:
@@ -101,7 +108,7 @@ def progress_line(record: dict, results: dict, elapsed: float) -> str:
     for evaluated in reversed(so_far):
         scores = evaluation(evaluated, metric)
         if scores:
-            parts.append(scores if evaluated is so_far[-1] else f"{scores} (round {evaluated['round'] + 1})")
+            parts.append(scores if evaluated is so_far[-1] else f"{scores} (round {shown_round(evaluated['round'])})")
             break
     else:
         parts.append("not evaluated yet")

@@ -1,7 +1,13 @@
 """Experiment tracking the NVFlare way: the server's controller, once it has checked a site's metrics, fires NVFlare's
 federated analytics event for that site (`fairfl.flare.engine`), and NVFlare's receivers on the server record it:
 TensorBoard in every job (`tb_events/<site>/` in the server's run folder, one curve per metric name), MLflow when
-asked for. Only numbers the server accepted are recorded: a site's own metric stream is never trusted.
+asked for. Only numbers the server accepted are recorded: a site's own metric stream is never trusted. Beside the
+sites, one more source, SUMMARY_SOURCE, carries each evaluated round's fairness summary across sites (the statistics
+results.json records: `summary_series`). Steps are rounds counted from 1, as the console shows them.
+
+MLflow runs (one per site and SUMMARY_SOURCE) carry the run's method, task, metric, seed and every argument of the
+server's job (dataset, run_name, ...) as parameters (`run_params`), results.json as an artifact, and, after `fairfl
+run` writes it, the report (`log_report`), so two runs can be told apart and their outcome found beside them.
 
 This module holds the job configuration entries of the receivers; nothing here imports NVFlare or MLflow (the MLflow
 receiver's module imports mlflow, so only a job that names it needs it installed).
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -38,6 +45,12 @@ MLFLOW_HOSTS_ENV = "FAIRFL_MLFLOW_HOSTS"
 MLFLOW_PATHS_ENV = "FAIRFL_MLFLOW_PATHS"
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 SQLITE_PREFIX = "sqlite:///"  # then the path: sqlite:////abs/mlflow.db (SQLAlchemy's form: three slashes, then it)
+# the source of the fairness series: a dot is in no FLARE client name ([A-Za-z0-9-_]), so no site can take it
+SUMMARY_SOURCE = "all.sites"
+# the fairness statistics of a round (fairfl.fairness.summarize, as results.json records them) that trackers show
+SUMMARY_STATISTICS = ("mean", "std", "worst", "best", "spread", "gini")
+RUN_DIR_TAG = "fairfl.run_dir"  # an MLflow run's tag: the server's run folder, where its results.json lies
+MLFLOW_PARAM_LIMIT = 6000  # characters of a parameter's value MLflow stores (MAX_PARAM_VAL_LENGTH)
 
 
 def tensorboard_receiver() -> dict:
@@ -140,3 +153,43 @@ def mlflow_location(run_dir: str, mlflow: bool | str) -> str:
     if isinstance(mlflow, str):
         return mlflow.strip()
     return f"sqlite:///{os.path.join(os.path.abspath(run_dir), MLFLOW_DB)}"
+
+
+def summary_series(record: dict, metric: str) -> dict:
+    """{"<metric>_<statistic>": value} of an evaluated round's record as results.json holds it (`mean`, `std`,
+    `worst`, ... of `metric` across the sites scored: fairfl.fairness.summarize, computed once, by the results log);
+    {} for a round that was not evaluated. A statistic that is undefined (Gini of negative values: null) is left
+    out."""
+    if not record.get("per_site"):
+        return {}
+    values = {f"{metric}_{name}": record.get(name) for name in SUMMARY_STATISTICS}
+    return {name: float(v) for name, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def run_params(results: dict) -> dict:
+    """The MLflow parameters of a run from its results.json: method, task, metric, seed and every argument the
+    server's config records (dataset, run_name, num_rounds, ...), as text cut to what MLflow stores."""
+    config = results.get("config") if isinstance(results.get("config"), dict) else {}
+    named = {key: results[key] for key in ("method", "task", "metric", "seed") if key in results}
+    params = {}
+    for key, value in {**config, **named}.items():
+        text = value if isinstance(value, str) else json.dumps(value)
+        params[str(key)] = text if len(text) <= MLFLOW_PARAM_LIMIT else text[: MLFLOW_PARAM_LIMIT - 3] + "..."
+    return params
+
+
+def log_report(tracking_uri: str, run_dir: str, report_dir: str) -> int:
+    """Add the report folder (report.md, results.csv, figures) as the artifacts `report/` of every MLflow run of
+    the job whose server run folder is `run_dir` (tagged RUN_DIR_TAG by the receiver); the number of runs."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name(MLFLOW_EXPERIMENT)
+    if experiment is None:
+        return 0
+    where = os.path.realpath(run_dir)
+    quote = "'" if "'" not in where else '"'  # MLflow's filter has no escapes: the quote the path lacks
+    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{RUN_DIR_TAG}` = {quote}{where}{quote}")
+    for run in runs:
+        client.log_artifacts(run.info.run_id, report_dir, artifact_path="report")
+    return len(runs)

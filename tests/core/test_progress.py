@@ -227,10 +227,13 @@ def test_fairfl_run_with_mlflow_runs_a_job_copy_with_nvflares_receiver_and_print
     monkeypatch.setattr(
         "fairfl.report.document.make_report", lambda paths, out: {"report": os.path.join(out, "report.md")}
     )
+    logged = []  # the report goes to the job's MLflow runs (fairfl.tracking.log_report)
+    monkeypatch.setattr("fairfl.tracking.log_report", lambda *args: logged.append(args))
     job, workspace = os.path.join(REPO, "jobs", "fedavg"), str(tmp_path / "ws")
     assert cli.main(["run", job, "-n", "2", "-w", workspace, "--quiet", "--mlflow"]) == 0
     out = capsys.readouterr().out.splitlines()
     run_dir = os.path.join(workspace, "server", "simulate_job")
+    assert logged == [(f"sqlite:///{run_dir}/mlflow.db", run_dir, os.path.join(workspace, "report"))]
     assert [line for line in out if line.startswith(("tensorboard:", "mlflow:"))] == [
         f"tensorboard: tensorboard --logdir {run_dir}/tb_events",
         f"mlflow:      mlflow ui --backend-store-uri sqlite:///{run_dir}/mlflow.db",

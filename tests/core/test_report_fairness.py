@@ -1,6 +1,6 @@
 """The report's fairness tables on synthetic results files, their numbers against hand computations: performance
 fairness against Solo, the sites' contributions (FedCE, CFFL and CGSV) and their agreement with leave-one-out, and
-FedISM+'s clean and corrupted test sets."""
+FedISM+'s clean and corrupted test sets, and every method against FedAvg."""
 
 import json
 import math
@@ -11,6 +11,7 @@ from fairfl.fairness import contribution_agreement
 from fairfl.loo import load_loo
 from fairfl.methods.fedce.report import contribution_table
 from fairfl.methods.fedism.report import quality_shift_table
+from fairfl.report.baseline import baseline_table
 from fairfl.report.document import make_report
 from fairfl.report.fairness_tables import (
     contribution_agreement_table,
@@ -158,3 +159,35 @@ def test_contribution_tables_include_cffl_and_cgsv_reputations(tmp_path):
     assert "| CFFL | contribution | 0.500" in table and "| CGSV | contribution |" in table
     _, values = contribution_agreement_table(runs, LOO)  # compared with leave-one-out like FedCE's
     assert {"final contributions"} == set(values["cffl"]) == set(values["cgsv"])
+
+
+def test_the_report_compares_each_method_with_fedavg_seed_by_seed_per_site_and_in_mean_worst_and_std(tmp_path):
+    finals = {
+        ("fedavg", 0): [0.80, 0.90, 0.70],
+        ("fedavg", 1): [0.82, 0.92, 0.74],
+        ("fedlwr", 0): [0.85, 0.88, 0.82],
+        ("fedlwr", 1): [0.87, 0.90, 0.86],
+        ("solo", 0): [0.70, 0.80, 0.60],  # seed 0 only: one paired seed, no interval
+    }
+    for (method, seed), final in finals.items():
+        write_run(tmp_path / "runs" / f"{method}{seed}" / "results.json", method, seed, final)
+    runs = load_runs([tmp_path / "runs"])
+    table, stats = baseline_table(runs)
+    assert list(stats) == ["solo", "fedlwr"]  # FedAvg itself is the baseline
+    lwr = stats["fedlwr"]
+    assert [lwr["sites"][s].mean for s in SITES] == [pytest.approx(5.0), pytest.approx(-2.0), pytest.approx(12.0)]
+    assert lwr["mean"].mean == pytest.approx(5.0) and lwr["worst"].mean == pytest.approx(12.0)
+    population_std = lambda v: math.sqrt(sum((x - sum(v) / 3) ** 2 for x in v) / 3)  # noqa: E731
+    std_differences = [
+        100 * (population_std(finals[("fedlwr", s)]) - population_std(finals[("fedavg", s)])) for s in (0, 1)
+    ]
+    assert lwr["std"].mean == pytest.approx(sum(std_differences) / 2) and lwr["std"].n == 2
+    assert lwr["std"].low < lwr["std"].mean < lwr["std"].high  # the two seeds differ: an interval of some width
+    rows, header = table_rows(table)
+    assert header == ["Method", *SITES, "Avg.", "Worst", "Std.", "paired seeds"]
+    assert rows["Solo"][-1] == "1" and rows["Solo"][0] == "-10.00 (1 seed)" and rows["Fed-LWR"][-1] == "2"
+    assert rows["Fed-LWR"][0] == "+5.00 [+5.00, +5.00]"  # the same difference in both seeds
+    report = make_report([tmp_path / "runs"], tmp_path / "report")
+    assert report["against_fedavg"] == stats and "## Against FedAvg" in report["report"].read_text()
+    # without a FedAvg run there is nothing to compare with: no section
+    assert baseline_table([r for r in runs if r["method"] != "fedavg"]) == ("", {})

@@ -7,13 +7,15 @@ import json
 import pytest
 
 from fairfl.methods.fedce.report import plot_contributions
-from fairfl.methods.fedlwr.report import plot_layer_weights, short_names
+from fairfl.methods.fedlwr import report as fedlwr_report
+from fairfl.methods.fedlwr.report import layer_labels, plot_layer_weights, short_names, unet_layer_name
+from fairfl.progress import progress_line
 from fairfl.report.document import SECTIONS, make_report, report_sections
-from fairfl.report.figures import plot_cross_site
+from fairfl.report.figures import convergence_points, plot_cross_site
 from fairfl.report.parts import RESERVED_KEYS, GroupFigure, RunFigure, Section, method_parts, ordered
 from fairfl.report.runs import load_runs
 
-from report_runs import LAYERS, is_png, personalised_run
+from report_runs import FINAL, LAYERS, is_png, personalised_run, write_run
 
 
 def test_short_layer_names_are_unique():
@@ -26,6 +28,38 @@ def test_short_layer_names_are_unique():
         "2.1.conv.unit0.conv",
     ]
     assert short_names(["a.sequence.x", "a.submodule.x"]) == ["sequence.x", "submodule.x"]  # no clash
+
+
+def test_monai_unet_layers_are_named_by_level_and_part_in_the_heatmap_and_kept_whole_in_results(tmp_path, monkeypatch):
+    levels = ["enc1 conv1", "enc1 residual", "enc2 conv1", "enc3 conv1", "dec1 conv1"]
+    assert [unet_layer_name(n) for n in LAYERS] == levels
+    unet = {
+        "model.1.submodule.1.submodule.1.submodule.conv.unit1.adn.A": "bottom act2",
+        "model.1.submodule.1.submodule.2.0.conv": "dec3 up-conv",
+        "model.1.submodule.2.0.adn.A": "dec2 up-conv act",
+        "model.1.submodule.2.1.conv.unit0.adn.A": "dec2 act1",
+        "model.0.conv.unit1.conv": "enc1 conv2",
+    }
+    assert {name: unet_layer_name(name) for name in unet} == unet
+    for other in ("convInit.conv", "model.0.weight", "model.0.conv.unitx.conv", "model.3.conv"):
+        assert unet_layer_name(other) is None, other
+    assert layer_labels(["convInit.conv", "model.0.residual"]) == short_names(["convInit.conv", "model.0.residual"])
+    # the heatmap's axis names the levels; results.json keeps the module paths
+    shown = []
+    monkeypatch.setattr(fedlwr_report, "name_ticks", lambda set_ticks, names, **style: shown.append(list(names)))
+    path = write_run(tmp_path / "r.json", "fedlwr", 0, FINAL[("fedlwr", 0)], layer_weights=True)
+    assert plot_layer_weights(load_runs([path])[0], tmp_path / "lw.png")
+    assert shown[-1] == levels
+    assert list(json.loads(path.read_text())["rounds"][0]["layer_weights"]) == LAYERS
+
+
+def test_the_console_and_the_report_figures_count_rounds_alike_from_1(tmp_path):
+    path = write_run(tmp_path / "r.json", "fedavg", 0, FINAL[("fedavg", 0)], config={"num_rounds": 4})
+    results = json.loads(path.read_text())  # results.json counts from 0: rounds 0..3, evaluated 0, 2, 3
+    lines = [progress_line(r, results, 40.0) for r in results["rounds"] if r.get("per_site")]
+    evaluated = [int(line.split()[1].split("/")[0]) for line in lines]  # "round 3/4 | ..."
+    assert evaluated == [1, 3, 4] and lines[-1].startswith("round 4/4 |")
+    assert list(convergence_points(load_runs([path]), "dice")["fedavg"]) == evaluated  # the figure's x values
 
 
 def test_make_report(tmp_path, runs_dir):

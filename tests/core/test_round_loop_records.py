@@ -4,6 +4,7 @@ controller's real round loop (`run`) with the sending replaced."""
 
 import json
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -79,8 +80,14 @@ class ServerEngine:
 
         for folder in ("startup", "local"):  # what NVFlare checks a workspace by
             (run_dir.parent / folder).mkdir(exist_ok=True)
+        from nvflare.apis.fl_constant import ProcessType, ReservedKey
+
         self.components, self.workspace = components, Workspace(str(run_dir.parent), "server")
-        self.contexts = FLContextManager(engine=self, identity_name="server", job_id=run_dir.name)
+        server_job = {ReservedKey.PROCESS_TYPE: ProcessType.SERVER_JOB}  # NVFlare's MLflow receiver asks
+        self.contexts = FLContextManager(self, "server", run_dir.name, private_stickers=server_job)
+
+    def get_clients(self):
+        return [SimpleNamespace(name=site) for site in SITES]
 
     def new_context(self):
         return self.contexts.new_context()
@@ -94,9 +101,10 @@ class ServerEngine:
         fire_event(event_type, self.components, fl_ctx)
 
 
-def run_rounds(tmp_path, train, validate, **kwargs):
+def run_rounds(tmp_path, train, validate, receivers=(), **kwargs):
     """The controller's real round loop (`run`) with the sending replaced: `train(round)` and `validate(round)`
-    give the answers of each task. NVFlare's TensorBoard receiver records what the loop tracks."""
+    give the answers of each task. NVFlare's TensorBoard receiver, and any other `receivers`, record what the loop
+    tracks."""
     from nvflare.apis.event_type import EventType
     from nvflare.apis.signal import Signal
     from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
@@ -105,7 +113,7 @@ def run_rounds(tmp_path, train, validate, **kwargs):
     controller = make(tmp_path=tmp_path, **{"num_rounds": 2, "eval_every": 1, **kwargs})
     controller.sample_clients = lambda: list(SITES)
     controller.abort_signal, controller.fl_ctx = Signal(), None
-    controller.engine = ServerEngine(tmp_path, [TBAnalyticsReceiver(tb_folder="tb_events")])
+    controller.engine = ServerEngine(tmp_path, [TBAnalyticsReceiver(tb_folder="tb_events"), *receivers])
     answers = {protocol.TASK_TRAIN: train, protocol.TASK_VALIDATE: validate}
     controller._ask_models = lambda round_num, task_name, *args: answers[task_name](round_num)
     with controller.engine.new_context() as fl_ctx:
@@ -135,7 +143,7 @@ def test_the_round_loop_goes_on_past_a_hostile_site_and_stops_with_a_reason_when
     # NVFlare's TensorBoard receiver shows the accepted numbers per site and round; nothing of site-3 (its NaN loss,
     # its string Dice), whose folder is never made
     check_tracking(str(tmp_path / "a"), results, SITES)
-    assert tensorboard_scalars(str(tmp_path / "a"), "site-1")["dice"] == {0: 0.5, 1: 0.5}
+    assert tensorboard_scalars(str(tmp_path / "a"), "site-1")["dice"] == {1: 0.5, 2: 0.5}  # rounds from 1
     # no site's evaluation usable at the end: the run says so instead of ending without a word
     results = run_rounds(
         tmp_path / "b", train, lambda r: [answer(s, {}, metrics={"dice": float("nan")}) for s in SITES], num_rounds=1

@@ -166,3 +166,85 @@ def test_a_job_written_by_hand_cannot_name_an_unchecked_receiver_or_send_metrics
                 CheckedMLflowReceiver(**{where: uri})
     assert CheckedMLflowReceiver(tracking_uri="http://127.0.0.1:5000").tracking_uri == "http://127.0.0.1:5000"
     assert CheckedMLflowReceiver().tracking_uri is None  # the store in the server's run folder
+
+
+# ---------------------------------------------------------------- what the trackers carry besides the sites' series
+
+ROUND_DICE = {"site-1": 0.5, "site-2": 0.7, "site-3": 0.6, "site-4": 0.9}  # + 0.01 x round
+
+
+def test_trackers_carry_each_rounds_fairness_summary_and_mlflow_runs_the_jobs_parameters_and_results(
+    monkeypatch, tmp_path
+):
+    from mlflow.tracking import MlflowClient
+    from test_round_loop_records import run_rounds
+
+    from fairfl.flare.mlflow_receiver import CheckedMLflowReceiver
+    from fairfl.models import initial_state
+
+    from helpers import check_tracking, tensorboard_scalars
+    from site_answers import SITES, answer, honest_params, make
+
+    monkeypatch.chdir(tmp_path)  # whatever MLflow writes by default lands here, never in the checkout
+    state0 = initial_state(make().model_spec(), 0)
+    dice = {r: {s: v + 0.01 * r for s, v in ROUND_DICE.items()} for r in range(3)}
+    run_dir = tmp_path / "ws" / "job"
+    results = run_rounds(
+        run_dir,
+        lambda r: [answer(s, honest_params(state0, i)) for i, s in enumerate(SITES)],
+        lambda r: [answer(s, {}, metrics={"dice": dice[r][s]}) for s in SITES],
+        receivers=[CheckedMLflowReceiver(kw_args={"experiment_name": tracking.MLFLOW_EXPERIMENT})],
+        num_rounds=3,
+        eval_every=2,  # rounds 2 and 3 (counted from 1) are evaluated
+        run_name="ablation-7",
+    )
+    check_tracking(str(run_dir), results, SITES)
+    # the summary series, by hand from each evaluated round's per-site values; steps: rounds counted from 1
+    shown = tensorboard_scalars(str(run_dir), tracking.SUMMARY_SOURCE)
+    assert set(shown) == {f"dice_{s}" for s in tracking.SUMMARY_STATISTICS}
+    for statistic, by_round in shown.items():
+        assert set(by_round) == {2, 3}, statistic
+    for step, r in ((2, 1), (3, 2)):
+        values = list(dice[r].values())
+        mean = sum(values) / 4
+        assert shown["dice_worst"][step] == pytest.approx(min(values)) == pytest.approx(0.5 + 0.01 * r)
+        assert shown["dice_best"][step] == pytest.approx(max(values))
+        assert shown["dice_mean"][step] == pytest.approx(mean)
+        assert shown["dice_std"][step] == pytest.approx((sum((v - mean) ** 2 for v in values) / 4) ** 0.5)
+        assert shown["dice_spread"][step] == pytest.approx(max(values) - min(values))
+        gini = sum(abs(a - b) for a in values for b in values) / (2 * 16 * mean)
+        assert shown["dice_gini"][step] == pytest.approx(gini)
+    # MLflow: a run per site and one for the summary, each with the job's parameters and results.json
+    client = MlflowClient(tracking.mlflow_location(str(run_dir), True))
+    runs = client.search_runs([client.get_experiment_by_name(tracking.MLFLOW_EXPERIMENT).experiment_id])
+    sources = [*SITES, tracking.SUMMARY_SOURCE]
+    assert sorted(next(s for s in sources if r.info.run_name.startswith(f"{s}-")) for r in runs) == sorted(sources)
+    summary = next(r for r in runs if r.info.run_name.startswith(f"{tracking.SUMMARY_SOURCE}-"))
+    history = {m.step: m.value for m in client.get_metric_history(summary.info.run_id, "dice_worst")}
+    assert history == {2: pytest.approx(0.51), 3: pytest.approx(0.52)}
+    for run in runs:
+        params = run.data.params
+        named = (params["method"], params["task"], params["metric"], params["seed"])
+        assert named == ("fedavg", "segmentation", "dice", "0")
+        assert (params["dataset"], params["run_name"], params["num_rounds"]) == ("prostate", "ablation-7", "3")
+        assert params["model_channels"] == json.dumps(results["config"]["model_channels"])
+        assert run.data.tags[tracking.RUN_DIR_TAG] == os.path.realpath(run_dir)
+        assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["results.json"]
+    # `fairfl run` adds the report it writes to the job's runs, and to no other job's
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "report.md").write_text("# fairfl report\n")
+    uri = tracking.mlflow_location(str(run_dir), True)
+    assert tracking.log_report(uri, str(tmp_path / "elsewhere"), str(report)) == 0
+    assert tracking.log_report(uri, str(run_dir), str(report)) == len(SITES) + 1
+    for run in runs:
+        assert [a.path for a in client.list_artifacts(run.info.run_id, "report")] == ["report/report.md"]
+
+
+def test_a_round_without_evaluation_has_no_summary_and_an_undefined_gini_is_left_out():
+    assert tracking.summary_series({"round": 0, "train": {"site-1": {}}}, "dice") == {}
+    record = {"per_site": {"a": {"auc": -0.1}}, "mean": -0.1, "std": 0.0, "worst": -0.1, "gini": None}
+    assert tracking.summary_series(record, "auc") == {"auc_mean": -0.1, "auc_std": 0.0, "auc_worst": -0.1}
+    long_value = {"config": {"note": "x" * 7000}, "method": "fedavg", "seed": 3}
+    params = tracking.run_params(long_value)
+    assert params["seed"] == "3" and len(params["note"]) == tracking.MLFLOW_PARAM_LIMIT

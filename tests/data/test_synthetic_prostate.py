@@ -232,3 +232,22 @@ def test_a_lost_rename_race_uses_the_winners_copy(tmp_path, monkeypatch):
     assert ensure_builtin_data(32, 0, 1, cache_dir=tmp_path) == final
     assert (final / "complete").read_text() == "winner\n"
     assert [p.name for p in tmp_path.iterdir() if p != final and not p.name.endswith(".lock")] == []
+
+
+def test_generating_the_built_in_data_says_so_site_by_site_and_the_cache_says_once_that_it_is_reused(tmp_path, capsys):
+    from fairfl.data.builtin import _REUSED
+
+    root = ensure_builtin_data(image_size=32, seed=5, num_sites=2, size_scale=0.5, cache_dir=tmp_path)
+    lines = capsys.readouterr().err.splitlines()
+    dataset = json.loads((root / "dataset.json").read_text())
+    slices = {site: dataset["sites"][site]["slices"] for site in ("site-1", "site-2")}
+    assert lines[0] == f"fairfl data: generating {root.name} into {tmp_path} (first use only: later runs reuse it)"
+    assert lines[1:3] == [
+        f"fairfl data: {site} of 2: " + ", ".join(f"{n} {split} slices" for split, n in slices[site].items())
+        for site in ("site-1", "site-2")
+    ]
+    assert len(lines) == 4 and lines[3].startswith(f"fairfl data: generated {root.name} in ")
+    _REUSED.discard(root)  # as in a new process
+    for _ in range(3):  # a site asks again each task: one line, not one each time
+        assert ensure_builtin_data(image_size=32, seed=5, num_sites=2, size_scale=0.5, cache_dir=tmp_path) == root
+    assert capsys.readouterr().err.splitlines() == [f"fairfl data: reusing the built-in data in {root}"]

@@ -15,7 +15,7 @@ from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
 from fairfl.flare.components import ALLOW_LIST
 from fairfl.report.runs import free_riders
 from fairfl.simulate import NVFLARE_SIMULATOR, SIMULATOR_OUTPUT, run_simulator
-from fairfl.tracking import MLFLOW_EXPERIMENT, mlflow_location
+from fairfl.tracking import MLFLOW_EXPERIMENT, SUMMARY_SOURCE, mlflow_location
 
 from helpers import check_tracking, make_job, recorded, tensorboard_scalars
 from simulator_runs import (
@@ -76,11 +76,12 @@ def test_faulty_sites_are_rejected_every_round_and_the_global_model_stays_finite
     run_dir, sites = os.path.dirname(sim.results_path), tuple(f"site-{k}" for k in range(1, 7))
     check_tracking(run_dir, results, sites)
     assert "dice" not in tensorboard_scalars(run_dir, "site-5") and not tensorboard_scalars(run_dir, "site-3")
-    assert mlflow_metrics(run_dir, sites) == {s: recorded(results, s) for s in sites}
+    sources = [*sites, SUMMARY_SOURCE]  # the sites' runs and the fairness summary's
+    assert mlflow_metrics(run_dir, sources) == {s: recorded(results, s) for s in sources}
 
 
 def mlflow_metrics(run_dir, sites):
-    """{site: {metric: {step: value}}} of the run's MLflow store (one finished MLflow run per site), read with
+    """{site: {metric: {step: value}}} of the run's MLflow store (one finished MLflow run per site or source), read with
     MLflow's own client."""
     from mlflow.tracking import MlflowClient
 

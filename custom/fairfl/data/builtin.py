@@ -9,6 +9,7 @@ import importlib
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -111,6 +112,20 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
     return Path(cache_dir or os.environ.get("FAIRFL_CACHE_DIR") or Path.home() / ".cache" / "fairfl").expanduser()
 
 
+_REUSED: set[Path] = set()  # cache folders this process has said it reuses: said once, however often asked
+
+
+def data_progress(message: str) -> None:
+    """One line of progress of the built-in data, on stderr (a first run spends its first minute here; the
+    simulator's sites write it to their logs)."""
+    print(f"fairfl data: {message}", file=sys.stderr, flush=True)
+
+
+def site_progress(site: str, counts: dict) -> None:
+    """The line of one generated site: its items per split, e.g. "site-2: 41 training, 14 validation, 14 testing"."""
+    data_progress(f"{site}: " + ", ".join(f"{count} {split}" for split, count in counts.items()))
+
+
 def ensure_cached(name: str, generate: Callable[[Path], object], cache_dir: str | Path | None = None) -> Path:
     """`<cache root>/<name>`, filled by `generate(folder)` on first use.
 
@@ -120,18 +135,24 @@ def ensure_cached(name: str, generate: Callable[[Path], object], cache_dir: str 
     root = cache_root(cache_dir)
     final = root / name
     if (final / "complete").is_file():
+        if final not in _REUSED:
+            _REUSED.add(final)
+            data_progress(f"reusing the built-in data in {final}")
         return final
     root.mkdir(parents=True, exist_ok=True)
     with _exclusive_lock(root / f".{name}.lock"):
         if (final / "complete").is_file():  # another process finished while we waited
+            data_progress(f"another process generated {final}; using it")
             return final
         if final.exists():
             raise RuntimeError(f"{final} exists but is incomplete (no 'complete' marker): delete it and retry")
         staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=root))
         try:
             started = time.time()
+            data_progress(f"generating {name} into {root} (first use only: later runs reuse it)")
             generate(staging)
             (staging / "complete").write_text(f"generated in {time.time() - started:.1f} s\n")
+            data_progress(f"generated {name} in {time.time() - started:.1f} s")
             try:
                 os.rename(staging, final)
             except OSError:

@@ -35,6 +35,7 @@ from fairfl.data.builtin import (
     extra_test_count,
     extra_test_rng,
     recorded_test_scale,
+    site_progress,
 )
 from fairfl.data.datalist import SPLITS, split_cases, write_datalist
 from fairfl.data.drawing import SUPERSAMPLE, box_mean
@@ -307,6 +308,7 @@ def generate_fundus_sites(
             mean_disc_fraction=round(float(np.mean(disc_fraction)), 4),
             mean_vertical_cdr=round(float(np.mean(vcdr)), 3),
         )
+        site_progress(f"{site} of {num_sites}", {f"{s} images": n for s, n in sites[site]["images"].items()})
     description = dict(
         name="fairfl synthetic multi-site retinal fundus (optic disc and cup)",
         generator=f"fairfl.data.synthetic_fundus v{GENERATOR_VERSION}",

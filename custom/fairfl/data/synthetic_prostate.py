@@ -31,6 +31,7 @@ from fairfl.data.builtin import (
     extra_test_count,
     extra_test_rng,
     recorded_parameters,
+    site_progress,
 )
 from fairfl.data.datalist import SPLITS, split_cases, write_datalist
 from fairfl.data.drawing import SUPERSAMPLE, box_mean
@@ -266,6 +267,7 @@ def generate_prostate_sites(
             slices={split: sum(len(slices[case]) for case in cases[split]) for split in SPLITS},
             mean_organ_fraction=round(float(np.mean(organ_fraction)), 4),
         )
+        site_progress(f"{site} of {num_sites}", {f"{s} slices": n for s, n in sites[site]["slices"].items()})
     description = dict(
         name="fairfl synthetic multi-site prostate T2w MRI",
         generator=f"fairfl.data.synthetic_prostate v{GENERATOR_VERSION}",

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from scipy import ndimage
 
-from fairfl.data.builtin import check_test_scale, ensure_generated, recorded_parameters
+from fairfl.data.builtin import check_test_scale, ensure_generated, recorded_parameters, site_progress
 from fairfl.data.datalist import SPLITS, write_datalist
 from fairfl.data.drawing import SUPERSAMPLE, box_mean, standardise
 from fairfl.data.render_prostate import ProstateCase
@@ -221,6 +221,7 @@ def generate_prostate3d_sites(
             cases={split: len(cases[split]) for split in SPLITS},
             mean_organ_fraction=round(float(np.mean(organ_fraction)), 4),
         )
+        site_progress(f"{site} of {num_sites}", {f"{s} volumes": n for s, n in sites[site]["cases"].items()})
     description = dict(
         name="fairfl synthetic multi-site prostate T2w MRI volumes",
         task="segmentation",

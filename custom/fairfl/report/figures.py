@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from fairfl.labels import metric_label
+from fairfl.progress import shown_round
 from fairfl.report.runs import by_method, chosen_metric, finished, group_name, group_of, sites_of
 from fairfl.report.statistics import avg_std, is_number, mean_per_site, mean_sd, site_scores
 from fairfl.results import site_key
@@ -69,6 +70,21 @@ def line_with_band(ax, x, samples, band: bool, color, **style) -> None:
         ax.fill_between(x, mean - sd, mean + sd, color=color, alpha=0.2, lw=0)
 
 
+def convergence_points(runs, metric) -> dict:
+    """{group: {round: [(Avg., Std.) across sites of each run]}} of every evaluated round, the rounds counted from 1
+    as the console shows them (`fairfl.progress.shown_round`); groups without an evaluated round left out."""
+    points = {}
+    for method, group in by_method(runs).items():
+        per_round: dict[int, list] = {}
+        for run in group:
+            for record in run["rounds"]:
+                if scores := site_scores(record, metric):
+                    per_round.setdefault(shown_round(record["round"]), []).append(avg_std(scores))
+        if per_round:
+            points[method] = per_round
+    return points
+
+
 @literal_text
 def plot_convergence(runs, path, metric=None) -> Path | None:
     """Fig. 2 of Fed-LWR: (a) Avg. and (b) Std. across sites versus round, one line per method (± sd over seeds)."""
@@ -76,14 +92,9 @@ def plot_convergence(runs, path, metric=None) -> Path | None:
     fig = figure(figsize=(11, 4))
     axes = fig.subplots(1, 2)
     colors, evaluated = _colors(runs), set()
-    for method, group in by_method(runs).items():
-        per_round = {}  # round -> [(avg, std) of each run]
-        for run in group:
-            for record in run["rounds"]:
-                if scores := site_scores(record, metric):
-                    per_round.setdefault(record["round"], []).append(avg_std(scores))
-        if not per_round:
-            continue
+    groups = by_method(runs)
+    for method, per_round in convergence_points(runs, metric).items():
+        group = groups[method]
         x = sorted(per_round)
         evaluated.update(x)
         for i, ax in enumerate(axes):

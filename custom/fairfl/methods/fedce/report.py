@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fairfl.progress import shown_round
 from fairfl.report.figures import MAX_NAMED, figure, line_with_band, literal_text
 from fairfl.report.markdown import cell, table_lines
 from fairfl.report.parts import GroupFigure, Section
@@ -66,7 +67,7 @@ def plot_contributions(group: list[dict], path, title: str) -> Path | None:
     for run in group:
         for record in run["rounds"]:
             for site, value in (record.get("contributions") or {}).items():
-                per_site.setdefault(site, {}).setdefault(record["round"], []).append(value)
+                per_site.setdefault(site, {}).setdefault(shown_round(record["round"]), []).append(value)
     if not per_site:
         return None
     free = set(free_riders(group[0]))

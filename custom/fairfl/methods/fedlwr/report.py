@@ -3,10 +3,12 @@ record (`layer_weights`), the final round's and the mean over rounds."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 
+from fairfl.progress import shown_round
 from fairfl.report.figures import extent, figure, literal_text, name_ticks
 from fairfl.report.parts import RunFigure
 from fairfl.report.runs import group_name, group_name_markdown, group_of
@@ -25,6 +27,51 @@ def short_names(names: list[str]) -> list[str]:
     parts = [p[common:] for p in parts]
     labels = [".".join([t[0] if t.isalpha() and len(t) > 4 else t for t in p[:-1]] + p[-1:]) for p in parts]
     return labels if len(set(labels)) == len(labels) else [".".join(p) for p in parts]
+
+
+UNET_PARTS = (  # the inside of one level of MONAI's UNet (ResidualUnit convolutions; Convolution up-sampling)
+    (r"conv\.unit(\d+)\.conv", "conv{}"),
+    (r"conv\.unit(\d+)\.adn\.A", "act{}"),
+    (r"residual", "residual"),
+    (r"0\.conv", "up-conv"),
+    (r"0\.adn\.A", "up-conv act"),
+    (r"1\.conv\.unit(\d+)\.conv", "conv{}"),
+    (r"1\.conv\.unit(\d+)\.adn\.A", "act{}"),
+)
+
+
+def unet_layer_name(name: str) -> str | None:
+    """A readable label of a layer of MONAI's UNet, from its module path: the level (enc1 the first encoder level,
+    bottom, dec1 the last decoder level, which makes the output) and the part inside it (conv1, act1, residual,
+    up-conv), e.g. "model.1.submodule.0.conv.unit0.conv" -> "enc2 conv1". The path is MONAI's nesting: each
+    "1.submodule" one level deeper, then "0" the level's encoder, "2" its decoder, or neither at the bottom. None for
+    a name of another shape (another network)."""
+    parts = name.split(".")
+    if parts[0] != "model":
+        return None
+    parts, depth = parts[1:], 1
+    while parts[:2] == ["1", "submodule"]:
+        parts, depth = parts[2:], depth + 1
+    if parts[:1] == ["0"]:
+        level, parts = f"enc{depth}", parts[1:]
+    elif parts[:1] == ["2"]:
+        level, parts = f"dec{depth}", parts[1:]
+    else:
+        level = "bottom"
+    for pattern, label in UNET_PARTS:
+        found = re.fullmatch(pattern, ".".join(parts))
+        if found:  # units count from 0 in the path, from 1 in the label
+            return f"{level} {label.format(*(int(unit) + 1 for unit in found.groups()))}"
+    return None
+
+
+def layer_labels(names: list[str]) -> list[str]:
+    """The heatmap's labels of `names` (network order): `unet_layer_name` when every name is one of MONAI's UNet and
+    the labels differ, else `short_names`. results.json keeps the full names."""
+    labels = [unet_layer_name(n) for n in names]
+    if all(labels) and len(set(labels)) == len(labels):
+        return [str(label) for label in labels]
+    return short_names(names)
 
 
 @literal_text
@@ -46,9 +93,8 @@ def plot_layer_weights(run, path) -> Path | None:
     fig = figure(figsize=(extent(len(sites), 1.3, 3.5), extent(len(layers), 0.24, 1.6)))
     axes = fig.subplots(1, 2, sharey=True)
     annotate = len(layers) * len(sites) <= 400
-    for ax, grid, title in zip(
-        axes, (final, mean), (f"round {records[-1][0]} (final)", f"mean over {len(records)} rounds"), strict=True
-    ):
+    titles = (f"round {shown_round(records[-1][0])} (final)", f"mean over {len(records)} rounds")
+    for ax, grid, title in zip(axes, (final, mean), titles, strict=True):
         image = ax.imshow(grid, cmap="RdBu_r", norm=norm, aspect="auto", interpolation="nearest")
         name_ticks(ax.set_xticks, sites, rotation=45, ha="right", fontsize=8)
         ax.set_title(title, fontsize=10)
@@ -63,7 +109,7 @@ def plot_layer_weights(run, path) -> Path | None:
                     fontsize=6,
                     color="white" if abs(norm(value) - 0.5) > 0.3 else "black",
                 )
-    name_ticks(axes[0].set_yticks, short_names(layers), fontsize=7)
+    name_ticks(axes[0].set_yticks, layer_labels(layers), fontsize=7)
     axes[0].set_ylabel("layer (network order)")
     fig.colorbar(image, ax=list(axes), label="aggregation weight", shrink=0.8)
     fig.suptitle(
