@@ -11,8 +11,11 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
-if ! python -c "import fairfl, torch, nvflare, monai, pydicom, mlflow, alembic, xdist, zxcvbn" 2>/dev/null || ! command -v ruff >/dev/null || ! command -v mypy >/dev/null; then
-  echo "installing torch==2.13.0, then fairfl and its dependencies into $VENV ..."
-  python -m pip install -q torch==2.13.0
-  python -m pip install -q -e "$ROOT[test]"
+if ! python -c "import fairfl, torch, nvflare, monai, pydicom, opacus, mlflow, alembic, xdist, zxcvbn, nbclient, nbformat, ipykernel" 2>/dev/null || ! command -v ruff >/dev/null || ! command -v mypy >/dev/null; then
+  # pip's own progress bars on: a first install downloads for minutes and should not look stuck
+  echo "[1/2] installing torch==2.13.0 into $VENV (the largest download; minutes on a first install) ..."
+  python -m pip install --progress-bar on torch==2.13.0
+  echo "[2/2] installing fairfl with nvflare, MONAI, MLflow and the test tools (minutes on a first install) ..."
+  python -m pip install --progress-bar on -e "$ROOT[test]"
+  echo "installed into $VENV"
 fi

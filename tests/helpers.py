@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from fairfl.jobconfig import customize_job
-from fairfl.tracking import TB_FOLDER
+from fairfl.progress import shown_round
+from fairfl.tracking import SUMMARY_SOURCE, TB_FOLDER, summary_series
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOBS = os.path.join(REPO, "jobs")
@@ -62,12 +63,16 @@ def screened(controller, round_num, updates, rejected) -> dict:
 
 
 def recorded(results, site):
-    """{metric: {round: value}} of `site` in results.json: its accepted training and evaluation metrics."""
+    """{metric: {round as trackers show it (from 1): value}} of `site` in results.json: its accepted training and
+    evaluation metrics; of SUMMARY_SOURCE, each evaluated round's fairness summary of the main metric."""
     found = {}
     for record in results["rounds"]:
-        for part in ("train", "per_site"):
-            for name, value in (record.get(part) or {}).get(site, {}).items():
-                found.setdefault(name, {})[record["round"]] = value
+        if site == SUMMARY_SOURCE:
+            values = summary_series(record, results["metric"])
+        else:
+            values = {k: v for part in ("train", "per_site") for k, v in (record.get(part) or {}).get(site, {}).items()}
+        for name, value in values.items():
+            found.setdefault(name, {})[shown_round(record["round"])] = value
     return found
 
 
@@ -84,12 +89,13 @@ def tensorboard_scalars(run_dir, site):
 
 
 def check_tracking(run_dir, results, sites):
-    """TensorBoard shows exactly what results.json records, per site, metric (tag) and round (step): accepted
-    numbers only (TensorBoard keeps 32-bit floats)."""
-    assert set(os.listdir(os.path.join(run_dir, TB_FOLDER))) == {s for s in sites if recorded(results, s)}
-    for site in sites:
-        shown, expected = tensorboard_scalars(run_dir, site), recorded(results, site)
-        assert shown == {name: pytest.approx(steps, rel=1e-6) for name, steps in expected.items()}, site
+    """TensorBoard shows exactly what results.json records, per site (and the fairness summary, SUMMARY_SOURCE),
+    metric (tag) and round (step): accepted numbers only (TensorBoard keeps 32-bit floats)."""
+    sources = [*sites, SUMMARY_SOURCE]
+    assert set(os.listdir(os.path.join(run_dir, TB_FOLDER))) == {s for s in sources if recorded(results, s)}
+    for source in sources:
+        shown, expected = tensorboard_scalars(run_dir, source), recorded(results, source)
+        assert shown == {name: pytest.approx(steps, rel=1e-6) for name, steps in expected.items()}, source
 
 
 def extra_test_entries(base: Path, scaled: Path) -> dict:
@@ -175,3 +181,13 @@ def built_on_meta_only(monkeypatch) -> list:
 
     monkeypatch.setattr(models, "build_model", guarded)
     return devices
+
+
+def trained_weights(result, sent: dict) -> dict:
+    """The weights a site's train answer makes from the weights `sent` to it ({name: numpy array}): sites send the
+    difference (fairfl.updates), which the server adds back as this does."""
+    from nvflare.app_common.abstract.fl_model import ParamsType
+
+    if result.params_type != ParamsType.DIFF:
+        return dict(result.params)
+    return {k: v if v.dtype == bool else sent[k] + v for k, v in result.params.items()}

@@ -19,11 +19,13 @@ from collections.abc import Mapping
 
 from fairfl.argument import MAX_FACTOR, Argument
 from fairfl.data.builtin import BUILTIN_DATASETS, MAX_TEST_SCALE, check_test_scale
+from fairfl.flare.update_filters import check_privacy_filter
 from fairfl.kinds import Boolean, Checked, Integer, ListOf, Nullable, OneOf, Pattern, Real, Text, shown
 from fairfl.methods import UNITS
 from fairfl.names import safe_name
 from fairfl.networks import argument_problem, is_network_name
 from fairfl.presets import PRESETS
+from fairfl.privacy import settings as privacy
 from fairfl.quorum import check_min_clients
 from fairfl.site_settings import MOVED_ARGUMENTS
 
@@ -303,6 +305,23 @@ ROUND = (
         "global model with FedNPR-Per's head or FedBN's normalisation layers) is sent to every site and scored on its "
         "test split: results.json cross_site. Only for the methods that score each site with a model of its own",
     ),
+    # fairfl.privacy: DP-SGD at the sites (docs/running.md, "Differential privacy")
+    Argument(
+        "dp_epsilon",
+        privacy.EPSILON,
+        None,
+        "null = no differential privacy. A number: every site trains with DP-SGD (per-item gradient clipping, "
+        "Gaussian noise, Poisson sampling) so that the model it sends is (dp_epsilon, dp_delta)-DP for one training "
+        "item over the whole run (all rounds). Refused for the methods whose local training it cannot cover, with "
+        "batch norm and with cross_site_eval",
+    ),
+    Argument("dp_delta", privacy.DELTA, 1e-5, "the delta of dp_epsilon's guarantee (below 1 / training items)"),
+    Argument(
+        "dp_clip",
+        privacy.CLIP,
+        1.0,
+        "DP-SGD: each training item's gradient is clipped to this L2 norm (over all the weights) before the noise",
+    ),
 )
 
 # --- the sites: the one executor (fairfl.flare.executor.FairflExecutor) --------------------------------------------
@@ -428,6 +447,15 @@ EXECUTOR = (
         0,
         "worker processes that augment the training batches beside the training (make_loader's num_workers), for a "
         "GPU site whose one loading thread cannot keep up; 0 = in the site process",
+    ),
+    Argument(
+        "privacy_filter",
+        Nullable(Checked(check_privacy_filter, 'null, "none", "exclude_vars", "percentile", "svt" or an object')),
+        None,
+        "NVFlare's privacy filter on the update a site's training sends (fairfl.flare.update_filters; "
+        'docs/privacy.md): "percentile" (only the largest changes, clipped: Shokri and Shmatikov), "svt" (sparse '
+        'vector technique), "exclude_vars" (named tensors stay on the site); an object {"name": ..., and the '
+        'filter\'s own arguments} sets them, e.g. {"name": "percentile", "percentile": 90, "gamma": 0.01}; null = none',
     ),
 )
 

@@ -171,16 +171,25 @@ def segmentation_loss() -> torch.nn.Module:
     return DiceLoss(to_onehot_y=True, softmax=True)
 
 
-def train_local(model, loader, settings: TrainSettings, device, loss_fn=None, optimizer=None, amp=False) -> dict:
+def train_local(
+    model, loader, settings: TrainSettings, device, loss_fn=None, optimizer=None, amp=False, privacy=None
+) -> dict:
     """Train in place for one round; returns the mean loss and the number of optimiser steps.
 
     optimizer: one built on `model` (`make_optimizer`), e.g. with the state of the site's previous round;
     None = a fresh one of `settings` (the optimiser state is reset every round, as the papers' code does).
     amp: forward passes in mixed precision (`mixed_precision`), float16 on CUDA with a `gradient_scaler`; the
-    weights and the optimiser stay float32."""
+    weights and the optimiser stay float32.
+    privacy: a task's DP settings (fairfl.privacy.settings.PrivacySettings): the round is DP-SGD instead
+    (fairfl.privacy.dp_sgd.train_private, in float32 whatever `amp`), which returns the site's privacy statement in
+    place of the loss."""
     loss_fn = loss_fn or segmentation_loss()
     model.to(device).train()
     optimizer = optimizer or make_optimizer(model, settings)
+    if privacy is not None:
+        from fairfl.privacy.dp_sgd import train_private  # Opacus loads only for a private round
+
+        return train_private(model, loader, settings, device, loss_fn, optimizer, privacy)
     scaler = gradient_scaler(device, amp)
     max_steps = settings.local_steps if settings.local_steps > 0 else settings.local_epochs * len(loader)
     steps, total = 0, 0.0

@@ -23,7 +23,7 @@ from fairfl.models import initial_state, state_to_torch
 from fairfl.presets import PRESETS, apply_preset, resolve_preset
 from fairfl.site_checks import number_problem
 
-from helpers import screened
+from helpers import screened, trained_weights
 
 SITES = ("site-1", "site-2", "site-3")
 TINY = {"dataset": "skin", "model_channels": [4, 8], "num_rounds": 4}
@@ -267,10 +267,11 @@ def test_executor_trains_with_salt_measures_and_evaluates_clean_and_corrupted(tm
     assert result.meta[GLOBAL_LOSS] == report["loss"] and result.meta[protocol.LR] == 3e-4
     assert result.metrics["rho"] == pytest.approx(0.1) and "train_perturbed_loss" in result.metrics
     assert result.metrics["probe_seconds"] > 0
-    changed = [k for k in params if not np.array_equal(params[k], result.params[k])]
+    weights = trained_weights(result, params)
+    changed = [k for k in params if not np.array_equal(params[k], weights[k])]
     assert changed  # it trained
     trained = FLModel(
-        params_type=ParamsType.FULL, params=result.params, meta={**meta, protocol.EVALUATE: protocol.FROM_GLOBAL}
+        params_type=ParamsType.FULL, params=weights, meta={**meta, protocol.EVALUATE: protocol.FROM_GLOBAL}
     )
     scores = executor._validate(SiteTask.of("site-4", trained), str(tmp_path)).metrics
     names = ("accuracy", "balanced_accuracy", "auc", "balanced_accuracy_se", "auc_se")  # with their standard errors

@@ -18,7 +18,7 @@ from fairfl.methods.fedlwr.protocol import CKA, CKA_BATCH_SIZE, CKA_MAX_POSITION
 from fairfl.models import build_model, initial_state
 from fairfl.training import TrainSettings, mixed_precision, train_local
 
-from helpers import segmentation_task_meta
+from helpers import segmentation_task_meta, trained_weights
 
 SPEC = {"name": "unet", "in_channels": 1, "num_classes": 2, "channels": [8, 16], "strides": [2]}
 META = segmentation_task_meta(SPEC)
@@ -106,11 +106,12 @@ def test_a_site_with_amp_runs_fedism_plus_and_fedlwr_tasks_in_bfloat16(tmp_path,
     trained = run(protocol.TASK_TRAIN, fedism, sent)
     assert np.isfinite(trained.meta[SHARPNESS]["sharpness"])
     assert np.isfinite(trained.metrics["train_loss"]) and np.isfinite(trained.metrics["train_perturbed_loss"])
-    assert {k: v.dtype for k, v in trained.params.items()} == {k: v.dtype for k, v in sent.items()}
-    assert all(np.isfinite(v).all() for v in trained.params.values())
+    weights = trained_weights(trained, sent)
+    assert {k: v.dtype for k, v in weights.items()} == {k: v.dtype for k, v in sent.items()}
+    assert all(np.isfinite(v).all() for v in weights.values())
     sample = {CKA_SPLIT: "training", CKA_MAX_SAMPLES: 64, CKA_BATCH_SIZE: 32, CKA_MAX_POSITIONS: 4096}
     cka = run(TASK_CKA, {**META, **sample}, sent).meta[CKA]
     assert cka and all(0.0 <= v <= 1.0 for v in cka.values())
-    scores = run(protocol.TASK_VALIDATE, META, trained.params).metrics
+    scores = run(protocol.TASK_VALIDATE, META, weights).metrics
     assert 0.0 <= scores["dice"] <= 1.0
     assert {d for seen in dtypes for d in seen} == {torch.bfloat16}

@@ -28,6 +28,8 @@ from fairfl.training import (
     train_local,
 )
 
+from helpers import trained_weights
+
 TINY = {"model_channels": [8, 16, 32], "model_strides": [2, 2], "num_rounds": 2}
 
 
@@ -171,22 +173,23 @@ def test_a_kept_optimiser_state_carries_adams_moments_into_the_next_round(site, 
     controller, meta, executor = site
     w0 = initial_state(controller.model_spec(), 0)
     fresh = train(executor, meta, w0, tmp_path / "fresh", 0)
+    w1 = trained_weights(fresh, w0)
     assert not os.path.exists(tmp_path / "fresh" / protocol.OPTIMIZER_STATE_FILE)  # the default keeps nothing
     kept = train(executor, meta, w0, tmp_path / "kept", 0, keep_state=True)
     assert all(np.array_equal(kept.params[k], fresh.params[k]) for k in fresh.params)  # round 0: nothing to keep
     assert torch.load(tmp_path / "kept" / protocol.OPTIMIZER_STATE_FILE)["round"] == 0
-    again_fresh = train(executor, meta, fresh.params, tmp_path / "fresh", 1)
-    again_kept = train(executor, meta, fresh.params, tmp_path / "kept", 1, keep_state=True)
+    again_fresh = train(executor, meta, w1, tmp_path / "fresh", 1)
+    again_kept = train(executor, meta, w1, tmp_path / "kept", 1, keep_state=True)
     assert not all(np.allclose(again_kept.params[k], again_fresh.params[k]) for k in again_fresh.params)
 
     # a round repeated after a restart starts from the state the round before left, not from its first try's
     assert torch.load(tmp_path / "kept" / protocol.PREVIOUS_OPTIMIZER_STATE_FILE)["round"] == 0
-    repeat = train(executor, meta, fresh.params, tmp_path / "kept", 1, keep_state=True)
+    repeat = train(executor, meta, w1, tmp_path / "kept", 1, keep_state=True)
     assert all(np.array_equal(repeat.params[k], again_kept.params[k]) for k in again_kept.params)
 
     # a state from another round (an old run under the same run_name) is never used: the optimiser starts afresh
-    stale = train(executor, meta, fresh.params, tmp_path / "kept", 5, keep_state=True)
-    from_nothing = train(executor, meta, fresh.params, tmp_path / "nothing", 5, keep_state=True)
+    stale = train(executor, meta, w1, tmp_path / "kept", 5, keep_state=True)
+    from_nothing = train(executor, meta, w1, tmp_path / "nothing", 5, keep_state=True)
     assert all(np.array_equal(stale.params[k], from_nothing.params[k]) for k in stale.params)
 
 

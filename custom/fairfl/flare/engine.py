@@ -32,7 +32,7 @@ from fairfl.bundle import bundle_weights, read_bundle
 from fairfl.data.builtin import builtin_dataset
 from fairfl.files import save_atomic
 from fairfl.flare import protocol
-from fairfl.flare.analytics import fire_site_metrics
+from fairfl.flare.analytics import fire_round_summary, fire_site_metrics
 from fairfl.flare.checkpoint import Checkpointing
 from fairfl.flare.cross_site import CrossSiteEvaluation
 from fairfl.flare.fanout import TaskFanOut
@@ -46,6 +46,7 @@ from fairfl.models import (
     state_to_numpy,
     state_to_torch,
 )
+from fairfl.privacy.settings import job_refusal
 from fairfl.quorum import quorum
 from fairfl.results import GLOBAL_PREFIX, RESULTS_FILE, ResultsLog, site_key
 from fairfl.site_checks import (
@@ -58,6 +59,7 @@ from fairfl.site_checks import (
     samples_problem,
     tensor_state,
 )
+from fairfl.updates import weights_from_update
 
 GLOBAL_MODEL_FILE = "global_model.pt"
 MAIN_METRIC = {"segmentation": "dice", "classification": "auc"}  # the results file's `metric`, per task
@@ -171,6 +173,9 @@ class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
         self.min_responses = quorum(settings.min_clients, len(self.trainers))
         self.absent = []
         self.task_meta = self.common_task_meta(sites)
+        problem = job_refusal(self.method, {**self.task_meta, **self.train_meta(0)}) if settings.privacy else None
+        if problem:  # DP-SGD asked for where it cannot cover the method's local training or the network
+            raise ValueError(problem)
         run_dir = self.get_run_dir()
         self.results = self._results_log(sites)
         global_state = initial_state(self.model_spec(), settings.seed, bundle_weights(self.bundle))
@@ -235,6 +240,7 @@ class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
                 phases={name: round(seconds, 3) for name, seconds in phases.items()},
                 **extras,
             )
+            fire_round_summary(self, round_num, record, self.metric)  # the fairness series beside the sites'
             if per_site:
                 self.info(
                     f"round {round_num}: mean {self.metric} {record.get('mean', float('nan')):.4f} "
@@ -285,9 +291,11 @@ class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
         )
         updates, rejected, train_metrics = {}, {}, {}
         reference = self.update_reference(global_state)
+        sent = self.models_for(round_num, global_state, self.trainers)  # what each site's difference is from
         for result in sorted(results, key=lambda r: r.meta.get("client_name", "?")):
             site = result.meta.get("client_name", "?")
-            update, train_metrics[site], problem = self._screen_train_answer(site, result, reference, round_num)
+            base = reference if sent is None or site not in sent else self.update_reference(sent[site])
+            update, train_metrics[site], problem = self._screen_train_answer(site, result, base, round_num)
             if problem:
                 self.reject(round_num, site, problem, rejected)
             elif update is not None:
@@ -321,6 +329,8 @@ class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
         if self.start_from == protocol.FROM_LOCAL:
             return None, metrics, None  # the sites' own models: weights never leave the site
         state, problem = tensor_state({} if result.params is None else result.params)
+        if state is not None and result.params_type == ParamsType.DIFF:  # what sites send (fairfl.updates)
+            state, problem = weights_from_update(state, reference)
         if state is None:  # not a mapping of tensors: `problem` says why
             return None, metrics, problem
         num_samples = result.meta.get(protocol.NUM_SAMPLES)
@@ -558,27 +568,16 @@ class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
         }
         if settings.run_name:
             meta[protocol.RUN_NAME] = settings.run_name
+        if settings.privacy:
+            meta[protocol.PRIVACY] = settings.privacy
         if self.bundle is not None and self.bundle.preprocessing:
             meta[protocol.PREPROCESSING] = self.bundle.preprocessing
         return {**meta, **self.site_meta()}
 
     def model_spec(self) -> dict:
-        """The network of the settings, as fairfl.models.build_model takes it (and every task sends it)."""
-        settings = self.settings
-        if self.bundle is not None:  # the bundle's network, as it defines it
-            return dict(self.bundle.network)
-        spec = {"name": settings.network, "in_channels": settings.in_channels, "num_classes": settings.num_classes}
-        if settings.spatial_dims != 2:  # left out for 2-D: the spec every 2-D run has sent stays as it was
-            spec["spatial_dims"] = settings.spatial_dims
-        if settings.network not in ("unet", "cnn", "resnet18"):
-            return {**spec, "args": dict(settings.model_args or {})}
-        if settings.network in ("unet", "cnn"):
-            spec["channels"] = list(settings.model_channels)
-        if settings.network == "unet":
-            spec["strides"] = list(settings.model_strides)
-        if settings.model_norm:
-            spec["norm"] = settings.model_norm
-        return spec
+        """The network of the settings, as fairfl.models.build_model takes it (and every task sends it): the
+        bundle's, as it defines it, or the settings' (`RoundSettings.model_spec`)."""
+        return dict(self.bundle.network) if self.bundle is not None else self.settings.model_spec()
 
     def config(self) -> dict:
         """The run's settings as results.json records them and a resumed run must match: every constructor argument

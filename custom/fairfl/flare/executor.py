@@ -22,6 +22,7 @@ import os
 import time
 
 import torch
+from nvflare.apis.dxo import MetaKey
 from nvflare.apis.executor import Executor
 from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.apis.shareable import make_reply
@@ -39,9 +40,11 @@ from fairfl.errors import DataError
 from fairfl.flare import protocol
 from fairfl.flare.site_state import keep_version, kept_model_versions, kept_versions, newest_before
 from fairfl.flare.site_task import CLASSIFICATION, SEGMENTATION, SERVERS_TASK, SiteTask, read_task
+from fairfl.flare.update_filters import make_filter
 from fairfl.methods.steps import MethodTask, StepContext, TaskSteps, registered_tasks
 from fairfl.models import build_model, is_int_in, load_numpy_state, state_to_numpy
 from fairfl.presets import apply_preset
+from fairfl.privacy.settings import METRICS as PRIVACY_METRICS
 from fairfl.results import GLOBAL_PREFIX
 from fairfl.site_settings import SHARE_OWN_MODEL_ENV, site_settings
 from fairfl.training import (
@@ -59,6 +62,7 @@ from fairfl.training import (
     sliding_window,
     train_local,
 )
+from fairfl.updates import in_dtypes, weight_difference
 
 # the score of a model on the validation split (StepContext.validation_score), per task
 VALIDATION_METRIC = {SEGMENTATION: "dice", CLASSIFICATION: "balanced_accuracy"}
@@ -82,6 +86,7 @@ class FairflExecutor(Executor):
         vars(self).update(checked)
         if self.augmentation is not None:  # null: the task's
             self.augmentation = list(self.augmentation)
+        self._privacy_filter = make_filter(self.privacy_filter)  # NVFlare's, on what training sends
         if self.device.startswith("cuda"):
             index, count = int(self.device.partition(":")[2] or 0), torch.cuda.device_count()
             if index >= count:
@@ -125,7 +130,17 @@ class FairflExecutor(Executor):
             return make_reply(ReturnCode.EXECUTION_EXCEPTION)
         if abort_signal.triggered:
             return make_reply(ReturnCode.TASK_ABORTED)
+        if self._privacy_filter is not None and result.params_type == ParamsType.DIFF:
+            return self._filtered(result, fl_ctx)
         return FLModelUtils.to_shareable(result)
+
+    def _filtered(self, result: FLModel, fl_ctx):
+        """`result`, a training update, through the job's privacy filter as NVFlare's filter chain passes it
+        (`process`); NVFlare's filters compute in floats, so each tensor goes back to its own dtype (a counter's
+        integer) as the server requires."""
+        filtered = FLModelUtils.from_shareable(self._privacy_filter.process(FLModelUtils.to_shareable(result), fl_ctx))
+        filtered.params = in_dtypes(filtered.params or {}, result.params)
+        return FLModelUtils.to_shareable(filtered)
 
     # --- tasks -----------------------------------------------------------------------------------------
     def _train(self, task: SiteTask, state_dir: str) -> FLModel:
@@ -147,7 +162,14 @@ class FairflExecutor(Executor):
             stats = steps.train(ctx, model, loader, settings, loss_fn, optimizer)
             if stats is None:  # no step has a loop of its own
                 stats = train_local(
-                    model, loader, settings, ctx.device, loss_fn=loss_fn, optimizer=optimizer, amp=self.amp
+                    model,
+                    loader,
+                    settings,
+                    ctx.device,
+                    loss_fn=loss_fn,
+                    optimizer=optimizer,
+                    amp=self.amp,
+                    privacy=task.privacy,
                 )
             ctx.metrics["train_seconds"] = time.time() - started  # local training alone (cost benchmarks)
             if task.keep_optimizer_state:
@@ -156,17 +178,27 @@ class FairflExecutor(Executor):
         steps.after_training(ctx, model)
         params = state_to_numpy(model.state_dict()) if task.send_params else {}
         params = steps.outgoing(ctx, params, model)
+        # sent as the difference from the weights received (NVFlare's WEIGHT_DIFF): what privacy filters work on
+        params_type = ParamsType.DIFF if params and task.params else ParamsType.FULL
+        if params_type == ParamsType.DIFF:
+            params = weight_difference(params, task.params)
         metrics = {
             **ctx.metrics,
-            **{k: float(stats[k]) for k in ("train_loss", "train_perturbed_loss", "rho") if k in stats},
+            **{
+                k: float(stats[k])
+                for k in ("train_loss", "train_perturbed_loss", "rho", *PRIVACY_METRICS)
+                if k in stats
+            },
         }
         return FLModel(
-            params_type=ParamsType.FULL,
+            params_type=params_type,
             params=params,
             metrics=metrics,
             meta={
                 protocol.NUM_SAMPLES: len(loader.dataset),
                 protocol.NUM_STEPS: stats["steps"],
+                # NVFlare's own key for the same count: its percentile filter caps the change per step by it
+                MetaKey.NUM_STEPS_CURRENT_ROUND: stats["steps"],
                 protocol.LR: self.lr,
                 **ctx.reply,
             },

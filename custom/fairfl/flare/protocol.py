@@ -33,6 +33,8 @@ PREPROCESSING = "preprocessing"  # a MONAI bundle's pre-processing (fairfl.bundl
 RUN_NAME = "run_name"  # a named (resumable) run: sites keep their state in run_state_dir(...) of it
 OPTIMIZER = "optimizer"  # {"name": "adam" or "sgd", "momentum", "keep_state"}: the local optimiser; keep_state
 # carries its state (Adam's moments) from round to round (OPTIMIZER_STATE_FILE)
+PRIVACY = "dp"  # {"epsilon", "delta", "clip", "rounds"}: train with DP-SGD for this budget over the run's rounds
+# (fairfl.privacy); absent: no DP
 
 # site -> server
 NUM_SAMPLES = "num_samples"

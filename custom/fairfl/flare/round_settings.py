@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 from fairfl.data.builtin import builtin_dataset
 from fairfl.presets import apply_preset, fill_task_defaults
+from fairfl.privacy.settings import task_field
 
 DEFAULT_MODEL = {"segmentation": "unet", "classification": "cnn"}  # the network of a null `model`, per task
 
@@ -58,6 +59,9 @@ class RoundSettings:
     average_last: int
     test_scale: float
     cross_site_eval: bool
+    dp_epsilon: float | None  # null: no DP-SGD at the sites (fairfl.privacy)
+    dp_delta: float
+    dp_clip: float
 
     @classmethod
     def resolve(cls, checked: Mapping, default_max_share: float) -> RoundSettings:
@@ -74,6 +78,11 @@ class RoundSettings:
             raise ValueError(
                 f"model_args is for a network that is not fairfl's own; {network} takes model_channels, model_strides "
                 f"and model_norm"
+            )
+        if values.dp_epsilon is not None and values.cross_site_eval:
+            raise ValueError(
+                "dp_epsilon with cross_site_eval: cross-site evaluation sends each site's own model, which a method "
+                "may train outside DP-SGD (a personal model); leave one of them out"
             )
         fill_task_defaults(values, task)
         return cls(
@@ -92,6 +101,9 @@ class RoundSettings:
                 "trim_fraction": float(values.trim_fraction),
                 "momentum": float(values.momentum),
                 "test_scale": float(values.test_scale),
+                "dp_epsilon": None if values.dp_epsilon is None else float(values.dp_epsilon),
+                "dp_delta": float(values.dp_delta),
+                "dp_clip": float(values.dp_clip),
             }
         )
 
@@ -101,6 +113,26 @@ class RoundSettings:
         values = SimpleNamespace(**{field.name: getattr(self, field.name) for field in dataclasses.fields(self)})
         apply_preset(values, self.preset, self.task)
         return dataclasses.replace(self, **vars(values))
+
+    @property
+    def privacy(self) -> dict | None:
+        """The task field of DP-SGD (fairfl.flare.protocol.PRIVACY), None without dp_epsilon."""
+        return task_field(self.dp_epsilon, self.dp_delta, self.dp_clip, self.num_rounds)
+
+    def model_spec(self) -> dict:
+        """The network these settings name, as fairfl.models.build_model takes it."""
+        spec = {"name": self.network, "in_channels": self.in_channels, "num_classes": self.num_classes}
+        if self.spatial_dims != 2:  # left out for 2-D: the spec every 2-D run has sent stays as it was
+            spec["spatial_dims"] = self.spatial_dims
+        if self.network not in ("unet", "cnn", "resnet18"):
+            return {**spec, "args": dict(self.model_args or {})}
+        if self.network in ("unet", "cnn"):
+            spec["channels"] = list(self.model_channels)
+        if self.network == "unet":
+            spec["strides"] = list(self.model_strides)
+        if self.model_norm:
+            spec["norm"] = self.model_norm
+        return spec
 
     @property
     def network(self) -> str:

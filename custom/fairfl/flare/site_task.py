@@ -4,7 +4,8 @@ parsed into a `SiteTask` that the executor's helpers share (fairfl.flare.executo
 The server is not trusted with the site's memory, files or models, so a site checks: that the task reads as a model
 task at all; the network it asks for against what this site builds (its own FAIRFL_MAX_MODEL_PARAMETERS); every task
 field the executor reads (TASK_FIELDS) and every field a method's step or task declares (fairfl.methods.steps), as
-kinds, and that a method's task carries every field it reads; the optimiser settings; the held-out sites; the round
+kinds, and that a method's task carries every field it reads; the optimiser settings; the held-out sites; DP-SGD
+(fairfl.privacy) only where no step of the task trains or replaces the loss its own way; the round
 (a whole number: it seeds and names the site's kept files); and the weights sent: none, or every tensor of the network
 with its shape and dtype, finite (a NaN trained on would poison the site's own models too). Anything else is bad
 task data (DataError) naming the field."""
@@ -22,10 +23,11 @@ from fairfl.data.builtin import BUILTIN_DATASETS
 from fairfl.errors import DataError
 from fairfl.flare import protocol
 from fairfl.kinds import Boolean, Checked, Integer, OneOf
-from fairfl.methods.steps import MethodTask, field_problems
+from fairfl.methods.steps import MethodTask, applying, field_problems
 from fairfl.methods.steps import problems as step_problems
 from fairfl.models import build_model, check_model_spec
 from fairfl.names import safe_name
+from fairfl.privacy.settings import PrivacySettings, step_refusal, task_field_kind
 from fairfl.site_checks import check_site_state, tensor_state
 from fairfl.site_settings import site_settings
 from fairfl.training import check_optimizer_settings
@@ -46,6 +48,7 @@ TASK_FIELDS = {
     protocol.PREPROCESSING: Checked(
         preprocessing_problem, "a list of monai.transforms dictionary transforms with plain arguments", reports=True
     ),
+    protocol.PRIVACY: task_field_kind(MAX_ROUND),
 }
 
 
@@ -75,6 +78,7 @@ class SiteTask:
     data_seed: object
     num_sites: object
     test_scale: object
+    privacy: PrivacySettings | None  # train with DP-SGD (fairfl.privacy); None: no DP
 
     @property
     def num_classes(self) -> int:
@@ -120,6 +124,7 @@ class SiteTask:
             data_seed=meta.get(protocol.DATA_SEED, 0),
             num_sites=meta.get(protocol.NUM_SITES),
             test_scale=meta.get(protocol.TEST_SCALE, 1.0),
+            privacy=PrivacySettings.of(meta.get(protocol.PRIVACY), int(model.current_round or 0)),
         )
 
 
@@ -144,6 +149,9 @@ def check_meta(site: str, meta: dict, method_task: type[MethodTask] | None = Non
     problems = field_problems(meta, TASK_FIELDS) + step_problems(meta, task=method_task)
     if problems:
         raise DataError(site, SERVERS_TASK, "; ".join(problems))
+    problem = step_refusal(applying(meta)) if meta.get(protocol.PRIVACY) else None
+    if problem:  # the server refuses such a job; a site never trains without the DP it was asked for
+        raise DataError(site, SERVERS_TASK, f"{protocol.PRIVACY} asks for DP-SGD, but {problem}")
     problem = check_optimizer_settings(meta[protocol.OPTIMIZER]) if protocol.OPTIMIZER in meta else None
     if problem:
         raise DataError(site, SERVERS_TASK, f"{protocol.OPTIMIZER} settings: {problem}")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fairfl.labels import metric_label_markdown
 from fairfl.loo import load_loo
+from fairfl.report.baseline import BASELINE_TEXT, baseline_table
 from fairfl.report.fairness_tables import (
     PERFORMANCE_FAIRNESS_TEXT,
     agreement_text,
@@ -18,6 +19,7 @@ from fairfl.report.fairness_tables import (
 from fairfl.report.figures import plot_convergence, plot_cross_site, plot_per_site
 from fairfl.report.global_model import HELD_OUT_TEXT, PERSONAL_GLOBAL_TEXT, held_out_table, personal_global_table
 from fairfl.report.parts import GroupFigure, Inputs, RunFigure, Section, method_parts, ordered
+from fairfl.report.privacy import PRIVACY_TEXT, privacy_table
 from fairfl.report.runs import (
     by_method,
     chosen_metric,
@@ -44,6 +46,12 @@ SECTIONS = (  # the report's own, in their order
         lambda inputs: spread_table(inputs.runs, inputs.metric),
     ),
     Section(
+        "against_fedavg",
+        "Against FedAvg",
+        lambda inputs: BASELINE_TEXT.format(label=_label(inputs)),
+        lambda inputs: baseline_table(inputs.runs, inputs.metric),
+    ),
+    Section(
         "surface",
         "Surface distances (volumes)",
         lambda inputs: SURFACE_TEXT,
@@ -61,6 +69,7 @@ SECTIONS = (  # the report's own, in their order
         lambda inputs: HELD_OUT_TEXT.format(label=_label(inputs)),
         lambda inputs: held_out_table(inputs.runs, inputs.metric),
     ),
+    Section("privacy", "Differential privacy", lambda inputs: PRIVACY_TEXT, lambda inputs: privacy_table(inputs.runs)),
     Section(
         "performance_fairness",
         "Performance fairness",

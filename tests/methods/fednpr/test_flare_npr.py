@@ -162,3 +162,4 @@ class SimpleAnswer:
 
     def __init__(self, params, num_samples=10):
         self.params, self.metrics, self.meta = params, {"train_loss": 0.5}, {protocol.NUM_SAMPLES: num_samples}
+        self.params_type = ParamsType.FULL

@@ -10,6 +10,7 @@ from fairfl.kinds import Real
 from fairfl.methods.fedprox.arguments import MAX_PROXIMAL_WEIGHT
 from fairfl.methods.fedprox.protocol import PROX_MU
 from fairfl.methods.steps import ClientStep, StepContext
+from fairfl.privacy.dp_sgd import SeparableLoss
 
 
 def with_proximal_term(loss_fn, model, mu: float, reference=None):
@@ -17,13 +18,15 @@ def with_proximal_term(loss_fn, model, mu: float, reference=None):
     frozen copy of `reference`, by default of the model as it is now (as received)."""
     reference = copy.deepcopy(model if reference is None else reference).requires_grad_(False)
     proximal = PTFedProxLoss(mu=mu)
-    return lambda logits, target: loss_fn(logits, target) + proximal(model, reference.to(logits.device))
+    # a term of the weights alone: DP-SGD adds it outside the items' clipped gradients
+    return SeparableLoss(loss_fn, lambda device: proximal(model, reference.to(device)))
 
 
 class ProximalTerm(ClientStep):
     """Adds (mu / 2) ||w - w_sent||^2, mu = meta[PROX_MU], to whatever the local loss is (FedNPR's as well)."""
 
     fields = {PROX_MU: Real(0.0, MAX_PROXIMAL_WEIGHT)}
+    private_loss = True  # its term reads the weights alone (fairfl.privacy.settings.step_refusal)
 
     @classmethod
     def applies(cls, meta: dict) -> bool:

@@ -1,0 +1,228 @@
+"""What differential privacy costs fairness (docs/benchmarks/privacy.md).
+
+Each privacy level is one `fairfl benchmark` of the same methods and seeds through NVFlare's simulator, the level's
+`--set dp_epsilon=...` its only difference; the levels run seed by seed (every level of seed 0, then of seed 1, ...),
+so an interrupted benchmark has paired seeds to show and resumes where it stopped (finished runs are kept).
+
+    python benchmarks/privacy.py run [--task prostate] [--methods fedavg ditto fedfloor] [--seeds 0 1 2]
+        [--levels none 8 1] [--rounds 20] [--set KEY=VALUE ...] [--out benchmarks/results/privacy/prostate]
+    python benchmarks/privacy.py summary [--out ...]
+
+`summary` reads each level's <out>/<level>/dice/results.csv (the headline metric of the task) and writes
+<out>/SUMMARY.md and <out>/summary.json: per method and level the mean over sites, the spread (population std), the
+worst site and the smallest site's score (the site with the fewest training items: the largest DP sampling rate),
+mean ± sd over seeds, each with its paired per-seed difference from the same method without privacy (95% t
+interval); the sites' epsilon spent and noise multipliers; and the median round time per level."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from fairfl.methods import display_name
+from fairfl.paired import paired_interval
+from fairfl.report.statistics import mean_sd
+
+OUT = Path(__file__).resolve().parent / "results" / "privacy" / "prostate"
+NONE = "none"
+STATISTICS = ("mean", "std", "worst", "smallest")  # the smallest site's score: DP's first casualty
+NAMES = {"mean": "Avg.", "std": "Std.", "worst": "worst site", "smallest": "smallest site"}
+
+
+def level_name(level: str) -> str:
+    return level if level == NONE else f"eps{level}"
+
+
+def run(args) -> None:
+    for seed in args.seeds:
+        for level in args.levels:
+            extra = ["--set", *args.set, *([] if level == NONE else [f"dp_epsilon={float(level)}"])]
+            command = [
+                sys.executable, "-m", "fairfl.cli", "benchmark", args.task, "--methods", *args.methods,
+                "--seeds", str(seed), "--rounds", str(args.rounds), "--eval-every", str(args.eval_every),
+                "--out", str(args.out / level_name(level)), *extra,
+            ]  # fmt: skip
+            print(f"[privacy] seed {seed}, level {level}: {' '.join(command[2:])}", flush=True)
+            subprocess.run(command, check=True)
+    for level in args.levels:  # every seed's runs are kept: this only writes the level's summary of them all
+        extra = ["--set", *args.set, *([] if level == NONE else [f"dp_epsilon={float(level)}"])]
+        command = [
+            sys.executable, "-m", "fairfl.cli", "benchmark", args.task, "--methods", *args.methods,
+            "--seeds", *map(str, args.seeds), "--rounds", str(args.rounds), "--eval-every", str(args.eval_every),
+            "--out", str(args.out / level_name(level)), *extra,
+        ]  # fmt: skip
+        subprocess.run(command, check=True)
+
+
+def per_seed(folder: Path) -> tuple[dict, dict, str]:
+    """({method: {seed: {site: percent}}}, {(method, seed): results.json path}, metric) of one level's output."""
+    summary = json.loads((folder / "summary.json").read_text())
+    metric = summary["metrics"][0]
+    values, files = {}, {}
+    with open(folder / metric / "results.csv") as f:
+        for row in csv.DictReader(f):
+            if row["site"].startswith("site-"):
+                values.setdefault(row["method"], {}).setdefault(int(row["seed"]), {})[row["site"]] = float(
+                    row["percent"]
+                )
+                files[row["method"], int(row["seed"])] = row["file"]
+    return values, files, metric
+
+
+def smallest_site(files: dict) -> str | None:
+    """The site with the fewest training items, read from a run's aggregation weights (by sample count)."""
+    for path in files.values():
+        if os.path.exists(path):
+            weights = json.loads(Path(path).read_text())["rounds"][0].get("weights")
+            if weights:
+                return min(weights, key=weights.get)
+    return None
+
+
+def statistics_of(sites: dict, smallest: str | None) -> dict:
+    scores = list(sites.values())
+    found = {"mean": statistics.fmean(scores), "std": statistics.pstdev(scores), "worst": min(scores)}
+    if smallest in sites:
+        found["smallest"] = sites[smallest]
+    return found
+
+
+def privacy_spent(files: dict) -> dict:
+    """{method: {"epsilon": [min, max] over sites and seeds at the last round, "noise": [min, max]}} from the runs'
+    results files (not committed: {} without them)."""
+    found = {}
+    for (method, _), path in files.items():
+        if not os.path.exists(path):
+            continue
+        last = json.loads(Path(path).read_text())["rounds"][-1].get("train", {})
+        for site in last.values():
+            if "dp_epsilon" in site:
+                entry = found.setdefault(method, {"epsilon": [], "noise": []})
+                entry["epsilon"].append(site["dp_epsilon"])
+                entry["noise"].append(site["dp_noise_multiplier"])
+    return {m: {k: [round(min(v), 3), round(max(v), 3)] for k, v in e.items()} for m, e in found.items()}
+
+
+def summarize(out: Path) -> dict:
+    levels = sorted((p.name for p in out.iterdir() if (p / "summary.json").exists()), key=_level_order)
+    data = {level: per_seed(out / level) for level in levels}
+    smallest = next((s for v in data.values() if (s := smallest_site(v[1]))), None)
+    if smallest is None and (out / "summary.json").exists():  # the runs are not committed: the summary's
+        smallest = json.loads((out / "summary.json").read_text()).get("smallest_site")
+    result = {"levels": levels, "smallest_site": smallest, "methods": {}}
+    for level in levels:
+        values, files, metric = data[level]
+        result["metric"] = metric
+        seconds = json.loads((out / level / "summary.json").read_text())["round_seconds"]
+        spent = privacy_spent(files)
+        for method, seeds in values.items():
+            stats = {s: statistics_of(sites, smallest) for s, sites in seeds.items()}
+            entry = {
+                "seeds": sorted(seeds),
+                "round_seconds": seconds.get(method),
+                **({"privacy_spent": spent[method]} if method in spent else {}),
+            }
+            for name in STATISTICS:
+                per = {s: v[name] for s, v in stats.items() if name in v}
+                if not per:
+                    continue
+                entry[name] = [round(x, 2) if x is not None else None for x in mean_sd(per.values())]
+                base = data.get(NONE, ({}, {}, ""))[0].get(method)
+                if level != NONE and base:
+                    found = paired_interval(per, {s: statistics_of(v, smallest)[name] for s, v in base.items()})
+                    entry[f"{name}_vs_none"] = [round(found.mean, 2), round(found.low, 2), round(found.high, 2)]
+            result["methods"].setdefault(method, {})[level] = entry
+    return result
+
+
+def _level_order(name: str) -> float:
+    return float("inf") if name == NONE else float(name.removeprefix("eps"))
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.2f}".replace("-", "\u2212")
+
+
+def _cell(entry: dict, name: str) -> str:
+    if name not in entry:
+        return "–"
+    mean, sd = entry[name]
+    text = f"{mean:.2f}" + (f" ± {sd:.2f}" if sd is not None else "")
+    paired = entry.get(f"{name}_vs_none")
+    if paired:
+        low, high = paired[1], paired[2]
+        interval = f"[{_signed(low)}, {_signed(high)}]" if low == low and abs(low) != float("inf") else "(1 seed)"
+        text += f" ({_signed(paired[0])} {interval})"
+    return text
+
+
+def table(result: dict, command: str) -> str:
+    metric = result.get("metric", "dice")
+    lines = [
+        "# What differential privacy costs fairness",
+        "",
+        f"`{command}`: each level is one `fairfl benchmark` (its folder here: none, eps8, eps1, ...), the same "
+        f"methods, seeds, rounds and data, `--set dp_epsilon=` its only difference. Final {metric} in %, mean ± sd "
+        "over seeds; in brackets the paired per-seed difference from the same method without privacy and its 95% t "
+        f"interval. Avg.: mean over sites; Std.: population std across sites; smallest site: "
+        f"{result.get('smallest_site')}, the one with the fewest training items (the largest sampling rate, so the "
+        "most noise for the same epsilon).",
+        "",
+        "| method | privacy | seeds | " + " | ".join(NAMES[n] for n in STATISTICS) + " | epsilon spent (sites) | "
+        "noise multiplier | round s |",
+        "|---|---|---:|" + "---:|" * len(STATISTICS) + "---:|---:|---:|",
+    ]
+    for method, levels in result["methods"].items():
+        for level in result["levels"]:
+            entry = levels.get(level)
+            if entry is None:
+                continue
+            spent = entry.get("privacy_spent", {})
+            eps = "–" if not spent else "{:.2f}–{:.2f}".format(*spent["epsilon"])
+            noise = "–" if not spent else "{:.2f}–{:.2f}".format(*spent["noise"])
+            privacy = "none" if level == NONE else f"epsilon {level.removeprefix('eps')}"
+            seconds = entry.get("round_seconds")
+            lines.append(
+                f"| {display_name(method)} | {privacy} | {len(entry['seeds'])} | "
+                + " | ".join(_cell(entry, n) for n in STATISTICS)
+                + f" | {eps} | {noise} | {'–' if seconds is None else f'{seconds:.2f}'} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=("run", "summary"))
+    parser.add_argument("--task", default="prostate")
+    parser.add_argument("--methods", nargs="+", default=["fedavg", "ditto", "fedfloor"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--levels", nargs="+", default=[NONE, "8", "1"])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="job arguments of every run")
+    args = parser.parse_args()
+    for level in args.levels:
+        if level != NONE and not 0 < float(level) <= 1000:
+            parser.error(f"level {level!r}: 'none' or an epsilon in (0, 1000]")
+    if args.action == "run":
+        run(args)
+    result = summarize(args.out)
+    command = f"python benchmarks/privacy.py run --task {args.task} --methods {' '.join(args.methods)} --seeds " + (
+        " ".join(map(str, args.seeds))
+        + f" --levels {' '.join(args.levels)} --rounds {args.rounds}"
+        + (f" --set {' '.join(args.set)}" if args.set else "")
+    )
+    (args.out / "summary.json").write_text(json.dumps({"command": command, **result}, indent=2) + "\n")
+    (args.out / "SUMMARY.md").write_text(table(result, command))
+    print(table(result, command))
+
+
+if __name__ == "__main__":
+    main()
