@@ -177,7 +177,7 @@ def train_local(
     """Train in place for one round; returns the mean loss and the number of optimiser steps.
 
     optimizer: one built on `model` (`make_optimizer`), e.g. with the state of the site's previous round;
-    None = a fresh one of `settings` (the optimiser state is reset every round, as the papers' code does).
+    None = a fresh one of `settings` (the optimiser state is reset every round: fairfl's default, not the papers').
     amp: forward passes in mixed precision (`mixed_precision`), float16 on CUDA with a `gradient_scaler`; the
     weights and the optimiser stay float32.
     privacy: a task's DP settings (fairfl.privacy.settings.PrivacySettings): the round is DP-SGD instead

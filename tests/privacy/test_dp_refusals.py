@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,7 @@ from fairfl.flare import protocol
 from fairfl.flare.site_task import check_meta
 from fairfl.privacy.settings import job_refusal
 
-from helpers import JOBS, segmentation_task_meta
+from helpers import JOBS, REPO, segmentation_task_meta
 
 
 def controller(job: str, **arguments):
@@ -82,3 +83,23 @@ def test_a_site_refuses_a_private_task_whose_steps_dp_sgd_cannot_cover_and_a_bad
     for bad in ({"epsilon": 0, "delta": 1e-5, "clip": 1.0, "rounds": 2}, {"epsilon": 8.0, "clip": 1.0, "rounds": 2}):
         with pytest.raises(DataError, match=f"task field {protocol.PRIVACY}"):
             check_meta("site-1", {**meta, protocol.PRIVACY: bad})
+
+
+def method_pages():
+    """{docs/methods page: the jobs its Paper table lists} for every method page."""
+    pages = {}
+    for name in sorted(os.listdir(os.path.join(REPO, "docs", "methods"))):
+        if name.endswith(".md") and not name.startswith("_"):
+            text = Path(REPO, "docs", "methods", name).read_text()
+            paper = text.split("## Paper", 1)[1].split("\n## ", 1)[0]
+            pages[name] = sorted(set(re.findall(r"^\| `jobs/(\w+)`", paper, flags=re.M)))
+    return pages
+
+
+@pytest.mark.parametrize("page, jobs", method_pages().items())
+def test_each_method_page_says_what_the_server_does_with_dp_on_its_jobs(page, jobs):
+    text = Path(REPO, "docs", "methods", page).read_text()
+    row = next(line for line in text.split("## Privacy", 1)[1].splitlines() if line.startswith("| `dp_epsilon`"))
+    refused = {job: start_refusal(job) is not None for job in jobs}
+    assert jobs and ("**refused**" in row) == any(refused.values()), (row, refused)
+    assert "**supported**" in row or all(refused.values()), (row, refused)
