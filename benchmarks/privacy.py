@@ -23,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from fairfl.methods import display_name
@@ -39,10 +40,45 @@ def level_name(level: str) -> str:
     return level if level == NONE else f"eps{level}"
 
 
+def private_settings(level: str, clip: float) -> list[str]:
+    """The job arguments a privacy level adds: none for no privacy, else the budget and the clip norm."""
+    return [] if level == NONE else [f"dp_epsilon={float(level)}", f"dp_clip={clip}"]
+
+
+def item_gradient_norms(task: str, size_scale: float) -> dict:
+    """{site: median L2 norm of one training item's gradient} of the default network at its seeded initial weights,
+    on a batch of each site's training images (the fairfl.privacy per-item gradients): what `--clip` is chosen
+    against (Abadi et al.: clip about the median norm, so that clipping rarely changes a gradient's direction while
+    the noise, proportional to the clip, stays as small as it can)."""
+    import torch
+
+    from fairfl.data.builtin import builtin_dataset, ensure_builtin
+    from fairfl.data.datalist import load_datalist
+    from fairfl.data.loaders import make_loader
+    from fairfl.models import DEFAULT_UNET, build_model
+    from fairfl.privacy.dp_sgd import per_item_gradients
+    from fairfl.training import segmentation_loss
+
+    data = builtin_dataset(task)
+    root = ensure_builtin(task, size_scale=size_scale)
+    torch.manual_seed(0)
+    model = build_model(DEFAULT_UNET)
+    found = {}
+    for k in range(1, data.min_sites + 1):
+        site = f"site-{k}"
+        loader = make_loader(load_datalist(root, site)["training"], 64, 2, 8, True, 0, site=site)
+        batch = next(iter(loader))
+        images, labels = (batch[key].as_subclass(torch.Tensor).unsqueeze(1) for key in ("image", "label"))
+        grads, _ = per_item_gradients(model, images, labels, segmentation_loss())
+        norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(dim=1) for g in grads.values()))
+        found[site] = round(float(norms.median()), 3)
+    return found
+
+
 def run(args) -> None:
     for seed in args.seeds:
         for level in args.levels:
-            extra = ["--set", *args.set, *([] if level == NONE else [f"dp_epsilon={float(level)}"])]
+            extra = ["--set", *args.set, *private_settings(level, args.clip)]
             command = [
                 sys.executable, "-m", "fairfl.cli", "benchmark", args.task, "--methods", *args.methods,
                 "--seeds", str(seed), "--rounds", str(args.rounds), "--eval-every", str(args.eval_every),
@@ -51,7 +87,7 @@ def run(args) -> None:
             print(f"[privacy] seed {seed}, level {level}: {' '.join(command[2:])}", flush=True)
             subprocess.run(command, check=True)
     for level in args.levels:  # every seed's runs are kept: this only writes the level's summary of them all
-        extra = ["--set", *args.set, *([] if level == NONE else [f"dp_epsilon={float(level)}"])]
+        extra = ["--set", *args.set, *private_settings(level, args.clip)]
         command = [
             sys.executable, "-m", "fairfl.cli", "benchmark", args.task, "--methods", *args.methods,
             "--seeds", *map(str, args.seeds), "--rounds", str(args.rounds), "--eval-every", str(args.eval_every),
@@ -93,6 +129,45 @@ def statistics_of(sites: dict, smallest: str | None) -> dict:
     return found
 
 
+def train_seconds(files: dict) -> dict:
+    """{method: median over sites, rounds and seeds of a site's local training seconds} from the runs' results files
+    ({} without them: they are not committed)."""
+    found = {}
+    for (method, _), path in files.items():
+        if os.path.exists(path):
+            for record in json.loads(Path(path).read_text())["rounds"]:
+                found.setdefault(method, []).extend(
+                    site["train_seconds"] for site in record.get("train", {}).values() if "train_seconds" in site
+                )
+    return {m: round(statistics.median(v), 3) for m, v in found.items() if v}
+
+
+def filter_milliseconds(repeats: int = 5) -> dict:
+    """{privacy_filter: median ms} of NVFlare's filter applied as a site applies it (fairfl.flare.update_filters) to
+    an update the size of the default prostate U-Net's, on this machine."""
+    import numpy as np
+    from nvflare.apis.dxo import DXO, DataKind
+    from nvflare.apis.fl_context import FLContext
+
+    from fairfl.flare.update_filters import make_filter
+    from fairfl.models import DEFAULT_UNET, build_model
+
+    shapes = {k: tuple(v.shape) for k, v in build_model(DEFAULT_UNET).state_dict().items() if v.is_floating_point()}
+    rng = np.random.default_rng(0)
+    found = {}
+    for setting in ("percentile", "svt", {"name": "exclude_vars", "exclude_vars": "^model\\.0\\."}):
+        name = setting if isinstance(setting, str) else setting["name"]
+        times = []
+        for _ in range(repeats):
+            update = {k: rng.normal(0, 1e-3, shape).astype(np.float32) for k, shape in shapes.items()}
+            shareable = DXO(data_kind=DataKind.WEIGHT_DIFF, data=update).to_shareable()
+            started = time.perf_counter()
+            make_filter(setting).process(shareable, FLContext())
+            times.append(1000 * (time.perf_counter() - started))
+        found[name] = round(statistics.median(times), 1)
+    return found
+
+
 def privacy_spent(files: dict) -> dict:
     """{method: {"epsilon": [min, max] over sites and seeds at the last round, "noise": [min, max]}} from the runs'
     results files (not committed: {} without them)."""
@@ -120,12 +195,13 @@ def summarize(out: Path) -> dict:
         values, files, metric = data[level]
         result["metric"] = metric
         seconds = json.loads((out / level / "summary.json").read_text())["round_seconds"]
-        spent = privacy_spent(files)
+        spent, training = privacy_spent(files), train_seconds(files)
         for method, seeds in values.items():
             stats = {s: statistics_of(sites, smallest) for s, sites in seeds.items()}
             entry = {
                 "seeds": sorted(seeds),
                 "round_seconds": seconds.get(method),
+                **({"train_seconds": training[method]} if method in training else {}),
                 **({"privacy_spent": spent[method]} if method in spent else {}),
             }
             for name in STATISTICS:
@@ -175,8 +251,8 @@ def table(result: dict, command: str) -> str:
         "most noise for the same epsilon).",
         "",
         "| method | privacy | seeds | " + " | ".join(NAMES[n] for n in STATISTICS) + " | epsilon spent (sites) | "
-        "noise multiplier | round s |",
-        "|---|---|---:|" + "---:|" * len(STATISTICS) + "---:|---:|---:|",
+        "noise multiplier | site training s | round s |",
+        "|---|---|---:|" + "---:|" * len(STATISTICS) + "---:|---:|---:|---:|",
     ]
     for method, levels in result["methods"].items():
         for level in result["levels"]:
@@ -187,22 +263,37 @@ def table(result: dict, command: str) -> str:
             eps = "–" if not spent else "{:.2f}–{:.2f}".format(*spent["epsilon"])
             noise = "–" if not spent else "{:.2f}–{:.2f}".format(*spent["noise"])
             privacy = "none" if level == NONE else f"epsilon {level.removeprefix('eps')}"
-            seconds = entry.get("round_seconds")
+            seconds, training = entry.get("round_seconds"), entry.get("train_seconds")
             lines.append(
                 f"| {display_name(method)} | {privacy} | {len(entry['seeds'])} | "
                 + " | ".join(_cell(entry, n) for n in STATISTICS)
-                + f" | {eps} | {noise} | {'–' if seconds is None else f'{seconds:.2f}'} |"
+                + f" | {eps} | {noise} | {'–' if training is None else f'{training:.2f}'}"
+                + f" | {'–' if seconds is None else f'{seconds:.2f}'} |"
             )
+    lines += [
+        "",
+        "Site training s: the median of a site's local training per round (results.json `train_seconds`); round s: "
+        "the benchmark's median round. Both were measured while other work shared the machine's 2 cores, and the "
+        "levels' runs were not interleaved: read them as rough ratios, not as a cost table.",
+    ]
+    if result.get("filter_ms"):
+        lines += [
+            "",
+            "NVFlare's filters on an update of the default prostate U-Net (as a site applies them, median of 5, ms): "
+            + ", ".join(f"{name} {ms:.1f}" for name, ms in result["filter_ms"].items())
+            + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=("run", "summary"))
+    parser.add_argument("action", choices=("run", "summary", "norms"))
     parser.add_argument("--task", default="prostate")
     parser.add_argument("--methods", nargs="+", default=["fedavg", "ditto", "fedfloor"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--levels", nargs="+", default=[NONE, "8", "1"])
+    parser.add_argument("--levels", nargs="+", default=[NONE, "8", "100"])
+    parser.add_argument("--clip", type=float, default=0.25, help="dp_clip of the private levels")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--out", type=Path, default=OUT)
@@ -211,9 +302,22 @@ def main() -> None:
     for level in args.levels:
         if level != NONE and not 0 < float(level) <= 1000:
             parser.error(f"level {level!r}: 'none' or an epsilon in (0, 1000]")
+    size_scale = float(dict(item.split("=", 1) for item in args.set).get("synthetic_size_scale", 2.0))
+    if args.action == "norms":
+        print(json.dumps(item_gradient_norms(args.task, size_scale), indent=2))
+        return
     if args.action == "run":
         run(args)
     result = summarize(args.out)
+    previous = json.loads((args.out / "summary.json").read_text()) if (args.out / "summary.json").exists() else {}
+    for method, levels in result["methods"].items():  # without the runs (not committed) keep what they gave
+        for level, entry in levels.items():
+            before = previous.get("methods", {}).get(method, {}).get(level, {})
+            entry.update({k: before[k] for k in ("privacy_spent", "train_seconds") if k in before and k not in entry})
+    kept = previous if args.action == "summary" else {}  # measured once, with the runs
+    result["filter_ms"] = kept.get("filter_ms") or filter_milliseconds()
+    result["item_gradient_norms"] = kept.get("item_gradient_norms") or item_gradient_norms(args.task, size_scale)
+    result["clip"] = args.clip
     command = f"python benchmarks/privacy.py run --task {args.task} --methods {' '.join(args.methods)} --seeds " + (
         " ".join(map(str, args.seeds))
         + f" --levels {' '.join(args.levels)} --rounds {args.rounds}"
