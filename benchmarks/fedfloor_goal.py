@@ -4,7 +4,8 @@ For each benchmark folder: every method's Avg., Std. and worst site on the famil
 with the paired per-seed difference from FedAvg and its 95% t interval; FedFloor's spread as a multiple of FedAvg's
 (per seed, and the mean's interval); its worst site against FedAvg's and Solo's seed by seed; the largest
 difference between its global model's scores and FedAvg's (0: the same model, so a new site gets FedAvg's); its
-round time over FedAvg's in that benchmark.
+round time over FedAvg's in that benchmark. With fewer paired seeds than the claims need (MIN_JUDGED_SEEDS, 3) both
+goals read "not judged" (null in goal.json).
 
     python benchmarks/fedfloor_goal.py benchmarks/results/fedfloor/prostate [more folders] \
         [--table benchmarks/results/fedfloor/GOAL.md]
@@ -17,6 +18,7 @@ import json
 import os
 from pathlib import Path
 
+from fairfl.benchmark.claims import MIN_JUDGED_SEEDS, NOT_JUDGED
 from fairfl.methods import display_name
 from fairfl.paired import mean_interval, paired_interval
 from fairfl.report.statistics import mean_sd
@@ -51,6 +53,7 @@ def goal(folder: str) -> dict:
     seeds = sorted(set(floor) & set(fedavg))
     ratios = [floor[s]["std"] / fedavg[s]["std"] for s in seeds]
     ratio = mean_interval(ratios)
+    judged = len(seeds) >= MIN_JUDGED_SEEDS
     avg = interval(values, "fedfloor", "mean")
     seconds = summary["round_seconds"]
     methods = [m for m in ORDER if m in values] + sorted(set(values) - set(ORDER))
@@ -74,8 +77,9 @@ def goal(folder: str) -> dict:
         },
         "std_over_fedavg": [round(r, 3) for r in ratios],
         "std_over_fedavg_mean_interval": [round(ratio.mean, 3), round(ratio.low, 3), round(ratio.high, 3)],
-        "spread_goal_met": ratio.mean <= SPREAD_GOAL and ratio.high < 1.0,
-        "mean_goal_met": avg["low"] >= MEAN_MARGIN,
+        # None: not judged, too few paired seeds (fairfl.benchmark.claims)
+        "spread_goal_met": ratio.mean <= SPREAD_GOAL and ratio.high < 1.0 if judged else None,
+        "mean_goal_met": avg["low"] >= MEAN_MARGIN if judged else None,
         "worst": {m: [round(values[m][s]["worst"], 2) for s in seeds] for m in methods},
         "worst_at_least": {
             m: [floor[s]["worst"] >= values[m][s]["worst"] for s in seeds] for m in ("fedavg", "solo") if m in values
@@ -113,6 +117,10 @@ def _interval(found: dict) -> str:
     return f"{_signed(found['mean'])} [{_signed(found['low'])}, {_signed(found['high'])}]"
 
 
+def goal_text(met: bool | None) -> str:
+    return NOT_JUDGED if met is None else "met" if met else "missed"
+
+
 def _seeds(flags: list) -> str:
     return f"{sum(flags)} of {len(flags)}"
 
@@ -142,8 +150,8 @@ def tables(goals: list[dict]) -> str:
         at_least = g["worst_at_least"]
         lines.append(
             f"| {g['dataset']} | {g['metric']} | {', '.join(f'{r:.3f}' for r in g['std_over_fedavg'])} | "
-            f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] | {'met' if g['spread_goal_met'] else 'missed'} | "
-            f"{_interval(g['methods']['fedfloor']['mean_vs_fedavg'])} | {'met' if g['mean_goal_met'] else 'missed'} | "
+            f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] | {goal_text(g['spread_goal_met'])} | "
+            f"{_interval(g['methods']['fedfloor']['mean_vs_fedavg'])} | {goal_text(g['mean_goal_met'])} | "
             f"{_seeds(at_least['fedavg'])} | {_seeds(at_least['solo']) if 'solo' in at_least else '–'} | "
             f"{'–' if g['global_model_vs_fedavg'] is None else g['global_model_vs_fedavg']} | "
             f"{g['round_seconds_over_fedavg']:.2f} |"

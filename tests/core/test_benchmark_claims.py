@@ -99,9 +99,14 @@ def test_claims_are_judged_on_paired_per_seed_differences():
     # a seed whose run has no finite result (diverged: NaN) is left out of the pairs, not counted as a result
     runs["fedlwr"][1]["final"]["per_site"]["site-1"]["dice"] = math.nan
     assert check_claims([Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "avg")], runs)[0]["interval"]["n"] == 2
-    # one seed only: inconclusive
-    one = check_claims([Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "avg")], {m: r[:1] for m, r in runs.items()})[0]
-    assert one["verdict"] == "inconclusive" and one["interval"]["low"] is None
+    # fewer than 3 paired seeds: not judged, however the interval lies (paired.verdict alone judges 2)
+    for seeds in (1, 2):
+        few = {m: [r for r in rs if r["seed"] != 1][:seeds] for m, rs in runs.items()}  # seed 1 is the NaN
+        (checked,) = check_claims([Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "avg")], few)
+        assert checked["verdict"] == "not judged" and checked["reason"] == "fewer than 3 paired seeds"
+        assert "| not judged (fewer than 3 paired seeds) |" in "\n".join(claims_markdown([checked]))
+    # two seeds 1 point apart at both: [+1, +1] would hold by paired.verdict, yet two seeds decide nothing here
+    assert checked["interval"]["n"] == 2 and verdict(Interval.from_json(checked["interval"])) == "holds"
     # a claim whose methods did not run is left out, not guessed; a seed run twice is an error
     assert check_claims([Claim("FedCE", "fedce_sum", "fedavg", "dice", "std")], runs) == []
     with pytest.raises(ValueError, match="seed 0"):
@@ -123,7 +128,7 @@ def test_claims_markdown_shows_each_verdict_with_its_interval():
     )
     text = "\n".join(claims_markdown(checked))
     assert (
-        "| Ditto | Ditto: Avg. Dice at least FedAvg's | 52.00 ± 1.00 | 50.00 ± 0.00 | +2.00 [-0.48, +4.48] | 3 "
+        "| Ditto | Ditto: Avg. Dice above FedAvg's | 52.00 ± 1.00 | 50.00 ± 0.00 | +2.00 [-0.48, +4.48] | 3 "
         "| inconclusive |" in text
     )
     assert "| +0.00 [+0.00, +0.00] | 3 | **fails** |" in text  # the std: 0 at every site and seed
@@ -172,12 +177,12 @@ def test_claims_judged_again_from_the_committed_outputs(tmp_path, capsys):
     assert avg["interval"]["mean"] == pytest.approx(2.0) and avg["interval"]["n"] == 3
     assert avg["interval"]["low"] == pytest.approx(2 - T_975_2DOF / 3**0.5) and avg["verdict"] == "inconclusive"
     kept = summary["claims"][0]  # no per-seed values of its metric: kept, not judged, in its place in the outputs
-    assert kept["claim"] == "old" and kept["verdict"] == "inconclusive" and kept["interval"] is None
+    assert kept["claim"] == "old" and kept["verdict"] == "not judged" and kept["interval"] is None
     assert all("holds" not in c for c in summary["claims"])
     text = (out / "SUMMARY.md").read_text()
     assert text.startswith("# Benchmark\n\n## Dice per site\n\nkept\n\n## The papers' claims on this data\n")
     assert "| old | yes |" not in text and "+2.00 [-0.48, +4.48] | 3 | inconclusive |" in text
-    assert "+0.50 (no per-seed values) | – | inconclusive |" in text
+    assert "+0.50 (no per-seed values) | – | not judged (no per-seed values) |" in text
     assert "+2.00 [-0.48, +4.48]" in capsys.readouterr().out
     rejudge(out)  # judging again changes nothing
     assert json.loads((out / "summary.json").read_text()) == summary and (out / "SUMMARY.md").read_text() == text
@@ -203,4 +208,66 @@ def test_the_committed_claims_are_those_judged_from_the_committed_per_seed_outpu
         with open(os.path.join(committed, name)) as f:
             assert (out / name).read_text() == f.read(), f"{task}/{name}: run `fairfl benchmark {task} --rejudge`"
     claims = json.loads((out / "summary.json").read_text())["claims"]
-    assert claims and all(c["verdict"] in ("holds", "fails", "inconclusive") and "holds" not in c for c in claims)
+    verdicts = ("holds", "fails", "inconclusive", "not judged")
+    assert claims and all(c["verdict"] in verdicts and "holds" not in c for c in claims)
+
+
+def test_an_arm_identical_to_the_baseline_holds_no_claim_above_it():
+    same = {"site-1": 0.5, "site-2": 0.7}
+    runs = {m: [run_record(m, seed, same) for seed in range(3)] for m in ("fedavg", "ditto")}
+    avg, std = check_claims(
+        [Claim("Ditto", "ditto", "fedavg", "dice", "avg"), Claim("Ditto", "ditto", "fedavg", "dice", "std")], runs
+    )
+    assert avg["claim"] == "Ditto: Avg. Dice above FedAvg's" and avg["interval"]["low"] == 0.0
+    assert avg["verdict"] == std["verdict"] == "fails"  # [0, 0] is not above 0, nor below it
+    # a tolerance is still a tolerance: at most 0.5 points below holds for the same arm
+    assert Claim("FedFloor", "ditto", "fedavg", "dice", "avg", -0.5).judge(mean_interval([0.0, 0.0, 0.0])) == "holds"
+
+
+def test_an_arm_that_did_not_train_is_flagged_and_credited_with_no_claim():
+    from fairfl.benchmark.checks import training_checks, warnings_section, with_warnings
+
+    fedavg = {"site-1": 0.72, "site-2": 0.68, "site-3": 0.30}  # site-3: FedAvg's defaults leave it untrained
+    runs = {
+        "fedavg": [run_record("fedavg", s, fedavg) for s in range(3)],
+        # q-FedAvg at 7.7 Dice against FedAvg's 70: a tiny spread, but of a model that fits no site
+        "qfedavg": [run_record("qfedavg", s, {"site-1": 0.077, "site-2": 0.076, "site-3": 0.078}) for s in range(3)],
+        "ditto": [run_record("ditto", s, {k: v + 0.01 for k, v in fedavg.items()}) for s in range(3)],
+    }
+    checks = training_checks(runs, ["dice"])
+    assert checks["did_not_train"] == {"qfedavg": [pytest.approx(7.7), pytest.approx(170 / 3)]}
+    assert checks["low_fedavg_sites"] == {"dice": {"site-3": pytest.approx(30.0)}}
+    std, ditto = check_claims(
+        [Claim("q-FFL", "qfedavg", "fedavg", "dice", "std"), Claim("Ditto", "ditto", "fedavg", "dice", "avg")], runs
+    )
+    assert std["verdict"] == "not judged" and std["reason"] == "q-FedAvg (L = 1/lr) did not train"
+    assert ditto["verdict"] == "holds"  # +1 at every seed: a trained arm is judged as before
+    section = warnings_section(checks, ["dice"])
+    text = "\n".join(section)
+    assert section[0] == "## Warnings" and "**Did not train**: q-FedAvg (L = 1/lr) (7.70)" in text
+    assert "below 0.5 times FedAvg's (56.67)" in text and "below 50% at site-3 30.00" in text
+    # SUMMARY.md: the warnings right after the header, replaced (not repeated) when judged again, removed when none
+    summary = "# Benchmark\n\nheader\n\n## Dice per site\n\ntable\n"
+    warned = with_warnings(summary, section)
+    assert warned.startswith("# Benchmark\n\nheader\n\n## Warnings\n\n**Did not train**")
+    assert warned.endswith("\n\n## Dice per site\n\ntable\n") and with_warnings(warned, section) == warned
+    assert with_warnings(warned, []) == summary
+    # the quality-shift tasks: the clean test set decides, not the corrupted one
+    assert training_checks(runs, ["auc", "clean_auc"])["low_fedavg_sites"] == {}
+
+
+def test_a_registry_variant_is_rejudged_as_itself_from_results_csv(tmp_path):
+    """fedavg_sgd's runs record method fedavg and variant SGD in results.csv: --rejudge reads them as fedavg_sgd's
+    (the q-FedAvg SGD benchmark), while other variants (free riders) stay out."""
+    from fairfl.benchmark.rejudge import runs_from_csv
+
+    csv_file = tmp_path / "results.csv"
+    csv_file.write_text(
+        "method,variant,seed,site,metric,percent,file\n"
+        "fedavg,SGD,0,site-1,dice,70.0,x\nqfedavg,SGD,0,site-1,dice,60.0,x\n"
+        "fedavg,,0,site-1,dice,72.0,x\nfedavg,free riders: site-3,0,site-1,dice,1.0,x\n"
+    )
+    runs = runs_from_csv([csv_file])
+    assert sorted(runs) == ["fedavg", "fedavg_sgd", "qfedavg_sgd"]
+    assert runs["fedavg_sgd"][0]["final"]["per_site"]["site-1"]["dice"] == pytest.approx(0.70)
+    assert runs["fedavg"][0]["final"]["per_site"]["site-1"]["dice"] == pytest.approx(0.72)

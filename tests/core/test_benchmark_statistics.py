@@ -135,3 +135,33 @@ def test_cost_benchmark_counts_only_training_rounds_and_pairs_each_method_with_i
     assert summary["methods"]["fedprox"]["ratios"] == [1.1, 1.2] and summary["methods"]["ditto"]["ratio"] == 3.0
     assert "| fedprox | 3.50 | 3.00 | 1.15 [1.1, 1.2] | 1.1 |" in text
     assert "| prostate | 2.00 | 1.50 | 1.33 | 2.50 | 0.80 |" in text  # FedAvg's median round over each floor's
+
+
+def test_fedfloors_goal_is_not_judged_below_three_paired_seeds(tmp_path):
+    """benchmarks/fedfloor_goal.py: two seeds whose spread ratio and mean would meet both goals read "not judged"."""
+    import sys
+
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    try:
+        from fedfloor_goal import goal, tables
+    finally:
+        sys.path.pop(0)
+
+    def rows(method, seed, sites):
+        values = {**sites, "mean": sum(sites.values()) / 2, "std": abs(sites["site-1"] - sites["site-2"]) / 2}
+        values["worst"] = min(sites.values())
+        return [f"{method},,{seed},{site},dice,{v},missing.json" for site, v in values.items()]
+
+    (tmp_path / "dice").mkdir()
+    lines = ["method,variant,seed,site,metric,percent,file"]
+    for seed in (0, 1):
+        lines += rows("fedavg", seed, {"site-1": 80.0 + seed, "site-2": 60.0})
+        lines += rows("fedfloor", seed, {"site-1": 75.0 + seed, "site-2": 70.0})
+    (tmp_path / "dice" / "results.csv").write_text("\n".join(lines) + "\n")
+    summary = {"dataset": "prostate", "metrics": ["dice"], "round_seconds": {"fedfloor": 2.0, "fedavg": 1.0}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    found = goal(str(tmp_path))
+    assert found["seeds"] == [0, 1] and found["std_over_fedavg_mean_interval"][0] < 0.6  # would be met
+    assert found["spread_goal_met"] is None and found["mean_goal_met"] is None
+    table = tables([{**found, "folder": "x"}])
+    assert "| not judged | +" in table and "| met |" not in table

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import math
 
+from fairfl.benchmark.checks import untrained_methods
 from fairfl.benchmark.run_statistics import final_stat, per_site_mean
 from fairfl.paired import FAILS, HOLDS, Interval, mean_interval, paired_differences
 from fairfl.report.runs import group_name_markdown
 from fairfl.report.statistics import mean_sd
 from fairfl.results import site_key
 from fairfl.text import markdown_text
+
+# fewer paired seeds than this judge nothing: with 2 the t interval is 12.7 sds wide and one odd seed decides
+MIN_JUDGED_SEEDS = 3
+NOT_JUDGED = "not judged"
 
 
 def stat_by_seed(runs: list, metric: str, statistic: str) -> dict:
@@ -29,8 +34,9 @@ def stat_by_seed(runs: list, metric: str, statistic: str) -> dict:
 def check_claims(claims: list, runs_by_method: dict) -> list[dict]:
     """Each claim whose two methods have finished runs: both values (mean ± sd over seeds), the paired per-seed
     differences method - baseline with the 95% interval of their mean, the verdict, and the per-site difference
-    (mean over seeds) that shows where it did or did not hold."""
-    checked = []
+    (mean over seeds) that shows where it did or did not hold. The verdict is NOT_JUDGED, with its `reason`, below
+    MIN_JUDGED_SEEDS paired seeds or when either method did not train (fairfl.benchmark.checks)."""
+    checked, untrained = [], {}
     for claim in claims:
         a, b = runs_by_method.get(claim.method), runs_by_method.get(claim.baseline)
         if not a or not b:
@@ -42,6 +48,9 @@ def check_claims(claims: list, runs_by_method: dict) -> list[dict]:
         differences = {seed: round(d, 9) for seed, d in paired_differences(*values).items()}
         interval = mean_interval(differences.values())
         sites_a, sites_b = per_site_mean(a, claim.metric), per_site_mean(b, claim.metric)
+        if claim.metric not in untrained:
+            untrained[claim.metric] = untrained_methods(runs_by_method, claim.metric)
+        verdict, reason = judged(claim, interval, untrained[claim.metric])
         checked.append(
             {
                 "paper": claim.paper,
@@ -56,12 +65,36 @@ def check_claims(claims: list, runs_by_method: dict) -> list[dict]:
                 "difference": interval.as_json()["mean"],
                 "differences": differences,
                 "interval": interval.as_json(),
-                "verdict": claim.judge(interval),
+                "verdict": verdict,
+                **({"reason": reason} if reason else {}),
                 "seeds": [len(values[0]), len(values[1])],
                 "per_site_difference": {s: sites_a[s] - sites_b[s] for s in sites_a if s in sites_b},
             }
         )
     return checked
+
+
+def not_judged_reason(paired_seeds: int, untrained: set) -> str:
+    """Why a claim is not judged ("" when it is)."""
+    if untrained:
+        return f"{', '.join(sorted(map(group_name_markdown, untrained)))} did not train"
+    if paired_seeds < MIN_JUDGED_SEEDS:
+        return f"fewer than {MIN_JUDGED_SEEDS} paired seeds"
+    return ""
+
+
+def judged(claim, interval: Interval, untrained) -> tuple[str, str]:
+    """(verdict, why it is not judged or "") of `claim` on the interval of its paired differences; `untrained`: the
+    methods that did not train."""
+    reason = not_judged_reason(interval.n, {claim.method, claim.baseline} & set(untrained))
+    return (NOT_JUDGED, reason) if reason else (claim.judge(interval), "")
+
+
+def verdict_text(c: dict) -> str:
+    """A checked claim's verdict as SUMMARY.md prints it: fails in bold, not judged with its reason."""
+    if c["verdict"] == NOT_JUDGED:
+        return f"{NOT_JUDGED} ({c['reason']})" if c.get("reason") else NOT_JUDGED
+    return "**fails**" if c["verdict"] == FAILS else c["verdict"]
 
 
 def _value(stat) -> str:
@@ -73,8 +106,10 @@ CLAIMS_RULE = (
     "Each claim as the paper states it for its method, judged on the paired per-seed differences "
     "(method − baseline, same seed) of the final value: their mean and its 95% interval (Student t, "
     "n − 1 degrees of freedom over the n paired seeds). A claim **holds** when the whole interval "
-    "satisfies it, **fails** when none of it does, and is **inconclusive** otherwise (always with one "
-    "seed); measured and baseline are mean ± sd over seeds."
+    "satisfies it, **fails** when none of it does, and is **inconclusive** otherwise; it is **not judged** "
+    f"with fewer than {MIN_JUDGED_SEEDS} paired seeds or when either method did not train (Warnings). A claim "
+    '"above" or "below" the baseline\'s is strict: an arm equal to the baseline does not hold it. Measured '
+    "and baseline are mean ± sd over seeds."
 )
 
 
@@ -87,7 +122,6 @@ def _interval_cell(c: dict) -> str:
 def claims_markdown(checked: list) -> list[str]:
     if not checked:
         return []
-    verdicts = {FAILS: "**fails**"}
     lines = [
         CLAIMS_RULE,
         "",
@@ -98,7 +132,7 @@ def claims_markdown(checked: list) -> list[str]:
         seeds = c["interval"]["n"] if c.get("interval") else "–"
         lines.append(
             f"| {c['paper']} | {c['claim']} | {_value(c['value'])} | {_value(c['baseline_value'])} | "
-            f"{_interval_cell(c)} | {seeds} | {verdicts.get(c['verdict'], c['verdict'])} |"
+            f"{_interval_cell(c)} | {seeds} | {verdict_text(c)} |"
         )
     missed = [c for c in checked if c["verdict"] != HOLDS]
     if missed and any(c["per_site_difference"] for c in missed):

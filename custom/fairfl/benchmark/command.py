@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rejudge",
         action="store_true",
         help="run nothing: judge the claims again from the outputs already in the output folder "
-        "(summary.json, <metric>/results.csv) and rewrite their claims",
+        "(summary.json, <metric>/results.csv) and rewrite their claims and warnings",
     )
 
 

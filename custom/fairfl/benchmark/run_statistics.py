@@ -3,8 +3,12 @@ or Std., the test splits' standard errors, the aggregation weights, what the sit
 
 from __future__ import annotations
 
+import json
 import statistics
+from types import SimpleNamespace
 
+from fairfl.jobconfig import is_job_copy, job_arguments
+from fairfl.presets import TASK_DEFAULTS, apply_preset
 from fairfl.report.statistics import avg_std, site_scores
 from fairfl.results import site_key
 
@@ -88,3 +92,30 @@ def round_seconds_median(runs: list) -> float | None:
     rounds = [r for run in runs for r in run["rounds"][1:]]
     seconds = [r["seconds"] for r in rounds if "per_site" not in r] or [r["seconds"] for r in rounds]
     return statistics.median(seconds) if seconds else None
+
+
+# the sites' job arguments that decide what data they read, as SUMMARY.md's header shows them: a data root's images
+# are resized to image_size, whatever size they were written at
+SITE_SETTINGS = ("image_size", "data_root", "synthetic_size_scale", "test_scale")
+
+
+def site_settings(workspace, run: dict) -> dict:
+    """{SITE_SETTINGS key: value} a run's sites used: the job copy it was written from (<workspace>_job,
+    fairfl.simulate) under the server's settings as its results recorded them, a null resolved to the task's
+    default and the recorded preset applied as the sites apply it (fairfl.presets); keys neither records left out."""
+    job_copy = f"{workspace}_job"
+    written = {**(job_arguments(job_copy) if is_job_copy(job_copy) else {}), **(run.get("config") or {})}
+    values = SimpleNamespace(**{key: written.get(key) for key in SITE_SETTINGS})
+    if run.get("task") in TASK_DEFAULTS:
+        apply_preset(values, written.get("preset_env") or written.get("preset") or "", run["task"])
+    return {key: value for key, value in vars(values).items() if value is not None}
+
+
+def shared_settings(settings: list) -> dict:
+    """{key: the value every run had, or the sorted list of the values they had} over the runs' site_settings."""
+    keys = sorted({k for s in settings for k in s}, key=SITE_SETTINGS.index)
+    shared = {}
+    for key in keys:
+        values = sorted({json.dumps(s.get(key)) for s in settings})
+        shared[key] = json.loads(values[0]) if len(values) == 1 else [json.loads(v) for v in values]
+    return shared

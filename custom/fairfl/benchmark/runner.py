@@ -9,11 +9,14 @@ import statistics
 import time
 from pathlib import Path
 
+from fairfl.benchmark.checks import training_checks
 from fairfl.benchmark.claims import check_claims
 from fairfl.benchmark.run_statistics import (
     final_stat,
     mean_weights,
     round_seconds_median,
+    shared_settings,
+    site_settings,
     test_split_errors,
     train_diagnostics,
 )
@@ -65,6 +68,37 @@ def versions() -> str:
     )
 
 
+def run_name(dataset: str, method: str, seed: int) -> str:
+    return f"{dataset}-{method}-seed{seed}"
+
+
+def earlier_runs(out: Path, dataset: str, methods: list, seeds: list, rounds, eval_every, sites, extra) -> tuple:
+    """The finished runs in out/runs of methods other than `methods`, from earlier calls into the folder: ({(seed,
+    method): results path} of those with this call's settings (the seeds asked, the job arguments checked as a
+    resumed run's are, the number of sites), [names of those with other settings])."""
+    found, other = {}, []
+    for method in (m for m in VARIANTS if m not in methods):
+        for seed in seeds:
+            workspace = out / "runs" / run_name(dataset, method, seed)
+            try:
+                results = json.loads((workspace / SIMULATOR_RESULTS).read_text())
+            except (OSError, ValueError):
+                continue
+            if not results.get("final"):
+                continue
+            try:  # a finished run is only read here, never run again
+                arguments = job_arguments(dataset, method, seed, rounds, eval_every, extra)
+                run_unless_finished(JOBS / variant_job(method)[0], workspace, sites, arguments)
+                ran_sites = len(results.get("sites") or []) + len(results.get("held_out_sites") or [])
+                if ran_sites != sites:
+                    raise ValueError(f"{ran_sites} sites")
+            except ValueError:
+                other.append(workspace.name)
+                continue
+            found[seed, method] = workspace / SIMULATOR_RESULTS
+    return found, other
+
+
 def run_benchmark(
     dataset: str,
     methods: list,
@@ -87,7 +121,7 @@ def run_benchmark(
     plan = [(seed, method) for seed in seeds for method in methods]  # seeds outermost: a partial run stays comparable
     paths, took = {}, []
     for number, (seed, method) in enumerate(plan, 1):
-        workspace = out / "runs" / f"{dataset}-{method}-seed{seed}"
+        workspace = out / "runs" / run_name(dataset, method, seed)
         left = len(plan) - number + 1
         eta = f", about {statistics.median(took) * left / 60:.0f} min left" if took else ""
         log(f"[{number}/{len(plan)}] {group_name_markdown(method)}, seed {seed}{eta}", flush=True)
@@ -110,23 +144,33 @@ def run_benchmark(
         loo_file = run_leave_one_out(
             JOBS / "fedavg", out / "loo", sites, job_arguments(dataset, "fedavg", seeds[0], rounds, eval_every, extra)
         )
+    earlier, other_settings = earlier_runs(out, dataset, methods, seeds, rounds, eval_every, sites, extra)
+    paths.update(earlier)
+    covered = [*methods, *dict.fromkeys(m for _, m in earlier)]
     metrics = list(FAMILY_METRICS[kind])
-    all_paths = [paths[s, m] for m in methods for s in seeds]
+    all_paths = [paths[s, m] for m in covered for s in seeds if (s, m) in paths]
     reports = {metric: make_report(all_paths, out / metric, metric=metric, loo=loo_file) for metric in metrics}
-    runs_by_method = {m: [json.loads(paths[s, m].read_text()) for s in seeds] for m in methods}
+    runs = {key: json.loads(path.read_text()) for key, path in paths.items()}
+    runs_by_method = {m: [runs[s, m] for s in seeds if (s, m) in runs] for m in covered}
+    # SIMULATOR_RESULTS lies three levels under the run's workspace
+    settings = [site_settings(paths[key].parents[2], run) for key, run in runs.items()]
     summary = {
         "command": command,
         "versions": versions(),
         "dataset": dataset,
         "family": kind,
         "papers": FAMILIES[kind]["papers"],
-        "methods": methods,
+        "methods": covered,
+        # the methods this call did not name, whose runs with its settings the folder held from earlier calls
+        "earlier_methods": covered[len(methods) :],
+        "other_settings_runs": other_settings,
         "seeds": list(seeds),
         "rounds": rounds,
         "eval_every": eval_every,
         "sites": sites,
         "data_root": extra.get("data_root", ""),
         "extra": extra,
+        "site_settings": shared_settings(settings),
         "metrics": metrics,
         "results": {
             m: {
@@ -142,6 +186,7 @@ def run_benchmark(
         "test_split_errors": {metric: test_split_errors(runs_by_method, metric) for metric in metrics},
         "mean_weights": {m: mean_weights(runs) for m, runs in runs_by_method.items()},
         "diagnostics": {m: train_diagnostics(runs) for m, runs in runs_by_method.items()},
+        "warnings": training_checks(runs_by_method, metrics),
         "claims": check_claims(family_claims(kind), runs_by_method),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -3,6 +3,7 @@ the statistics of the runs (fairfl.benchmark.run_statistics) and the papers' cla
 
 from __future__ import annotations
 
+from fairfl.benchmark.checks import warnings_section
 from fairfl.benchmark.claims import claims_section
 from fairfl.benchmark.run_statistics import DIAGNOSTICS
 from fairfl.labels import metric_label_markdown
@@ -12,17 +13,43 @@ from fairfl.results import site_key
 from fairfl.text import markdown_text
 
 
+def settings_text(settings: dict) -> str:
+    """e.g. "image_size 64, data_root (built-in data), synthetic_size_scale 2.0, test_scale 1.0"."""
+
+    def shown(key, value):
+        if isinstance(value, list):
+            return " or ".join(shown(key, v) for v in value) + " (the runs differ)"
+        return "(built-in data)" if key == "data_root" and not value else markdown_text(str(value))
+
+    return ", ".join(f"{key} {shown(key, value)}" for key, value in settings.items())
+
+
+def covered_text(summary: dict) -> list[str]:
+    """What the summary covers besides the methods its command named (fairfl.benchmark.runner.earlier_runs)."""
+    lines = []
+    if summary.get("earlier_methods"):
+        names = ", ".join(map(group_name_markdown, summary["earlier_methods"]))
+        lines.append(f"Also covers the finished runs of {names} from earlier calls into this folder (same settings).")
+    if summary.get("other_settings_runs"):
+        names = ", ".join(f"runs/{markdown_text(name)}" for name in summary["other_settings_runs"])
+        lines.append(f"Left out, run with other settings: {names}.")
+    return [" ".join(lines), ""] if lines else []
+
+
 def summary_markdown(summary: dict, reports: dict) -> str:
+    settings = summary.get("site_settings")
     lines = [
         f"# Benchmark: {summary['dataset']} ({summary['family'].replace('_', ' ')}; {summary['papers']})",
         "",
         f"`{summary['command']}`",
         "",
         f"{summary['sites']} sites, {summary['rounds']} rounds (evaluated every {summary['eval_every']}), seeds "
-        f"{summary['seeds']}{'; data root ' + summary['data_root'] if summary['data_root'] else ''}; "
-        f"{summary['versions']}. Final results in %, mean ± sd over seeds; Avg.: mean over sites; Std.: "
-        f"population std across sites.",
+        f"{summary['seeds']}; {summary['versions']}. "
+        + (f"The sites used {settings_text(settings)}. " if settings else "")
+        + "Final results in %, mean ± sd over seeds; Avg.: mean over sites; Std.: population std across sites.",
         "",
+        *covered_text(summary),
+        *warnings_section(summary.get("warnings") or {}, summary["metrics"]),
     ]
     for metric, report in reports.items():
         lines += [

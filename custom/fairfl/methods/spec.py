@@ -65,7 +65,8 @@ class Variant:
 class Claim:
     """A paper's claim as a comparison of two methods' final results in a benchmark `family`: `statistic` ("avg":
     mean over sites, or "std": population std across sites) of `metric` (%); the claim is that method - baseline is
-    at least `margin` (higher is better), or below 0 / at most -`margin` (lower is better, for a std). It is judged
+    above 0 / at least `margin` (higher is better), or below 0 / at most -`margin` (lower is better, for a std): at
+    margin 0 both are strict, so an arm identical to the baseline holds neither. It is judged
     on the paired per-seed differences (fairfl.paired): holds when their whole 95% interval satisfies it, fails when
     none of it does, inconclusive otherwise."""
 
@@ -85,7 +86,7 @@ class Claim:
         if self.lower_is_better:
             goal = "below" if self.margin == 0 else f"at least {points} below"
         elif self.margin >= 0:
-            goal = "at least" if self.margin == 0 else f"at least {points} above"
+            goal = "above" if self.margin == 0 else f"at least {points} above"
         else:
             goal = f"at most {points} below"
         return f"{method_name(self.method)}: {what} {goal} {method_name(self.baseline)}'s"
@@ -94,7 +95,7 @@ class Claim:
         """holds, fails or inconclusive, from the interval of the paired differences method - baseline."""
         if self.lower_is_better:
             return verdict(interval, -self.margin, above=False, strict=self.margin == 0)
-        return verdict(interval, self.margin, above=True)
+        return verdict(interval, self.margin, above=True, strict=self.margin == 0)
 
 
 @dataclass(frozen=True)
