@@ -184,6 +184,19 @@ def privacy_spent(files: dict) -> dict:
     return {m: {k: [round(min(v), 3), round(max(v), 3)] for k, v in e.items()} for m, e in found.items()}
 
 
+def noise_to_signal(noise_multipliers: list[float]) -> list[float]:
+    """[min, max] over `noise_multipliers` of the norm of one DP-SGD step's noise over the largest norm its signal
+    can have: sigma * clip * sqrt(d) / B against clip (every drawn item's clipped gradient aligned), d the default
+    U-Net's trainable parameters and B the expected batch, the task's batch size (every run here uses it). Above 1 the
+    noise outweighs even a perfectly aligned batch."""
+    from fairfl.models import DEFAULT_UNET, build_model
+    from fairfl.presets import TASK_DEFAULTS
+
+    weights = sum(p.numel() for p in build_model(DEFAULT_UNET).parameters() if p.requires_grad)
+    batch = TASK_DEFAULTS["segmentation"]["batch_size"]
+    return [round(sigma * weights**0.5 / batch, 1) for sigma in (min(noise_multipliers), max(noise_multipliers))]
+
+
 def summarize(out: Path) -> dict:
     levels = sorted((p.name for p in out.iterdir() if (p / "summary.json").exists()), key=_level_order)
     data = {level: per_seed(out / level) for level in levels}
@@ -218,7 +231,8 @@ def summarize(out: Path) -> dict:
 
 
 def _level_order(name: str) -> float:
-    return float("inf") if name == NONE else float(name.removeprefix("eps"))
+    """No privacy first, then ever less epsilon (ever more privacy)."""
+    return -float("inf") if name == NONE else -float(name.removeprefix("eps"))
 
 
 def _signed(value: float) -> str:
@@ -233,8 +247,8 @@ def _cell(entry: dict, name: str) -> str:
     paired = entry.get(f"{name}_vs_none")
     if paired:
         low, high = paired[1], paired[2]
-        interval = f"[{_signed(low)}, {_signed(high)}]" if low == low and abs(low) != float("inf") else "(1 seed)"
-        text += f" ({_signed(paired[0])} {interval})"
+        interval = f" [{_signed(low)}, {_signed(high)}]" if low == low and abs(low) != float("inf") else ", 1 seed"
+        text += f" ({_signed(paired[0])}{interval})"
     return text
 
 
@@ -243,8 +257,9 @@ def table(result: dict, command: str) -> str:
     lines = [
         "# What differential privacy costs fairness",
         "",
-        f"`{command}`: each level is one `fairfl benchmark` (its folder here: none, eps8, eps1, ...), the same "
-        f"methods, seeds, rounds and data, `--set dp_epsilon=` its only difference. Final {metric} in %, mean ± sd "
+        f"`{command}`: each level is one `fairfl benchmark` (its folder here: none, eps100, eps8, ...), the same "
+        f"methods, seeds, rounds and data, `--set dp_epsilon=... dp_clip={result.get('clip')}` its only difference. "
+        f"Final {metric} in %, mean ± sd "
         "over seeds; in brackets the paired per-seed difference from the same method without privacy and its 95% t "
         f"interval. Avg.: mean over sites; Std.: population std across sites; smallest site: "
         f"{result.get('smallest_site')}, the one with the fewest training items (the largest sampling rate, so the "
@@ -262,6 +277,8 @@ def table(result: dict, command: str) -> str:
             spent = entry.get("privacy_spent", {})
             eps = "–" if not spent else "{:.2f}–{:.2f}".format(*spent["epsilon"])
             noise = "–" if not spent else "{:.2f}–{:.2f}".format(*spent["noise"])
+            if spent:
+                noise += " ({:g}–{:g}x)".format(*noise_to_signal(spent["noise"]))
             privacy = "none" if level == NONE else f"epsilon {level.removeprefix('eps')}"
             seconds, training = entry.get("round_seconds"), entry.get("train_seconds")
             lines.append(
@@ -271,6 +288,10 @@ def table(result: dict, command: str) -> str:
                 + f" | {'–' if seconds is None else f'{seconds:.2f}'} |"
             )
     lines += [
+        "",
+        "Noise multiplier: the sites' sigma (range over sites and seeds); in brackets the norm of one step's noise "
+        "over the largest its signal can have (sigma x sqrt(trainable weights) / batch: above 1 the noise outweighs "
+        "even a batch whose clipped gradients all point the same way).",
         "",
         "Site training s: the median of a site's local training per round (results.json `train_seconds`); round s: "
         "the benchmark's median round. Both were measured while other work shared the machine's 2 cores, and the "

@@ -99,6 +99,8 @@ def private_gradient(model, items, labels, loss_fn, clip, sigma, expected_batch,
 def drawn_batch(dataset, indices: torch.Tensor, collate, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(images [k, P, ...], labels [k, P, ...]) of the dataset items `indices`, as the loader collates them (a 3-D
     item yields P patches, one record), plain tensors on `device`."""
+    if len(indices) == 0:  # Poisson sampling drew nothing: the step is noise alone (private_gradient)
+        return torch.empty(0, device=device), torch.empty(0, device=device)
     batch = collate([dataset[int(i)] for i in indices])
     images, labels = (torch.as_tensor(batch[key]).as_subclass(torch.Tensor).to(device) for key in ("image", "label"))
     k = len(indices)
