@@ -46,7 +46,8 @@ def private_settings(level: str, clip: float) -> list[str]:
 
 
 def item_gradient_norms(task: str, size_scale: float) -> dict:
-    """{site: median L2 norm of one training item's gradient} of the default network at its seeded initial weights,
+    """{site: {"items": its training items, "median_norm": median L2 norm of one training item's gradient}} of the
+    default network at its seeded initial weights,
     on a batch of each site's training images (the fairfl.privacy per-item gradients): what `--clip` is chosen
     against (Abadi et al.: clip about the median norm, so that clipping rarely changes a gradient's direction while
     the noise, proportional to the clip, stays as small as it can)."""
@@ -66,12 +67,13 @@ def item_gradient_norms(task: str, size_scale: float) -> dict:
     found = {}
     for k in range(1, data.min_sites + 1):
         site = f"site-{k}"
-        loader = make_loader(load_datalist(root, site)["training"], 64, 2, 8, True, 0, site=site)
+        training = load_datalist(root, site)["training"]
+        loader = make_loader(training, 64, 2, 8, True, 0, site=site)
         batch = next(iter(loader))
         images, labels = (batch[key].as_subclass(torch.Tensor).unsqueeze(1) for key in ("image", "label"))
         grads, _ = per_item_gradients(model, images, labels, segmentation_loss())
         norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(dim=1) for g in grads.values()))
-        found[site] = round(float(norms.median()), 3)
+        found[site] = {"items": len(training), "median_norm": round(float(norms.median()), 3)}
     return found
 
 
