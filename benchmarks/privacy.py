@@ -17,7 +17,6 @@ interval); the sites' epsilon spent and noise multipliers; and the median round 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import statistics
@@ -25,6 +24,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import fedfloor_goal  # benchmarks/: the reader of a benchmark's results.csv
 
 from fairfl.methods import display_name
 from fairfl.paired import paired_interval
@@ -99,18 +100,10 @@ def run(args) -> None:
 
 
 def per_seed(folder: Path) -> tuple[dict, dict, str]:
-    """({method: {seed: {site: percent}}}, {(method, seed): results.json path}, metric) of one level's output."""
-    summary = json.loads((folder / "summary.json").read_text())
-    metric = summary["metrics"][0]
-    values, files = {}, {}
-    with open(folder / metric / "results.csv") as f:
-        for row in csv.DictReader(f):
-            if row["site"].startswith("site-"):
-                values.setdefault(row["method"], {}).setdefault(int(row["seed"]), {})[row["site"]] = float(
-                    row["percent"]
-                )
-                files[row["method"], int(row["seed"])] = row["file"]
-    return values, files, metric
+    """({method: {seed: {site or "mean"/"std"/"worst": percent}}}, {(method, seed): results.json path}, metric) of one
+    level's output: its headline metric's results.csv, as fedfloor_goal reads a benchmark's."""
+    metric = json.loads((folder / "summary.json").read_text())["metrics"][0]
+    return (*fedfloor_goal.per_seed(str(folder), metric), metric)
 
 
 def smallest_site(files: dict) -> str | None:
@@ -123,11 +116,11 @@ def smallest_site(files: dict) -> str | None:
     return None
 
 
-def statistics_of(sites: dict, smallest: str | None) -> dict:
-    scores = list(sites.values())
-    found = {"mean": statistics.fmean(scores), "std": statistics.pstdev(scores), "worst": min(scores)}
-    if smallest in sites:
-        found["smallest"] = sites[smallest]
+def statistics_of(values: dict, smallest: str | None) -> dict:
+    """A run's mean, std and worst across its sites, as its results.csv has them, and the `smallest` site's score."""
+    found = {name: values[name] for name in ("mean", "std", "worst")}
+    if smallest in values:
+        found["smallest"] = values[smallest]
     return found
 
 

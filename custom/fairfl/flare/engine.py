@@ -291,17 +291,18 @@ class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
         )
         updates, rejected, train_metrics = {}, {}, {}
         reference = self.update_reference(global_state)
-        sent = self.models_for(round_num, global_state, self.trainers)  # what each site's difference is from
+        # per-site models: each site's own start, what its difference is from and its update's size is measured from
+        own = self.models_for(round_num, global_state, self.trainers) or {}
+        starts = {s: self.update_reference(model) for s, model in own.items()}
         for result in sorted(results, key=lambda r: r.meta.get("client_name", "?")):
             site = result.meta.get("client_name", "?")
-            base = reference if sent is None or site not in sent else self.update_reference(sent[site])
+            base = starts.get(site, reference)
             update, train_metrics[site], problem = self._screen_train_answer(site, result, base, round_num)
             if problem:
                 self.reject(round_num, site, problem, rejected)
             elif update is not None:
                 updates[site] = update
-        starts = self.models_for(round_num, global_state, sorted(updates))  # per-site models: each its own start
-        norms = {s: distance(u.state, state_to_torch(starts[s]) if starts else reference) for s, u in updates.items()}
+        norms = {s: distance(u.state, starts.get(s, reference)) for s, u in updates.items()}
         for site, problem in norm_outliers(norms, self.settings.max_update_ratio).items():
             del updates[site]
             self.reject(round_num, site, problem, rejected)
