@@ -24,7 +24,7 @@ from fairfl.kinds import Boolean, Checked, Integer, ListOf, Nullable, OneOf, Pat
 from fairfl.methods import UNITS
 from fairfl.names import safe_name
 from fairfl.networks import argument_problem, is_network_name
-from fairfl.presets import PRESETS
+from fairfl.presets import ADAM_BETAS, PRESETS
 from fairfl.privacy import settings as privacy
 from fairfl.quorum import check_min_clients
 from fairfl.site_settings import MOVED_ARGUMENTS
@@ -280,8 +280,17 @@ ROUND = (
         "keep_optimizer_state",
         Boolean(),
         False,
-        "false (the papers' code): every round starts a fresh optimiser; true: each site keeps its optimiser's state "
-        "(Adam's moment estimates) from its previous round",
+        "false (fairfl's default, not the papers' code): every round starts a fresh optimiser; true (Fed-LWR's and "
+        "FedNPR's authors' code): each site keeps its optimiser's state (Adam's step count and moment estimates) from "
+        "its previous round, in its state folder",
+    ),
+    # fairfl.presets.ADAM_BETAS
+    Argument(
+        "adam_betas",
+        ListOf(Real(0, 1, high_open=True), 2, 2),
+        list(ADAM_BETAS),
+        "Adam's beta1 and beta2 at the sites (PyTorch's default; Fed-LWR's authors' code: [0.9, 0.99]); "
+        'unused with local_optimizer "sgd"',
     ),
     Argument(
         "average_last",

@@ -16,7 +16,13 @@ import torch
 import torch.nn.functional as F
 from sklearn.metrics import accuracy_score, balanced_accuracy_score, roc_auc_score
 
-from fairfl.uncertainty import balanced_accuracy_se, macro_auc_se
+from fairfl.uncertainty import (
+    balanced_accuracy_influence,
+    balanced_accuracy_se,
+    case_influence_record,
+    macro_auc_influence,
+    macro_auc_se,
+)
 
 ABSENT_CLASS_COUNT = 0.5  # a class a site has no example of counts as half an example (see below)
 
@@ -135,10 +141,28 @@ def predict_probabilities(model, loader, device) -> tuple[np.ndarray, np.ndarray
     return np.concatenate(labels), np.concatenate(probs)
 
 
-def evaluate_classification(model, loader, num_classes: int, device) -> dict:
+def evaluate_classification(model, loader, num_classes: int, device, case_influence=None) -> dict:
     """Accuracy, balanced accuracy and macro one-vs-rest AUC of `model` (eval mode) on `loader`
-    (see `classification_metrics`); the counterpart of `fairfl.training.evaluate_dice`."""
+    (see `classification_metrics`); the counterpart of `fairfl.training.evaluate_dice`. `case_influence` (a dict):
+    filled with each image's influence on "balanced_accuracy" and "auc" as a site sends it
+    (`classification_influence`)."""
     labels, probs = predict_probabilities(model, loader, device)
     if labels.size and probs.shape[1] != num_classes:
         raise ValueError(f"the model gives {probs.shape[1]} classes, expected {num_classes}")
+    if case_influence is not None:
+        case_influence.update(classification_influence(labels, probs))
     return classification_metrics(labels, probs)
+
+
+def classification_influence(labels, probs) -> dict:
+    """{"balanced_accuracy": record, "auc": record} of each test image's influence on the two metrics (images in the
+    loader's order are the clusters: fairfl.uncertainty.case_influence_record); a metric without one left out."""
+    labels = np.asarray(labels).reshape(-1).astype(np.int64)
+    probs = np.asarray(probs, dtype=np.float64)
+    if not labels.size:
+        return {}
+    records = {
+        "balanced_accuracy": case_influence_record(balanced_accuracy_influence(labels, probs.argmax(axis=1))),
+        "auc": case_influence_record(macro_auc_influence(labels, probs)),
+    }
+    return {name: record for name, record in records.items() if record is not None}

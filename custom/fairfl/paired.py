@@ -15,13 +15,15 @@ HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
 
 @dataclass(frozen=True)
 class Interval:
-    """Mean of the paired differences and its two-sided `confidence` interval [low, high]; n paired seeds."""
+    """Mean of the paired differences and its two-sided `confidence` interval [low, high]; n paired seeds; split_se:
+    the test splits' share of its standard error (fairfl.split_noise), None where it was not counted."""
 
     mean: float
     low: float
     high: float
     n: int
     confidence: float = 0.95
+    split_se: float | None = None
 
     def text(self, digits: int = 2) -> str:
         """e.g. "+2.40 [+1.16, +3.64]"; "+2.40 (1 seed)"; "–" with no paired seed."""
@@ -40,6 +42,7 @@ class Interval:
             "high": finite(self.high),
             "n": self.n,
             "confidence": self.confidence,
+            **({"split_se": self.split_se} if self.split_se is not None else {}),
         }
 
     @classmethod
@@ -52,6 +55,7 @@ class Interval:
             value("high", math.inf if data["n"] == 1 else math.nan),
             int(data["n"]),
             float(data.get("confidence", 0.95)),
+            None if data.get("split_se") is None else float(data["split_se"]),
         )
 
 
@@ -69,22 +73,30 @@ def paired_differences(values: dict, baseline: dict) -> dict:
     return {seed: a - b for seed, (a, b) in sorted(pairs.items()) if a is not None and b is not None}
 
 
-def mean_interval(differences, confidence: float = 0.95) -> Interval:
-    """The mean of the differences and its Student t interval (sample sd, n - 1 dof); non-finite values left out."""
+def mean_interval(differences, confidence: float = 0.95, split=None) -> Interval:
+    """The mean of the differences and its Student t interval (sample sd, n - 1 dof); non-finite values left out.
+    split (a fairfl.split_noise.SplitNoise of the same mean): the test splits' variance is added to the seeds' s^2 / n,
+    still with the seeds' n - 1 degrees of freedom, so that counting the splits never narrows an interval (the
+    Satterthwaite degrees of freedom of the sum would be larger, and could)."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), not {confidence!r}")
     values = [v for v in map(_number, differences) if v is not None]
     n = len(values)
+    split_se = None if split is None else split.se
     if n == 0:
-        return Interval(math.nan, math.nan, math.nan, 0, confidence)
+        return Interval(math.nan, math.nan, math.nan, 0, confidence, split_se)
     mean = math.fsum(values) / n
     if n == 1:
-        return Interval(mean, -math.inf, math.inf, 1, confidence)
+        return Interval(mean, -math.inf, math.inf, 1, confidence, split_se)
     from scipy.stats import t
 
     sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
-    half = float(t.ppf((1 + confidence) / 2, n - 1)) * sd / math.sqrt(n)
-    return Interval(mean, mean - half, mean + half, n, confidence)
+    quantile = float(t.ppf((1 + confidence) / 2, n - 1))
+    if split is None or split.variance == 0.0:
+        half = quantile * sd / math.sqrt(n)
+    else:
+        half = quantile * math.sqrt(sd * sd / n + split.variance)
+    return Interval(mean, mean - half, mean + half, n, confidence, split_se)
 
 
 def paired_interval(values: dict, baseline: dict, confidence: float = 0.95) -> Interval:

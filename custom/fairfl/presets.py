@@ -38,6 +38,10 @@ TASK_PRESETS = {
 }
 
 
+# Adam's (beta1, beta2) at the sites unless a job's `adam_betas` says otherwise: PyTorch's, every task's default
+# (Fed-LWR's authors' code ran (0.9, 0.99))
+ADAM_BETAS = (0.9, 0.999)
+
 # A component argument left null takes its task's default: the generic jobs (fedavg, solo, ...) run on
 # segmentation and classification data alike, and the two tasks train at different settings.
 TASK_DEFAULTS = {

@@ -173,6 +173,8 @@ SCORES = MapOf(MapOf(Nullable(NUMBER)))  # {site: {metric: value}}; null: a NaN 
 WEIGHTS = MapOf(SHARE)  # {site: weight}
 SCORED = {"per_site": SCORES}  # an evaluated record's fields the report reads
 CONTRIBUTIONS = {"contributions": WEIGHTS, "contribution_terms": MapOf(MapOf(Nullable(NUMBER)))}
+# {site: {metric: {"cases": fingerprint, "values": [each test patient's influence]}}} (fairfl.uncertainty)
+TEST_INFLUENCE = MapOf(MapOf(Record({"cases": str, "values": ListOf(NUMBER)}, ("cases", "values"))))
 RESULTS_SCHEMA = Record(
     {
         "schema": int,
@@ -203,6 +205,7 @@ RESULTS_SCHEMA = Record(
                     "layer_weights": MapOf(WEIGHTS),
                     **CONTRIBUTIONS,
                     "rejected": MapOf(ANY),
+                    "test_influence": TEST_INFLUENCE,
                 },
                 required=("round",),
             )
@@ -224,6 +227,7 @@ RESULTS_SCHEMA = Record(
                 {
                     **SCORED,
                     **CONTRIBUTIONS,
+                    "test_influence": TEST_INFLUENCE,
                     "mean_of_last": Record({"rounds": ListOf(COUNT), "asked": COUNT, **SCORED}, ("rounds", "asked")),
                 }
             )

@@ -7,7 +7,8 @@ a reason for that round, logs it and records it under `rejected` in results.json
 What is checked: the returned model (tensors: keys, shapes, dtypes, finiteness; `check_site_state`), the
 training-set size (`samples_problem`: a positive int, at most a cap and at most what the site declared in its first
 round), the size of the update against the round's other sites (`norm_outliers`), training and evaluation metrics
-(`metrics_problem`: names, finite numbers, evaluation scores in [0, 1]), and the methods' reports: every field a
+(`metrics_problem`: names, finite numbers, evaluation scores in [0, 1]; `influence_problem`: each test patient's
+influence on them), and the methods' reports: every field a
 method's server reads from an answer is declared by the method (`FairRoundController.answer_fields`) as a kind
 (fairfl.kinds): a `Real` (a loss, an error, a score; self-reported measurements at most MAX_REPORTED) or a `Record`
 of them (a report with several numbers, one per layer), and `answer_problem` checks them all before the method sees
@@ -25,7 +26,8 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from fairfl.kinds import Kind, Real, shown
+from fairfl.kinds import Kind, ListOf, MappingOf, Pattern, Real, Record, shown
+from fairfl.uncertainty import MAX_CASES
 
 MAX_REPORTED = 1e6  # a self-reported loss or error above this is not a measurement of these networks
 MAX_SAMPLES = 10**7  # default cap on a site's training-set size (`max_samples`)
@@ -153,6 +155,26 @@ def metrics_problem(
         if problem:
             return problem
     return None
+
+
+# a test split's per-patient influences on a metric (fairfl.uncertainty.case_influence_record): a score in [0, 1]
+# moves by at most 1 for any patient
+CASE_INFLUENCE = Record(
+    {
+        "cases": Pattern(r"[0-9a-f]{16}", "16 hexadecimal digits"),
+        "values": ListOf(Real(-1.0, 1.0), 1, MAX_CASES),
+    }
+)
+
+
+def influence_problem(influence, metrics: Mapping) -> str | None:
+    """Why a site's test influences {metric: CASE_INFLUENCE} cannot be recorded: not such a mapping, or a metric
+    the same answer does not score."""
+    problem = MappingOf(CASE_INFLUENCE, "metric names").problem(influence)
+    if problem:
+        return f"test_influence {problem}"
+    unscored = [name for name in influence if name not in metrics]
+    return f"test_influence of {shown(unscored[0])}, a metric the answer does not score" if unscored else None
 
 
 def is_plain_path(name: str) -> bool:

@@ -15,7 +15,8 @@ from monai.metrics import DiceMetric
 from monai.networks.utils import one_hot
 
 from fairfl.files import save_atomic
-from fairfl.uncertainty import clustered_mean_se
+from fairfl.presets import ADAM_BETAS
+from fairfl.uncertainty import case_influence_record, cluster_se, mean_influence
 
 OPTIMIZERS = ("adam", "sgd")
 
@@ -27,7 +28,8 @@ class TrainSettings:
     local_steps > 0 trains a fixed number of optimiser steps instead of one epoch, so every site does the
     same amount of work per round whatever its dataset size (the Fed-LWR benchmark's "steps" setting).
     optimizer "sgd" (with `momentum`) is plain local SGD, as q-FedAvg's authors trained (its L = 1 / lr
-    reads the local update as a sum of gradients only under SGD)."""
+    reads the local update as a sum of gradients only under SGD). `betas` are Adam's (PyTorch's default; Fed-LWR's
+    authors ran (0.9, 0.99))."""
 
     lr: float = 1e-3
     weight_decay: float = 1e-4
@@ -36,10 +38,12 @@ class TrainSettings:
     local_steps: int = 0
     optimizer: str = "adam"
     momentum: float = 0.0
+    betas: tuple[float, float] = ADAM_BETAS
 
 
 def check_optimizer_settings(settings) -> str | None:
-    """Why the server's optimiser settings ({"name", "momentum", "keep_state"}) must not be used, or None."""
+    """Why the server's optimiser settings ({"name", "momentum", "keep_state"} and, where sent, "betas") must not be
+    used, or None."""
     if not isinstance(settings, dict):
         return f"must be an object, got {type(settings).__name__}"
     if settings.get("name") not in OPTIMIZERS:
@@ -49,18 +53,27 @@ def check_optimizer_settings(settings) -> str | None:
         return f"momentum {momentum!r} is not a number in [0, 1)"
     if not isinstance(settings.get("keep_state"), bool):
         return f"keep_state {settings.get('keep_state')!r} is not true or false"
+    betas = settings.get("betas", ADAM_BETAS)
+    if not (
+        isinstance(betas, (list, tuple))
+        and len(betas) == 2
+        and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b < 1.0 for b in betas)
+    ):
+        return f"betas {betas!r} are not two numbers in [0, 1)"
     return None
 
 
-def make_optimizer(model: torch.nn.Module, settings: TrainSettings, betas: tuple[float, float] = (0.9, 0.999)):
-    """The local optimiser of `settings`: Adam (betas) or SGD (momentum), with its lr and weight decay."""
+def make_optimizer(model: torch.nn.Module, settings: TrainSettings):
+    """The local optimiser of `settings`: Adam (its betas) or SGD (momentum), with its lr and weight decay."""
     if settings.optimizer == "sgd":
         return torch.optim.SGD(
             model.parameters(), lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay
         )
     if settings.optimizer != "adam":
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {settings.optimizer!r}")
-    return torch.optim.Adam(model.parameters(), lr=settings.lr, betas=betas, weight_decay=settings.weight_decay)
+    return torch.optim.Adam(
+        model.parameters(), lr=settings.lr, betas=tuple(settings.betas), weight_decay=settings.weight_decay
+    )
 
 
 # what each optimiser keeps per parameter (SGD without momentum keeps None)
@@ -228,7 +241,9 @@ def sliding_window(roi_size, overlap: float):
 
 
 @torch.no_grad()
-def evaluate_dice(model, loader, num_classes: int, device, regions: dict | None = None, predict=None) -> dict:
+def evaluate_dice(
+    model, loader, num_classes: int, device, regions: dict | None = None, predict=None, case_influence=None
+) -> dict:
     """Mean Dice over regions and images (MONAI DiceMetric); also one value per region when there are several.
 
     regions: {name: [class, ...]} scored as unions of classes (a dataset.json's `regions`, e.g. fundus
@@ -238,7 +253,8 @@ def evaluate_dice(model, loader, num_classes: int, device, regions: dict | None 
     volumes: `sliding_window`). Volumes (batches that carry their "spacing") are also scored by their surfaces, in mm:
     `hd95` (the 95th percentile Hausdorff distance; a region predicted empty where the truth is not scores the
     volume's diagonal) and `surface_dice` (at SURFACE_TOLERANCE_MM), MONAI's metrics, each a mean over volumes and
-    regions."""
+    regions. `case_influence` (a dict): filled with {"dice": each patient's influence on the Dice as a site sends it,
+    fairfl.uncertainty.case_influence_record} when the split gives one."""
     regions = regions or {f"class_{c}": [c] for c in range(1, num_classes)}
     model.to(device).eval()
     metric = DiceMetric(include_background=True, reduction="mean_batch", ignore_empty=True)
@@ -269,9 +285,13 @@ def evaluate_dice(model, loader, num_classes: int, device, regions: dict | None 
     # left out when the split has fewer than two cases to tell it
     clusters = [c if c is not None else f"image{i}" for i, c in enumerate(cases)]
     scored = [r for r, v in enumerate(per_region) if math.isfinite(v)]
-    error = clustered_mean_se(per_image[:, scored], clusters) if scored else None
+    influence = mean_influence(per_image[:, scored], clusters) if scored else None
+    error = None if influence is None else cluster_se(influence)
     if error is not None:
         result["dice_se"] = error
+    record = case_influence_record(influence)
+    if case_influence is not None and record is not None:
+        case_influence["dice"] = record
     if len(regions) > 1:
         result.update({f"dice_{name}": v for name, v in zip(regions, per_region, strict=True)})
     result.update({name: float(np.mean(values)) for name, values in surfaces.items() if values})

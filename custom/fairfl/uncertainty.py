@@ -18,12 +18,27 @@ patients the error is itself rough: a 95% interval from G patients takes t(G - 1
 - `macro_auc_se`: the mean one-vs-rest AUC; each class's AUC by Hanley and McNeil (Radiology 1982), with the AUC
   kept half a pair away from 0 and 1 (an empirical AUC of 1 from a few images is not certainty); combined as
   sqrt(sum_c se_c^2) / C (classes taken as independent: a slight underestimate).
+
+Comparing two methods on the same test split needs more than each one's error: the same patients score both, so
+their errors are correlated. For that each metric also has its per-patient influence (`*_influence`: {patient: e_g},
+the linearised effect of patient g on the metric: the metric moves by about sum_g e_g (w_g - 1) when patient g is
+drawn w_g times in a resampled test split), which the site sends in patient-sorted order with a fingerprint of the
+sorted patient ids (`case_influence_record`), never the ids themselves. The variance of any smooth function of many
+such metrics over resampled test splits (a cluster bootstrap) is then sum_g G / (G - 1) (sum of its gradient times
+e_g)^2: the infinitesimal jackknife of that bootstrap (fairfl.test_split); for a single metric it is the sandwich
+variance above (`cluster_se`).
+- Dice: e_g = sum_{i in g} u_i as above.
+- Balanced accuracy: image i of class c moves recall_c by (hit_i - recall_c) / n_c, the mean by 1 / C of that.
+- Macro AUC: each class's AUC is a two-sample U-statistic; a positive i moves it by (V10_i - AUC) / m, a negative j by
+  (V01_j - AUC) / n (DeLong's placements: V10_i the share of negatives ranked below positive i, ties half), the
+  macro mean by 1 / C of that.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -33,6 +48,13 @@ def clustered_mean_se(values, clusters: Sequence | None = None) -> float | None:
     [N, R], observations in the same cluster (patient) correlated; NaN values (nothing to score) are left out, as
     the means leave them out. clusters: one label per row; None = each row its own cluster. None when fewer than two
     clusters remain, or a region has nothing to score."""
+    influence = mean_influence(values, clusters)
+    return None if influence is None else cluster_se(influence)
+
+
+def mean_influence(values, clusters: Sequence | None = None) -> dict | None:
+    """{cluster: its influence e_g} on the mean over regions of the per-region means of `values` [N] or [N, R] (see
+    `clustered_mean_se`; clusters of NaN rows only are left out); None when a region has nothing to score."""
     values = np.asarray(values, dtype=np.float64)
     values = values.reshape(-1, 1) if values.ndim == 1 else values
     clusters = np.arange(len(values)) if clusters is None else np.asarray(list(clusters), dtype=object)
@@ -44,14 +66,26 @@ def clustered_mean_se(values, clusters: Sequence | None = None) -> float | None:
         return None
     means = np.nanmean(np.where(finite, values, np.nan), axis=0)
     influence = (np.where(finite, values - means, 0.0) / (counts * values.shape[1])).sum(axis=1)
-    groups = {}
-    for u, cluster, used in zip(influence, clusters, finite.any(axis=1), strict=True):
-        if used:
-            groups[cluster] = groups.get(cluster, 0.0) + u
-    g = len(groups)
+    return summed_by_cluster(influence, clusters, finite.any(axis=1))
+
+
+def summed_by_cluster(influence, clusters, used=None) -> dict:
+    """{cluster: the sum of its rows' influence} over the `used` rows (default all)."""
+    used = np.ones(len(influence), dtype=bool) if used is None else used
+    groups: dict = {}
+    for u, cluster, keep in zip(influence, clusters, used, strict=True):
+        if keep:
+            groups[cluster] = groups.get(cluster, 0.0) + float(u)
+    return groups
+
+
+def cluster_se(influence: Mapping) -> float | None:
+    """The standard error sqrt(G / (G - 1) sum_g e_g^2) of a metric from its per-cluster influences; None with fewer
+    than two clusters."""
+    g = len(influence)
     if g < 2:
         return None
-    return math.sqrt(g / (g - 1) * sum(e * e for e in groups.values()))
+    return math.sqrt(g / (g - 1) * sum(e * e for e in influence.values()))
 
 
 def balanced_accuracy_se(labels, predictions) -> float | None:
@@ -96,3 +130,72 @@ def macro_auc_se(labels, per_class_auc: Sequence[float]) -> float | None:
     if any(e is None for e in errors):
         return None
     return math.sqrt(sum(e * e for e in errors)) / classes.size
+
+
+def balanced_accuracy_influence(labels, predictions, clusters: Sequence | None = None) -> dict | None:
+    """{cluster: influence} on balanced accuracy (mean recall over the classes in `labels`); None without labels.
+    clusters: one per image (None: each image its own)."""
+    labels, predictions = np.asarray(labels).reshape(-1), np.asarray(predictions).reshape(-1)
+    classes = np.unique(labels)
+    if classes.size == 0:
+        return None
+    influence = np.zeros(labels.size)
+    for c in classes:
+        members = labels == c
+        hits = (predictions[members] == c).astype(np.float64)
+        influence[members] = (hits - hits.mean()) / (hits.size * classes.size)
+    return summed_by_cluster(influence, _clusters(clusters, labels.size))
+
+
+def macro_auc_influence(labels, probs, clusters: Sequence | None = None) -> dict | None:
+    """{cluster: influence} on the macro one-vs-rest AUC over the classes present in `labels` (DeLong's placements,
+    ties half); None when fewer than two classes are present."""
+    labels, probs = np.asarray(labels).reshape(-1), np.asarray(probs, dtype=np.float64)
+    classes = np.unique(labels)
+    if classes.size < 2:
+        return None
+    influence = np.zeros(labels.size)
+    for c in classes:
+        positive = labels == c
+        scores_pos, scores_neg = probs[positive, c], np.sort(probs[~positive, c])
+        scores_neg_unsorted = probs[~positive, c]
+        scores_pos_sorted = np.sort(scores_pos)
+        # V10: the share of negatives each positive outranks (ties half); V01: of positives ranked above each negative
+        v10 = (np.searchsorted(scores_neg, scores_pos, "left") + np.searchsorted(scores_neg, scores_pos, "right")) / (
+            2.0 * scores_neg.size
+        )
+        v01 = 1.0 - (
+            np.searchsorted(scores_pos_sorted, scores_neg_unsorted, "left")
+            + np.searchsorted(scores_pos_sorted, scores_neg_unsorted, "right")
+        ) / (2.0 * scores_pos.size)
+        auc = v10.mean()
+        influence[positive] += (v10 - auc) / (scores_pos.size * classes.size)
+        influence[~positive] += (v01 - auc) / (scores_neg.size * classes.size)
+    return summed_by_cluster(influence, _clusters(clusters, labels.size))
+
+
+def _clusters(clusters: Sequence | None, size: int) -> np.ndarray:
+    clusters = np.arange(size) if clusters is None else np.asarray(list(clusters), dtype=object)
+    if clusters.size != size:
+        raise ValueError(f"{size} values but {clusters.size} cluster labels")
+    return clusters
+
+
+# the most patients a site reports influences for: a site's test split is far smaller; a record past it is refused
+MAX_CASES = 100_000
+
+
+def case_fingerprint(clusters) -> str:
+    """A short hash of the sorted cluster (patient) ids: two records of one site pair patient by patient only when
+    their fingerprints agree (the ids themselves never leave the site)."""
+    names = sorted(str(c) for c in clusters)
+    return hashlib.sha256("\x00".join(names).encode()).hexdigest()[:16]
+
+
+def case_influence_record(influence: Mapping | None) -> dict | None:
+    """{"cases": fingerprint, "values": [e_g in the order of the sorted ids]}: what a site sends of a metric's
+    influences; None without any or past MAX_CASES."""
+    if not influence or len(influence) > MAX_CASES:
+        return None
+    order = sorted(influence, key=str)
+    return {"cases": case_fingerprint(order), "values": [float(influence[c]) for c in order]}

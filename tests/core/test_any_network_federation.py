@@ -102,7 +102,7 @@ def play(controller) -> list:
         assert not rejected and not controller.failed, (rejected, controller.failed)
         global_state, _ = controller._server_step(round_num, global_state, updates, rejected)
         assert not rejected, rejected
-        scores.append(controller._evaluate(round_num, global_state, rejected))
+        scores.append(controller._evaluate(round_num, global_state, rejected)[0])
         assert not rejected and not controller.failed, (rejected, controller.failed)
     return scores
 

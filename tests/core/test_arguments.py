@@ -117,6 +117,7 @@ HOSTILE = {
     ("fedavg", "robust_aggregation"): [1, "mean"],
     ("fedavg", "local_optimizer"): [1, "rmsprop"],
     ("fedavg", "keep_optimizer_state"): ["yes", 1, None],
+    ("fedavg", "adam_betas"): ["0.9,0.999", 0.9, [0.9], [0.9, 1.0], [-0.1, 0.9], [NAN, 0.9], [0.9] * 3, [True, 0]],
     ("fedavg", "average_last"): ["5", 0, -1, 10**6],
     ("fedavg", "cross_site_eval"): ["true", 1],
     # the rest of the sites' arguments

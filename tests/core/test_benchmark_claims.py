@@ -271,3 +271,26 @@ def test_a_registry_variant_is_rejudged_as_itself_from_results_csv(tmp_path):
     assert sorted(runs) == ["fedavg", "fedavg_sgd", "qfedavg_sgd"]
     assert runs["fedavg_sgd"][0]["final"]["per_site"]["site-1"]["dice"] == pytest.approx(0.70)
     assert runs["fedavg"][0]["final"]["per_site"]["site-1"]["dice"] == pytest.approx(0.72)
+
+
+def test_claims_read_the_final_round_even_where_an_earlier_round_was_better():
+    """The report's paper-style best round (fairfl.report.best_round) is never what a claim is judged on: a method
+    whose earlier evaluated round beat the baseline by 20 points, but whose last round is 2 points below it, fails."""
+    from fairfl.report.best_round import best_round
+
+    def with_better_round(method, seed, final, earlier):
+        run = run_record(method, seed, {"site-1": final, "site-2": final})
+        run["rounds"] = [
+            {"round": 0, "seconds": 3.0, "per_site": {s: {"dice": earlier} for s in ("site-1", "site-2")}},
+            {"round": 1, "seconds": 2.0, "per_site": run["final"]["per_site"]},
+        ]
+        return run
+
+    runs = {
+        "fedavg": [with_better_round("fedavg", s, 0.60 + 0.01 * s, 0.50) for s in range(3)],
+        "fedlwr": [with_better_round("fedlwr", s, 0.58 + 0.01 * s, 0.80) for s in range(3)],
+    }
+    assert all(best_round(run, "dice")["best"][0] == 0 for run in runs["fedlwr"])  # the earlier round was better
+    (avg,) = check_claims([Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "avg")], runs)
+    assert avg["differences"] == {0: -2.0, 1: -2.0, 2: -2.0} and avg["verdict"] == "fails"
+    assert avg["value"][0] == pytest.approx(59.0) and avg["baseline_value"][0] == pytest.approx(61.0)

@@ -324,7 +324,7 @@ def test_checkpoint_restores_round_model_saga_state_and_results_and_refuses_othe
     import torch
 
     old = torch.load(path, weights_only=True)
-    for key in ("local_optimizer", "momentum", "keep_optimizer_state", "average_last", "saga"):
+    for key in ("local_optimizer", "momentum", "keep_optimizer_state", "adam_betas", "average_last", "saga"):
         del old["config"][key]
     torch.save(old, path)
     assert controller(num_rounds=6)._load_checkpoint(path)["round"] == 0

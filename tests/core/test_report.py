@@ -279,3 +279,50 @@ def test_report_shows_personal_against_global_and_the_held_out_sites_apart(tmp_p
     table, stats = personal_global_table(load_runs(bad))
     assert f"Note: {bad} has no global-model score for site-2" in table
     assert stats["ditto"]["personal"]["mean"] == (80.0, None) and stats["ditto"]["global"]["site-2"] is None
+
+
+# ------------------------------------------------------------------------ the papers' best round (optimistic, apart)
+
+
+def test_the_best_round_is_the_evaluated_round_of_highest_avg_shown_apart_from_the_last(tmp_path):
+    """The paper-style figure reads each run's best evaluated round on test (highest Avg.; a round missing a site is
+    no candidate), labelled optimistic, while the papers' table keeps the last round."""
+    from fairfl.progress import shown_round
+    from fairfl.report.best_round import best_round, best_round_table
+
+    from report_runs import per_site
+
+    better = {0: [0.60, 0.70, 0.50], 2: [0.90, 0.90, 0.90]}  # round 2 (shown 3) beats the last, round 3 (shown 4)
+    earlier = write_run(
+        tmp_path / "a" / "results.json",
+        "fedlwr",
+        0,
+        [0.80, 0.85, 0.75],
+        round_fields=lambda r: {"per_site": per_site(better[r])} if r in better else {},
+    )
+    partial = {2: {"site-1": {"dice": 0.99}, "site-2": {"dice": 0.99}}}  # site-3 not scored: no candidate
+    write_run(
+        tmp_path / "b" / "results.json",
+        "fedavg",
+        0,
+        [0.70, 0.70, 0.70],
+        round_fields=lambda r: {"per_site": partial[r]} if r in partial else {},
+    )
+    runs = load_runs([tmp_path])
+    lwr = best_round(next(r for r in runs if r["method"] == "fedlwr"), "dice")
+    assert lwr["best"] == pytest.approx((2, 90.0, 0.0)) and lwr["last"][:2] == pytest.approx((3, 80.0))
+    avg = best_round(next(r for r in runs if r["method"] == "fedavg"), "dice")
+    assert avg["best"][0] == avg["last"][0] == 3  # round 2's 99% missed a site; round 0 was lower
+    table, stats = best_round_table(runs)
+    rows, header = table_rows(table)
+    assert header[:3] == ["Method", "seed", "best round"]
+    assert rows["Fed-LWR"] == ["0", str(shown_round(2)), "90.00", "0.00", "4", "80.00", "4.08", "+10.00"]
+    assert rows["FedAvg"][1:3] == ["4", "70.00"] and rows["FedAvg"][-1] == "+0.00"
+    result = make_report([tmp_path], tmp_path / "report")
+    text = result["report"].read_text()
+    assert "## Best round on test (paper-style, optimistic)" in text and "**Optimistic" in text
+    assert table_rows(result["table"])[0]["Fed-LWR"][3] == "**80.00**"  # the papers' table: the last round
+    assert str(earlier) in text
+    # a run evaluated once has no round to choose: no section
+    single = [{**run, "rounds": [r for r in run["rounds"] if r["round"] == 3]} for run in runs]
+    assert best_round_table(single) == ("", {})

@@ -135,9 +135,23 @@ def test_a_hostile_evaluation_is_left_out_and_recorded(case, metrics):
     answers[3].metrics = metrics
     controller._ask_models = lambda *args, **kwargs: answers
     rejected = {"site-4": "NaN in w"}
-    per_site = controller._evaluate(0, state0, rejected)
+    per_site, _ = controller._evaluate(0, state0, rejected)
     assert set(per_site) == {"site-1", "site-2", "site-3"}
     assert rejected["site-4"].startswith("NaN in w; evaluation: ")  # both reasons kept
+
+
+def test_a_hostile_test_influence_rejects_that_sites_evaluation_and_an_honest_one_is_kept():
+    controller = make()
+    state0 = initial_state(controller.model_spec(), 0)
+    answers = [answer(s, {}, metrics={"dice": 0.5 + 0.1 * i}) for i, s in enumerate(SITES)]
+    honest = {"dice": {"cases": "0123456789abcdef", "values": [0.01, -0.01]}}
+    answers[0].meta[protocol.TEST_INFLUENCE] = honest
+    answers[1].meta[protocol.TEST_INFLUENCE] = {"dice": {"cases": "0123456789abcdef", "values": [float("nan")]}}
+    controller._ask_models = lambda *args, **kwargs: answers
+    rejected = {}
+    per_site, influence = controller._evaluate(0, state0, rejected)
+    assert set(per_site) == {"site-1", "site-3", "site-4"} and influence == {"site-1": honest}
+    assert "test_influence" in rejected["site-2"]
 
 
 GLOBAL_CASES = [
@@ -177,7 +191,7 @@ def test_a_personalised_sites_global_model_scores_are_checked_like_its_own(case,
     sent = []
     controller._ask_models = lambda round_num, task, model, targets, state: sent.append(model.meta) or answers
     rejected = {}
-    per_site = controller._evaluate(0, state0, rejected)
+    per_site, _ = controller._evaluate(0, state0, rejected)
     assert sent[0][protocol.SCORE_GLOBAL] is True and sent[0][protocol.HELD_OUT] == ["site-4"]
     assert set(per_site) == {"site-1", "site-3", "site-4"} and rejected == {"site-2": f"evaluation: {problem}"}
     assert per_site["site-1"] == {"dice": 0.5, "global_dice": 0.4} and per_site["site-4"] == {"dice": 0.3}
@@ -189,7 +203,7 @@ def test_global_scores_are_asked_of_personalised_methods_only_and_held_out_sites
     answers = [answer(s, {}, metrics={"dice": 0.5, "global_dice": 0.1}) for s in SITES]
     sent = []
     controller._ask_models = lambda round_num, task, model, targets, state: sent.append(model.meta) or answers
-    per_site = controller._evaluate(0, initial_state(controller.model_spec(), 0), {})
+    per_site, _ = controller._evaluate(0, initial_state(controller.model_spec(), 0), {})
     assert protocol.SCORE_GLOBAL not in sent[0] and protocol.HELD_OUT not in sent[0]
     assert all(m == {"dice": 0.5} for m in per_site.values()) and not make(SoloController).scores_global
     with pytest.raises(ValueError, match="solo has no global model to score held-out sites with"):

@@ -17,7 +17,7 @@ from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
 from fairfl.flare.executor import FairflExecutor
 from fairfl.flare.site_task import SiteTask, check_meta
-from fairfl.models import initial_state
+from fairfl.models import build_model, initial_state, load_numpy_state, state_to_numpy
 from fairfl.report.runs import group_of
 from fairfl.training import (
     TrainSettings,
@@ -25,6 +25,8 @@ from fairfl.training import (
     load_optimizer_state,
     make_optimizer,
     optimizer_state,
+    seed_everything,
+    site_seed,
     train_local,
 )
 
@@ -59,15 +61,28 @@ def test_sgd_is_a_plain_gradient_step_and_adam_the_default():
         ({"name": "sgd", "momentum": float("nan"), "keep_state": False}, "momentum"),
         ({"name": "sgd", "momentum": True, "keep_state": False}, "momentum"),
         ({"name": "adam", "momentum": 0.0, "keep_state": "yes"}, "keep_state"),
+        ({"name": "adam", "momentum": 0.0, "keep_state": False, "betas": [0.9, 1.0]}, "betas"),
+        ({"name": "adam", "momentum": 0.0, "keep_state": False, "betas": [0.9]}, "betas"),
+        ({"name": "adam", "momentum": 0.0, "keep_state": False, "betas": [float("nan"), 0.9]}, "betas"),
+        ({"name": "adam", "momentum": 0.0, "keep_state": False, "betas": "0.9,0.99"}, "betas"),
     ],
 )
 def test_bad_optimiser_settings_are_named(bad, word):
     assert word in check_optimizer_settings(bad)
     if bad is not None:  # the same refusal as a job argument
-        argument = {"name": "local_optimizer", "momentum": "momentum", "keep_state": "keep_optimizer_state"}[word]
+        argument = {
+            "name": "local_optimizer",
+            "momentum": "momentum",
+            "keep_state": "keep_optimizer_state",
+            "betas": "adam_betas",
+        }[word]
         with pytest.raises(ValueError, match=f"FairRoundController: {argument} must be"):
             FairRoundController(
-                local_optimizer=bad["name"], momentum=bad["momentum"], keep_optimizer_state=bad["keep_state"], **TINY
+                local_optimizer=bad["name"],
+                momentum=bad["momentum"],
+                keep_optimizer_state=bad["keep_state"],
+                adam_betas=bad.get("betas", [0.9, 0.999]),
+                **TINY,
             )
 
 
@@ -77,6 +92,25 @@ def test_the_controller_sends_and_records_the_optimiser():
     assert (config["local_optimizer"], config["momentum"], config["keep_optimizer_state"]) == ("sgd", 0.9, True)
     assert group_of({"method": "fedavg", "config": config}) == "fedavg (SGD; optimiser state kept)"
     assert group_of({"method": "fedavg", "config": FairRoundController(**TINY).config()}) == "fedavg"
+    # Fed-LWR's authors' Adam: its betas are sent to every site, recorded and keep such runs apart in the report
+    authors = FairRoundController(keep_optimizer_state=True, adam_betas=[0.9, 0.99], **TINY)
+    assert authors.common_task_meta(["site-1"])[protocol.OPTIMIZER] == {
+        "name": "adam",
+        "momentum": 0.0,
+        "keep_state": True,
+        "betas": [0.9, 0.99],
+    }
+    assert authors.config()["adam_betas"] == [0.9, 0.99]
+    assert group_of({"method": "fedlwr", "config": authors.config()}) == (
+        "fedlwr (optimiser state kept; Adam betas [0.9, 0.99])"
+    )
+    assert FairRoundController(**TINY).config()["adam_betas"] == [0.9, 0.999]  # PyTorch's, as before
+
+
+def test_the_betas_reach_adam():
+    model = torch.nn.Linear(3, 2)
+    assert make_optimizer(model, TrainSettings()).param_groups[0]["betas"] == (0.9, 0.999)
+    assert make_optimizer(model, TrainSettings(betas=(0.9, 0.99))).param_groups[0]["betas"] == (0.9, 0.99)
 
 
 def adam_after_one_step(model):
@@ -161,12 +195,56 @@ def site(cache_dir):
     return controller, meta, executor
 
 
-def train(executor, meta, params, state_dir, round_num, **optimizer):
+def site_task(meta, params, round_num, **optimizer) -> SiteTask:
     chosen = {"name": "adam", "momentum": 0.0, "keep_state": False, **optimizer}
     task = FLModel(
         params_type=ParamsType.FULL, params=params, current_round=round_num, meta={**meta, protocol.OPTIMIZER: chosen}
     )
-    return executor._train(SiteTask.of("site-2", task), str(state_dir))
+    return SiteTask.of("site-2", task)
+
+
+def train(executor, meta, params, state_dir, round_num, **optimizer):
+    return executor._train(site_task(meta, params, round_num, **optimizer), str(state_dir))
+
+
+def test_kept_state_is_one_adam_continued_across_the_rounds(site, tmp_path):
+    """With keep_state and Fed-LWR's authors' betas, a site's second round is exactly what one torch.optim.Adam of
+    those betas gives when it goes on from its first round onto the new global model (the authors' code), the state
+    passing through the site's state folder; a fresh optimiser gives another model."""
+    controller, meta, _ = site
+    # two Adam steps a round
+    executor = FairflExecutor(
+        image_size=32, batch_size=8, lr=1e-3, weight_decay=1e-4, synthetic_size_scale=0.5, local_steps=2
+    )
+    w0 = initial_state(controller.model_spec(), 0)
+    kept0 = train(executor, meta, w0, tmp_path, 0, keep_state=True, betas=[0.9, 0.99])
+    w1 = {k: v + 0.01 * np.sign(v) if v.dtype.kind == "f" else v for k, v in trained_weights(kept0, w0).items()}
+    kept1 = train(executor, meta, w1, tmp_path, 1, keep_state=True, betas=[0.9, 0.99])
+    fresh1 = train(executor, meta, w1, tmp_path / "fresh", 1, betas=[0.9, 0.99])
+
+    # the reference: one Adam, its state never reset, the weights replaced in place by the global model's
+    reference = build_model(controller.model_spec())
+    load_numpy_state(reference, w0)
+    adam = torch.optim.Adam(
+        reference.parameters(), lr=executor.lr, betas=(0.9, 0.99), weight_decay=executor.weight_decay
+    )
+    settings = executor._train_settings(site_task(meta, w0, 0, betas=[0.9, 0.99]))
+    assert settings.betas == (0.9, 0.99)  # the server's betas reach the site's settings
+    for round_num, start, answer in ((0, w0, kept0), (1, w1, kept1)):
+        task = site_task(meta, start, round_num)
+        load_numpy_state(reference, start)  # copies into the same parameters: Adam's state stays theirs
+        seed = site_seed(executor.seed, "site-2") + round_num
+        seed_everything(seed)  # as the site seeds its round
+        loader = executor._loader(task, "training", train=True, seed=seed)
+        train_local(reference, loader, settings, torch.device("cpu"), loss_fn=executor._loss(task), optimizer=adam)
+        expected = state_to_numpy(reference.state_dict())
+        got = trained_weights(answer, start)
+        assert all(np.allclose(got[k], expected[k], rtol=1e-5, atol=1e-6) for k in expected), f"round {round_num}"
+    assert not all(np.allclose(trained_weights(fresh1, w1)[k], expected[k]) for k in expected)
+    assert all(group["betas"] == (0.9, 0.99) for group in adam.param_groups)
+    next_task = site_task(meta, w1, 2, keep_state=True, betas=[0.9, 0.99])
+    built = executor._optimizer(next_task, reference, settings, tmp_path)
+    assert built.param_groups[0]["betas"] == (0.9, 0.99) and built.state_dict()["state"]  # the kept state, loaded
 
 
 def test_a_kept_optimiser_state_carries_adams_moments_into_the_next_round(site, tmp_path):
@@ -193,7 +271,7 @@ def test_a_kept_optimiser_state_carries_adams_moments_into_the_next_round(site, 
     assert all(np.array_equal(stale.params[k], from_nothing.params[k]) for k in stale.params)
 
 
-@pytest.mark.parametrize("damage", ["garbage", "other_optimizer", "nan", "not_a_state"])
+@pytest.mark.parametrize("damage", ["garbage", "other_optimizer", "nan", "not_a_state", "other_shapes"])
 def test_a_broken_kept_state_is_an_error_naming_site_and_file(site, tmp_path, damage):
     controller, meta, executor = site
     w0 = initial_state(controller.model_spec(), 0)
@@ -206,6 +284,10 @@ def test_a_broken_kept_state_is_an_error_naming_site_and_file(site, tmp_path, da
         save_atomic({**saved, "optimizer": "sgd"}, str(path))
     elif damage == "not_a_state":
         save_atomic({"round": "0"}, str(path))
+    elif damage == "other_shapes":  # another network's state (a stale file under the same run_name)
+        first = next(iter(saved["moments"]))
+        saved["moments"][first]["exp_avg"] = torch.zeros(3, 1, 2)
+        save_atomic(saved, str(path))
     else:
         first = next(iter(saved["moments"]))
         saved["moments"][first]["exp_avg"].fill_(float("nan"))

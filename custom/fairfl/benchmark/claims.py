@@ -9,8 +9,9 @@ from fairfl.benchmark.checks import untrained_methods
 from fairfl.benchmark.run_statistics import final_stat, per_site_mean
 from fairfl.paired import FAILS, HOLDS, Interval, mean_interval, paired_differences
 from fairfl.report.runs import group_name_markdown
-from fairfl.report.statistics import mean_sd
+from fairfl.report.statistics import mean_sd, site_scores
 from fairfl.results import site_key
+from fairfl.split_noise import ScoredRun, split_noise
 from fairfl.text import markdown_text
 
 # fewer paired seeds than this judge nothing: with 2 the t interval is 12.7 sds wide and one odd seed decides
@@ -31,6 +32,20 @@ def stat_by_seed(runs: list, metric: str, statistic: str) -> dict:
     return values
 
 
+def scored_runs(runs: list, metric: str) -> dict:
+    """{seed: ScoredRun} of the runs' final per-site `metric` (%) and their test patients' influences on it."""
+    found = {}
+    for run in runs:
+        final = run.get("final") or {}
+        influences = {
+            site: records[metric]
+            for site, records in (final.get("test_influence") or {}).items()
+            if isinstance(records, dict) and metric in records
+        }
+        found[run.get("seed")] = ScoredRun(site_scores(final, metric), influences)
+    return found
+
+
 def check_claims(claims: list, runs_by_method: dict) -> list[dict]:
     """Each claim whose two methods have finished runs: both values (mean ± sd over seeds), the paired per-seed
     differences method - baseline with the 95% interval of their mean, the verdict, and the per-site difference
@@ -46,7 +61,8 @@ def check_claims(claims: list, runs_by_method: dict) -> list[dict]:
             continue
         # rounded to 1e-9 points: float noise (equal results summed in another order) decides nothing
         differences = {seed: round(d, 9) for seed, d in paired_differences(*values).items()}
-        interval = mean_interval(differences.values())
+        split = split_noise(scored_runs(a, claim.metric), scored_runs(b, claim.metric), claim.statistic, differences)
+        interval = mean_interval(differences.values(), split=split)
         sites_a, sites_b = per_site_mean(a, claim.metric), per_site_mean(b, claim.metric)
         if claim.metric not in untrained:
             untrained[claim.metric] = untrained_methods(runs_by_method, claim.metric)
@@ -113,17 +129,26 @@ CLAIMS_RULE = (
 )
 
 
+SPLIT_RULE = (
+    "Where a difference shows its test-split error (se), the interval counts the test splits' noise too: each "
+    "site's test patients redrawn (patients as clusters, the same patients for every run), combined with the seeds' "
+    "variation (fairfl.split_noise; docs/benchmarks.md)."
+)
+
+
 def _interval_cell(c: dict) -> str:
     if c.get("interval") is None:  # the outputs it was judged from had no per-seed values of its metric
         return f"{c['difference']:+.2f} (no per-seed values)"
-    return Interval.from_json(c["interval"]).text()
+    interval = Interval.from_json(c["interval"])
+    return interval.text() + ("" if interval.split_se is None else f" (test splits: se {interval.split_se:.2f})")
 
 
 def claims_markdown(checked: list) -> list[str]:
     if not checked:
         return []
+    counted = any((c.get("interval") or {}).get("split_se") is not None for c in checked)
     lines = [
-        CLAIMS_RULE,
+        CLAIMS_RULE + (" " + SPLIT_RULE if counted else ""),
         "",
         "| paper | claim | measured | baseline | difference, 95% interval (points) | paired seeds | verdict |",
         "|---|---|---:|---:|---:|---:|---|",

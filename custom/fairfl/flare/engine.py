@@ -54,6 +54,7 @@ from fairfl.site_checks import (
     answer_problem,
     check_site_state,
     distance,
+    influence_problem,
     metrics_problem,
     norm_outliers,
     samples_problem,
@@ -226,13 +227,14 @@ class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
                 or (settings.eval_every > 0 and (round_num + 1) % settings.eval_every == 0)
             ):
                 evaluation_started = time.time()
-                per_site = self._evaluate(round_num, global_state, rejected)
+                per_site, influence = self._evaluate(round_num, global_state, rejected)
                 phases["evaluation"] = time.time() - evaluation_started
             fire_site_metrics(self, round_num, per_site, train_metrics)  # TensorBoard, MLflow
             record = self.results.add_round(
                 round_num,
                 time.time() - started,
                 per_site,
+                test_influence=influence if per_site else None,
                 train=train_metrics,
                 rejected=rejected or None,
                 absent=list(self.absent) or None,
@@ -257,7 +259,9 @@ class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
                 if settings.average_last > 1
                 else None
             )
-            final = self.results.finish(per_site, mean_of_last=mean_of_last, **self.final_extras())
+            final = self.results.finish(
+                per_site, mean_of_last=mean_of_last, test_influence=influence or None, **self.final_extras()
+            )
             if settings.cross_site_eval:
                 self.results.cross_site(
                     settings.num_rounds - 1, **self._cross_site(settings.num_rounds - 1, global_state)
@@ -369,12 +373,12 @@ class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
 
     @property
     def scores_global(self) -> bool:
-        """Whether the federation's sites are scored with a model of their own rather than the global model (one a
-        method keeps at the site beside it, FROM_PERSONAL; or the global model with parts of their own, `local_keys`):
-        then each also scores the global model it receives, as it is, in the same task (its metrics prefixed
-        GLOBAL_PREFIX)."""
+        """Whether the federation's sites are scored with a model of their own rather than the global model there is
+        (one a method keeps at the site beside it, FROM_PERSONAL; the one it trained in the round, FROM_LOCAL; or the
+        global model with parts of their own, `local_keys`): then each also scores the global model it receives, as
+        it is, in the same task (its metrics prefixed GLOBAL_PREFIX)."""
         return self.start_from == protocol.FROM_GLOBAL and (
-            self.evaluate == protocol.FROM_PERSONAL or bool(self.local_keys())
+            self.evaluate != protocol.FROM_GLOBAL or bool(self.local_keys())
         )
 
     def _usable_aggregate(self, round_num, new_state, global_state, extras: dict):
@@ -398,7 +402,8 @@ class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
             record["trimmed_per_side"] = trim_count(num_updates, self.settings.trim_fraction)
         return {"robust": record}
 
-    def _evaluate(self, round_num, global_state, rejected) -> dict:
+    def _evaluate(self, round_num, global_state, rejected) -> tuple[dict, dict]:
+        """({site: metrics}, {site: its test patients' influence on them}) of the usable answers; the rest rejected."""
         meta = {**self.task_meta, protocol.EVALUATE: self.evaluate}
         if self.scores_global:
             meta[protocol.SCORE_GLOBAL] = True
@@ -411,20 +416,24 @@ class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
             self.sites,
             global_state,
         )
-        per_site = {}
+        per_site, influence = {}, {}
         for result in results:
             site = result.meta.get("client_name", "?")
             asked = self.scores_global and site not in self.settings.exclude_sites
             metrics, problem = self._screen_scores(result, asked)
+            site_influence = result.meta.get(protocol.TEST_INFLUENCE)
+            problem = problem or (site_influence is not None and influence_problem(site_influence, metrics))
             if problem:
                 self.reject(round_num, site, f"evaluation: {problem}", rejected, "evaluation")
-            else:
-                per_site[site] = metrics
-        return per_site
+                continue
+            per_site[site] = metrics
+            if site_influence:
+                influence[site] = site_influence
+        return per_site, influence
 
     def _scored_params(self, global_state) -> dict:
-        """What a validate task sends: the global model, or nothing where every site scores its own (FROM_LOCAL)."""
-        return global_state if self.evaluate != protocol.FROM_LOCAL else {}
+        """What a validate task sends: the global model, or nothing where there is none (start_from FROM_LOCAL)."""
+        return global_state if self.start_from == protocol.FROM_GLOBAL else {}
 
     def _screen_scores(self, result, with_global: bool) -> tuple:
         """(the answer's metrics as floats, None) or (None, why they cannot be recorded): every evaluation metric is a
@@ -561,11 +570,7 @@ class FairRoundController(Checkpointing, CrossSiteEvaluation, TaskFanOut):
             protocol.NUM_SITES: max(builtin_dataset(settings.dataset).min_sites, len(sites)),
             protocol.DATA_SEED: settings.data_seed,
             protocol.TEST_SCALE: settings.test_scale,
-            protocol.OPTIMIZER: {
-                "name": settings.local_optimizer,
-                "momentum": settings.momentum,
-                "keep_state": settings.keep_optimizer_state,
-            },
+            protocol.OPTIMIZER: settings.optimizer,
         }
         if settings.run_name:
             meta[protocol.RUN_NAME] = settings.run_name

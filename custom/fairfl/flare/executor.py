@@ -226,7 +226,8 @@ class FairflExecutor(Executor):
         if task.submit_model:
             return FLModel(params_type=ParamsType.FULL, params=state_to_numpy(model.state_dict()), metrics={})
         loader = self._loader(task, "testing", train=False, seed=self.seed, whole=True)
-        metrics = self._test_scores(task, model, loader)
+        influence: dict = {}
+        metrics = self._test_scores(task, model, loader, influence)
         if task.score_global and not held_out:
             sent = self._sent_model(task)
             metrics.update({GLOBAL_PREFIX + k: v for k, v in self._test_scores(task, sent, loader).items()})
@@ -234,7 +235,10 @@ class FairflExecutor(Executor):
             params_type=ParamsType.FULL,
             params={},
             metrics={**metrics, **ctx.metrics},
-            meta={protocol.NUM_SAMPLES: len(loader.dataset)},
+            meta={
+                protocol.NUM_SAMPLES: len(loader.dataset),
+                **({protocol.TEST_INFLUENCE: influence} if influence else {}),
+            },
         )
 
     def _method_task(self, method_task: type[MethodTask], task: SiteTask, state_dir: str) -> FLModel:
@@ -244,21 +248,30 @@ class FairflExecutor(Executor):
         method_task().run(ctx)
         return FLModel(params_type=ParamsType.FULL, params={}, metrics=ctx.metrics or None, meta=ctx.reply)
 
-    def _test_scores(self, task: SiteTask, model, loader) -> dict:
-        """`model`'s metrics on this site's test split (`loader`) and corrupted test split, as `_validate` reports."""
-        metrics = self._evaluate(model, loader, task)
+    def _test_scores(self, task: SiteTask, model, loader, influence: dict | None = None) -> dict:
+        """`model`'s metrics on this site's test split (`loader`) and corrupted test split, as `_validate` reports;
+        `influence` (a dict) filled with each test patient's influence on the unprefixed metrics."""
+        found: dict = {"clean": {}, "corrupted": {}}
+        metrics = self._evaluate(model, loader, task, influence=found["clean"])
         if task.kind == CLASSIFICATION:  # under quality shift: clean, corrupted, and the site's own quality
             scores = {"clean": metrics}
             if CORRUPTED_SPLIT in self._datalist:
                 scores["corrupted"] = self._evaluate(
-                    model, self._loader(task, CORRUPTED_SPLIT, train=False, seed=self.seed, whole=True), task
+                    model,
+                    self._loader(task, CORRUPTED_SPLIT, train=False, seed=self.seed, whole=True),
+                    task,
+                    influence=found["corrupted"],
                 )
             corrupted_site = task.site in self._corrupted_sites and "corrupted" in scores
+            if influence is not None:
+                influence.update(found["corrupted" if corrupted_site else "clean"])
             metrics = {
                 **scores["corrupted" if corrupted_site else "clean"],
                 "corrupted_site": float(corrupted_site),
                 **{f"{quality}_{name}": v for quality, values in scores.items() for name, v in values.items()},
             }
+        elif influence is not None:
+            influence.update(found["clean"])
         return metrics
 
     def _validation_score(self, task: SiteTask, model, device):
@@ -268,15 +281,23 @@ class FairflExecutor(Executor):
         score = self._evaluate(model, loader, task, device)[VALIDATION_METRIC[task.kind]]
         return score if score == score else None
 
-    def _evaluate(self, model, loader, task: SiteTask, device=None) -> dict:
+    def _evaluate(self, model, loader, task: SiteTask, device=None, influence: dict | None = None) -> dict:
         """Dice (segmentation; volumes whole, by sliding window, with HD95 and surface Dice) or accuracy, balanced
-        accuracy and AUC (classification) of `model` on `loader`."""
+        accuracy and AUC (classification) of `model` on `loader`; `influence` filled as `_test_scores` says."""
         device = device or select_device(self.device)
         with mixed_precision(device, self.amp):
             if task.kind == CLASSIFICATION:
-                return evaluate_classification(model, loader, task.num_classes, device)
+                return evaluate_classification(model, loader, task.num_classes, device, case_influence=influence)
             predict = sliding_window(self.patch_size, self.sliding_window_overlap) if task.spatial_dims == 3 else None
-            return evaluate_dice(model, loader, task.num_classes, device, regions=self._regions, predict=predict)
+            return evaluate_dice(
+                model,
+                loader,
+                task.num_classes,
+                device,
+                regions=self._regions,
+                predict=predict,
+                case_influence=influence,
+            )
 
     # --- what the methods' steps and tasks see -----------------------------------------------------------
     def _context(self, task: SiteTask, state_dir: str, trains: bool) -> StepContext:
@@ -377,6 +398,7 @@ class FairflExecutor(Executor):
             local_steps=self.local_steps,
             optimizer=task.optimizer,
             momentum=task.momentum,
+            betas=task.betas,
         )
 
     def _optimizer(self, task: SiteTask, model, settings: TrainSettings, state_dir: str):

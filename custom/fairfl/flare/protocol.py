@@ -31,8 +31,8 @@ SUBMIT_MODEL = "submit_model"  # validate (cross-site evaluation): the site retu
 # its params, instead of scores
 PREPROCESSING = "preprocessing"  # a MONAI bundle's pre-processing (fairfl.bundle), in place of fairfl's normalisation
 RUN_NAME = "run_name"  # a named (resumable) run: sites keep their state in run_state_dir(...) of it
-OPTIMIZER = "optimizer"  # {"name": "adam" or "sgd", "momentum", "keep_state"}: the local optimiser; keep_state
-# carries its state (Adam's moments) from round to round (OPTIMIZER_STATE_FILE)
+OPTIMIZER = "optimizer"  # {"name": "adam" or "sgd", "momentum", "keep_state", "betas"}: the local optimiser;
+# keep_state carries its state (Adam's moments) from round to round (OPTIMIZER_STATE_FILE); betas: Adam's
 PRIVACY = "dp"  # {"epsilon", "delta", "clip", "rounds"}: train with DP-SGD for this budget over the run's rounds
 # (fairfl.privacy); absent: no DP
 
@@ -40,6 +40,8 @@ PRIVACY = "dp"  # {"epsilon", "delta", "clip", "rounds"}: train with DP-SGD for 
 NUM_SAMPLES = "num_samples"
 NUM_STEPS = "num_steps"
 LR = "lr"  # the site's local learning rate (a method may read it: an update's step size)
+TEST_INFLUENCE = "test_influence"  # validate: {metric: {"cases", "values"}}: each test patient's influence on the
+# site's score (fairfl.uncertainty.case_influence_record), so that comparisons count the test split's noise
 FREE_RIDER = "free_rider"  # training metric 1.0: this site is a free rider (its own test switch, the site's
 # FAIRFL_FREE_RIDERS)
 

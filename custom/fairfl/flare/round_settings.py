@@ -56,6 +56,7 @@ class RoundSettings:
     local_optimizer: str
     momentum: float
     keep_optimizer_state: bool
+    adam_betas: list[float]  # Adam's (beta1, beta2) at the sites
     average_last: int
     test_scale: float
     cross_site_eval: bool
@@ -100,6 +101,7 @@ class RoundSettings:
                 "max_update_ratio": float(values.max_update_ratio),
                 "trim_fraction": float(values.trim_fraction),
                 "momentum": float(values.momentum),
+                "adam_betas": [float(beta) for beta in values.adam_betas],
                 "test_scale": float(values.test_scale),
                 "dp_epsilon": None if values.dp_epsilon is None else float(values.dp_epsilon),
                 "dp_delta": float(values.dp_delta),
@@ -113,6 +115,16 @@ class RoundSettings:
         values = SimpleNamespace(**{field.name: getattr(self, field.name) for field in dataclasses.fields(self)})
         apply_preset(values, self.preset, self.task)
         return dataclasses.replace(self, **vars(values))
+
+    @property
+    def optimizer(self) -> dict:
+        """The task field of the sites' local optimiser (fairfl.flare.protocol.OPTIMIZER)."""
+        return {
+            "name": self.local_optimizer,
+            "momentum": self.momentum,
+            "keep_state": self.keep_optimizer_state,
+            "betas": list(self.adam_betas),
+        }
 
     @property
     def privacy(self) -> dict | None:

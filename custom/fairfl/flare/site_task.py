@@ -30,7 +30,7 @@ from fairfl.names import safe_name
 from fairfl.privacy.settings import PrivacySettings, step_refusal, task_field_kind
 from fairfl.site_checks import check_site_state, tensor_state
 from fairfl.site_settings import site_settings
-from fairfl.training import check_optimizer_settings
+from fairfl.training import ADAM_BETAS, check_optimizer_settings
 
 SEGMENTATION, CLASSIFICATION = "segmentation", "classification"
 MAX_ROUND = 10**6  # the highest round number a task may carry (it names the site's kept files' rounds)
@@ -72,7 +72,8 @@ class SiteTask:
     held_out: tuple  # validate: the sites held out of training, scored with the model sent as it is
     optimizer: str  # the local optimiser, "adam" or "sgd" ...
     momentum: float  # ... its momentum ...
-    keep_optimizer_state: bool  # ... and whether its state carries over from round to round
+    keep_optimizer_state: bool  # ... whether its state carries over from round to round ...
+    betas: tuple[float, float]  # ... and Adam's betas
     run_name: str | None  # a named run: the site keeps its state where a resubmitted job finds it
     dataset: str  # checked as a field (TASK_FIELDS)
     data_seed: object
@@ -119,6 +120,7 @@ class SiteTask:
             optimizer=optimizer.get("name", "adam"),
             momentum=float(optimizer.get("momentum", 0.0)),
             keep_optimizer_state=bool(optimizer.get("keep_state")),
+            betas=_pair(optimizer.get("betas", ADAM_BETAS)),
             run_name=meta.get(protocol.RUN_NAME) or None,
             dataset=meta.get(protocol.DATASET, "prostate"),
             data_seed=meta.get(protocol.DATA_SEED, 0),
@@ -126,6 +128,11 @@ class SiteTask:
             test_scale=meta.get(protocol.TEST_SCALE, 1.0),
             privacy=PrivacySettings.of(meta.get(protocol.PRIVACY), int(model.current_round or 0)),
         )
+
+
+def _pair(values) -> tuple[float, float]:
+    first, second = values
+    return float(first), float(second)
 
 
 def read_task(site: str, shareable, method_task: type[MethodTask] | None = None) -> SiteTask:

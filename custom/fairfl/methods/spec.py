@@ -62,8 +62,14 @@ class Variant:
         object.__setattr__(self, "records", self.records or self.name)
 
 
+# a claim's `paper` where the claim is this project's own comparison, not a paper's: a method judged against its closest
+# ancestor (the method it adds one idea to) beside the baseline its paper beats
+CLOSEST_ANCESTOR = "fairfl (closest ancestor)"
+
+
 class Claim:
-    """A paper's claim as a comparison of two methods' final results in a benchmark `family`: `statistic` ("avg":
+    """A paper's claim (or, `paper` CLOSEST_ANCESTOR, this project's comparison of a method with its closest ancestor)
+    as a comparison of two methods' final results in a benchmark `family`: `statistic` ("avg":
     mean over sites, or "std": population std across sites) of `metric` (%); the claim is that method - baseline is
     above 0 / at least `margin` (higher is better), or below 0 / at most -`margin` (lower is better, for a std): at
     margin 0 both are strict, so an arm identical to the baseline holds neither. It is judged

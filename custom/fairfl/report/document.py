@@ -10,6 +10,7 @@ from pathlib import Path
 from fairfl.labels import metric_label_markdown
 from fairfl.loo import load_loo
 from fairfl.report.baseline import BASELINE_TEXT, baseline_table
+from fairfl.report.best_round import BEST_ROUND_TEXT, best_round_table
 from fairfl.report.fairness_tables import (
     PERFORMANCE_FAIRNESS_TEXT,
     agreement_text,
@@ -44,6 +45,12 @@ SECTIONS = (  # the report's own, in their order
         "Spread across sites",
         lambda inputs: SPREAD_TEXT.format(label=_label(inputs)),
         lambda inputs: spread_table(inputs.runs, inputs.metric),
+    ),
+    Section(
+        "best_round",
+        "Best round on test (paper-style, optimistic)",
+        lambda inputs: BEST_ROUND_TEXT.format(label=_label(inputs)),
+        lambda inputs: best_round_table(inputs.runs, inputs.metric),
     ),
     Section(
         "against_fedavg",

@@ -4,9 +4,11 @@ the method's others) and how a row is named."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from fairfl.methods import display_name
+from fairfl.presets import ADAM_BETAS
 from fairfl.report.statistics import site_scores
 from fairfl.results import RESULTS_FILE, SIMULATOR_RESULTS, read_results, site_key
 from fairfl.text import markdown_text
@@ -128,13 +130,18 @@ def free_riders(run) -> list:
 
 def variant_of(run) -> str:
     """What besides the method makes runs of it incomparable: a local optimiser other than Adam, a kept optimiser
-    state, its free riders and left-out sites ("" if none)."""
+    state, Adam's betas other than PyTorch's, each site scored with its local model, its free riders and left-out
+    sites ("" if none)."""
     config = run.get("config") or {}
+    sgd = config.get("local_optimizer", "adam") != "adam"
+    betas = config.get("adam_betas", list(ADAM_BETAS))  # an older run's config has none: it ran at the default
     parts = [
         label
         for label, applies in (
-            (str(config.get("local_optimizer", "")).upper(), config.get("local_optimizer", "adam") != "adam"),
+            (str(config.get("local_optimizer", "")).upper(), sgd),
             ("optimiser state kept", bool(config.get("keep_optimizer_state"))),
+            (f"Adam betas {json.dumps(betas)}", not sgd and betas != list(ADAM_BETAS)),
+            ("local models scored", bool(config.get("score_local_model"))),
         )
         if applies
     ]

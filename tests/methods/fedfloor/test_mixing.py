@@ -81,3 +81,17 @@ def test_a_bad_grid_is_refused(bad):
 
 def test_the_grid_is_sorted_floats():
     assert check_grid([1, 0, 0.5]) == (0.0, 0.5, 1.0)
+
+
+def test_the_report_shows_each_sites_final_mix_and_which_model_was_scored():
+    from fairfl.methods.fedfloor.report import mix_table
+
+    def run(seed, mixes):
+        per_site = {s: {"dice": 0.7, "mix_alpha": a} for s, a in mixes.items()}
+        return {"method": "fedfloor", "seed": seed, "config": {}, "final": {"per_site": per_site}}
+
+    runs = [run(0, {"site-1": 0.0, "site-2": 0.5}), run(1, {"site-1": 1.0, "site-2": 0.5}), run(2, {"site-1": 0.0})]
+    text, stats = mix_table(runs)
+    assert "| FedFloor | 0.33 ± 0.58 (2/0/1) | 0.50 ± 0.00 (0/2/0) |" in text
+    assert stats["fedfloor"]["site-2"] == [0.5, 0.5]
+    assert mix_table([{"method": "fedavg", "seed": 0, "final": {"per_site": {"site-1": {"dice": 0.7}}}}]) == ("", {})

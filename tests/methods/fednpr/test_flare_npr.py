@@ -18,6 +18,9 @@ from fairfl.methods.fedprox.controller import FedProxController
 from fairfl.methods.fedprox.protocol import PROX_MU
 from fairfl.methods.steps import TaskSteps
 from fairfl.models import build_model, head_state_keys, initial_state, load_numpy_state, state_to_torch
+from fairfl.report.runs import group_of
+
+from helpers import trained_weights
 
 TINY = {"dataset": "skin_imbalanced", "model_channels": [4, 8], "num_rounds": 2}
 
@@ -88,8 +91,8 @@ def test_proximal_term_is_nvflares_fedprox_loss():
     assert float(loss_fn(torch.zeros(1, 4), torch.zeros(1)).detach()) == pytest.approx(expected, rel=1e-5)
 
 
-def test_executor_trains_with_npr_and_evaluates_with_its_own_head(tmp_path, cache_dir):
-    controller = FedNPRController(personal_head=True, mu=0.01, **TINY)
+def train_meta_and_site(controller) -> tuple[dict, FairflExecutor]:
+    """The meta of `controller`'s round-0 train task on the tiny class-imbalanced skin data, and a site's executor."""
     meta = {
         protocol.MODEL_SPEC: controller.model_spec(),
         protocol.DATASET: "skin_imbalanced",
@@ -100,7 +103,12 @@ def test_executor_trains_with_npr_and_evaluates_with_its_own_head(tmp_path, cach
         **controller.site_meta(),
         **controller.train_meta(0),
     }
-    executor = FairflExecutor(image_size=32, batch_size=16, lr=3e-4, weight_decay=5e-4, synthetic_size_scale=0.3)
+    return meta, FairflExecutor(image_size=32, batch_size=16, lr=3e-4, weight_decay=5e-4, synthetic_size_scale=0.3)
+
+
+def test_executor_trains_with_npr_and_evaluates_with_its_own_head(tmp_path, cache_dir):
+    controller = FedNPRController(personal_head=True, mu=0.01, **TINY)
+    meta, executor = train_meta_and_site(controller)
     params = initial_state(controller.model_spec(), 0)
     first = SiteTask.of("site-2", FLModel(params_type=ParamsType.FULL, params=params, current_round=0, meta=meta))
     result = executor._train(first, str(tmp_path))
@@ -163,3 +171,41 @@ class SimpleAnswer:
     def __init__(self, params, num_samples=10):
         self.params, self.metrics, self.meta = params, {"train_loss": 0.5}, {protocol.NUM_SAMPLES: num_samples}
         self.params_type = ParamsType.FULL
+
+
+def test_local_model_scoring_scores_the_model_the_site_sent_not_the_aggregate(tmp_path, cache_dir):
+    """`score_local_model` (the authors' protocol): a site is scored with the model it trained in the round, exactly
+    the one it sent, and the aggregate the server sends to score is scored beside it (global_ metrics); the default
+    scores the aggregate."""
+    local = FedNPRController(score_local_model=True, **TINY)
+    assert FedNPRController(**TINY).evaluate == protocol.FROM_GLOBAL and not FedNPRController(**TINY).scores_global
+    assert local.evaluate == protocol.FROM_LOCAL and local.scores_global  # the global model is scored beside it
+    assert local._scored_params({"w": 1}) == {"w": 1}  # the aggregate still goes to every site (held-out sites too)
+    assert local.config()["score_local_model"] is True and local.method == "fednpr"
+    assert group_of({"method": local.method, "config": local.config()}) == "fednpr (local models scored)"
+    meta, executor = train_meta_and_site(local)
+    w0 = initial_state(local.model_spec(), 0)
+    task = SiteTask.of("site-2", FLModel(params_type=ParamsType.FULL, params=w0, current_round=0, meta=meta))
+    sent = trained_weights(executor._train(task, str(tmp_path)), w0)
+    # the round's aggregate: the site's model averaged with another site's (here: the initial model)
+    aggregate = {k: (v + w0[k]) / 2 if v.dtype.kind == "f" else v for k, v in sent.items()}
+    validate = {**meta, protocol.EVALUATE: local.evaluate, protocol.SCORE_GLOBAL: local.scores_global}
+    scores = executor._validate(
+        SiteTask.of("site-2", FLModel(params_type=ParamsType.FULL, params=aggregate, current_round=0, meta=validate)),
+        str(tmp_path),
+    ).metrics
+    loader = executor._loader(task, "testing", train=False, seed=executor.seed)
+    spec = local.model_spec()
+    sent_scores = executor._evaluate(load_numpy_state(build_model(spec), sent), loader, task)
+    aggregate_scores = executor._evaluate(load_numpy_state(build_model(spec), aggregate), loader, task)
+    assert sent_scores["auc"] != aggregate_scores["auc"]  # the two models tell apart on this test split
+    assert scores["clean_auc"] == pytest.approx(sent_scores["auc"])
+    assert scores["clean_balanced_accuracy"] == pytest.approx(sent_scores["balanced_accuracy"])
+    assert scores["global_clean_auc"] == pytest.approx(aggregate_scores["auc"])
+    # a site held out of training has no model of its own: it scores the aggregate as it is
+    held = {**validate, protocol.HELD_OUT: ["site-2"]}
+    held_scores = executor._validate(
+        SiteTask.of("site-2", FLModel(params_type=ParamsType.FULL, params=aggregate, current_round=0, meta=held)),
+        str(tmp_path),
+    ).metrics
+    assert held_scores["clean_auc"] == pytest.approx(aggregate_scores["auc"]) and "global_clean_auc" not in held_scores

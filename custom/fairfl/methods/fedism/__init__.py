@@ -1,7 +1,7 @@
 """FedISM / FedISM+ (sharpness-aware local training, SALT, and sharpness-aware aggregation, SAGA) for image-quality
 shift across sites."""
 
-from fairfl.methods.spec import Claim, Job, MethodSpec, Variant
+from fairfl.methods.spec import CLOSEST_ANCESTOR, Claim, Job, MethodSpec, Variant
 
 QUALITY = ("quality_shift",)
 SKIN_ROUNDS = {"num_rounds": 100, "eval_every": 10, "dataset": "skin"}
@@ -36,5 +36,7 @@ SPEC = MethodSpec(
         Claim("FedISM+", "fedismplus_s", "fedavg", "auc", "std", family="quality_shift"),
         # Table I: SAGA on top of SALT is what makes it fairer across sites
         Claim("FedISM+", "fedismplus_s", "salt", "auc", "std", family="quality_shift"),
+        # this project's: SAGA on top of SALT, its closest ancestor, costing at most half a point of the mean
+        Claim(CLOSEST_ANCESTOR, "fedismplus_s", "salt", "auc", "avg", margin=-0.5, family="quality_shift"),
     ),
 )

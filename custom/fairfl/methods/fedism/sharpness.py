@@ -135,7 +135,6 @@ def train_salt(
     loss_fn,
     rho: float,
     alpha: float = GSAM_ALPHA,
-    betas: tuple[float, float] = (0.9, 0.999),
     optimizer=None,
     amp: bool = False,
 ) -> dict:
@@ -143,10 +142,10 @@ def train_salt(
 
     The counterpart of `fairfl.training.train_local`: same settings (lr, weight decay, one epoch or a fixed
     number of steps), same returned keys, plus the mean perturbed loss and the rho used. The base optimiser is
-    `optimizer`, or a fresh one of `settings` (Adam with `betas`, or SGD). amp: forward passes in bfloat16
+    `optimizer`, or a fresh one of `settings` (Adam with its betas, or SGD). amp: forward passes in bfloat16
     (`fairfl.training.mixed_precision`; GSAM uses the gradients' norms, which a float16 loss scale would distort)."""
     model.to(device).train()
-    optimizer = optimizer or make_optimizer(model, settings, betas)
+    optimizer = optimizer or make_optimizer(model, settings)
     max_steps = settings.local_steps if settings.local_steps > 0 else settings.local_epochs * len(loader)
     steps, total, total_perturbed = 0, 0.0, 0.0
     for batch in _steps(loader, max_steps):

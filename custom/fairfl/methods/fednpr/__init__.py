@@ -1,7 +1,7 @@
 """FedNPR / FedNPR-Per (prototype regularisation for class imbalance: balanced softmax plus a loss pulling features
 towards the federation's per-class sub-cluster prototypes; -Per keeps a personal head)."""
 
-from fairfl.methods.spec import Claim, Job, MethodSpec, Variant
+from fairfl.methods.spec import CLOSEST_ANCESTOR, Claim, Job, MethodSpec, Variant
 
 IMBALANCED = ("imbalanced",)
 # K per dataset (the paper's grid search): 4 on skin lesions, 2 on ICH. lambda stays the job's 1: the authors' code
@@ -30,5 +30,7 @@ SPEC = MethodSpec(
         Claim("FedNPR", "fednpr", "fedavg", "balanced_accuracy", "avg", 2.0, family="imbalanced"),
         Claim("FedNPR", "fednpr_per", "fednpr", "balanced_accuracy", "avg", family="imbalanced"),
         Claim("FedNPR", "fedprox_npr", "fedprox", "balanced_accuracy", "avg", family="imbalanced"),
+        # this project's: the personal head against FedNPR, its closest ancestor, on the spread too
+        Claim(CLOSEST_ANCESTOR, "fednpr_per", "fednpr", "balanced_accuracy", "std", family="imbalanced"),
     ),
 )

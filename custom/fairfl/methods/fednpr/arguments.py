@@ -31,6 +31,14 @@ FEDNPR = (  # fairfl.methods.fednpr.npr: NUM_SUBCLUSTERS, NPR_WEIGHT, EPSILON, .
         '"cosine" (Eq. 3 as printed: the max cosines themselves)',
     ),
     Argument("personal_head", Boolean(), False, "FedNPR-Per: every site keeps its own classifier head"),
+    Argument(
+        "score_local_model",
+        Boolean(),
+        False,
+        "false: every site is scored with the aggregated global model (FedNPR-Per: with its own head); true (the "
+        "authors' protocol): with the model it trained in the round, the one it sends, before aggregation; the global "
+        "model is then scored beside it (global_ metrics)",
+    ),
 )
 CONTROLLERS = {
     "fairfl.methods.fednpr.controller.FedNPRController": ControllerArguments(FEDPROX + FEDNPR, defaults={"mu": 0.0})

@@ -3,6 +3,7 @@ the classifier head."""
 
 from __future__ import annotations
 
+from fairfl.flare import protocol
 from fairfl.methods.fednpr.protocol import NPR, PERSONAL_HEAD
 from fairfl.methods.fedprox.controller import FedProxController
 from fairfl.models import head_state_keys
@@ -16,16 +17,21 @@ class FedNPRController(FedProxController):
     the model the site received, recomputed every round and never sent. Sites report npr_grad_ratio, how hard NPR
     pulls. FedNPR-Per
     (`personal_head`) does not aggregate the classifier head: every site trains and is evaluated with its own.
-    `mu` > 0 adds FedProx's proximal term (FedProx + NPR, the paper's Table VI); the aggregation is FedAvg's."""
+    `mu` > 0 adds FedProx's proximal term (FedProx + NPR, the paper's Table VI); the aggregation is FedAvg's.
+    `score_local_model` scores each site with its local model of the round, as the authors did."""
 
     def __init__(self, **arguments):
-        """num_subclusters, npr_weight, sinkhorn_epsilon, sinkhorn_iterations, temperature, npr_logits, personal_head
-        (arguments.py: FEDNPR) besides FedProx's mu, 0 here (none), and the round's arguments (FedProxController)."""
+        """num_subclusters, npr_weight, sinkhorn_epsilon, sinkhorn_iterations, temperature, npr_logits, personal_head,
+        score_local_model (arguments.py: FEDNPR) besides FedProx's mu, 0 here (none), and the round's arguments
+        (FedProxController)."""
         super().__init__(**arguments)
         if self.task != "classification":
             raise ValueError(f"FedNPR is a classification method; dataset {self.settings.dataset!r} is {self.task}")
         self.npr_weight, self.sinkhorn_epsilon = float(self.npr_weight), float(self.sinkhorn_epsilon)
         self.temperature = float(self.temperature)
+        # the authors' protocol: each site scored with the model it trained in the round, as it sent it, and the
+        # global model beside it (the engine's scores_global); else the global model (FedNPR-Per: with its head)
+        self.evaluate = protocol.FROM_LOCAL if self.score_local_model else protocol.FROM_GLOBAL
         self._head_keys = None
 
     @property

@@ -1,0 +1,216 @@
+"""The worst-off hospital's goal, for every arm of a benchmark, judged on paired seeds with intervals that count the
+test splits' noise (docs/benchmarks.md, "Intervals").
+
+The goal, against FedAvg and Solo run with the same seeds on the same data:
+- worst site: at least WORST_GAIN points above FedAvg's worst site, and at least Solo's worst site;
+- no site below its FedAvg or Solo score by more than its test split's standard error (mean over seeds);
+- spread (Std. across sites): at most SPREAD_GOAL times FedAvg's (the mean of the per-seed ratios), with the
+  interval of the Std. difference below 0;
+- mean (Avg.): the interval of the difference from FedAvg's not below MEAN_MARGIN;
+- round cost: the benchmark's median round at most COST_GOAL times FedAvg's (runs made one after another on one
+  machine: indicative; benchmarks/cost.py alternates them).
+A goal row is met when its whole interval satisfies it, missed when none does, inconclusive otherwise, and not judged
+with fewer than MIN_JUDGED_SEEDS paired seeds or for an arm that did not train. The intervals count the test splits
+where every run recorded its test patients' influences (fairfl.split_noise); otherwise the row says "seeds only".
+
+    python benchmarks/worst_off.py benchmarks/results/worst_off/prostate [more folders] \\
+        [--table benchmarks/results/worst_off/GOAL.md]
+
+Writes <folder>/goal.json for each folder, and the tables of all of them to --table. Needs the runs' results.json
+files (the benchmark's runs/ folder, not committed) for the test-split noise."""
+
+import argparse
+import json
+import os
+import statistics
+from pathlib import Path
+
+from fairfl.benchmark.checks import untrained_methods
+from fairfl.benchmark.claims import MIN_JUDGED_SEEDS, NOT_JUDGED, scored_runs
+from fairfl.methods import display_name
+from fairfl.paired import FAILS, HOLDS, mean_interval, paired_differences, verdict
+from fairfl.report.runs import load_runs
+from fairfl.split_noise import split_noise, statistic_value
+
+WORST_GAIN = 3.0  # points above FedAvg's worst site
+SPREAD_GOAL = 0.6  # times FedAvg's Std.
+MEAN_MARGIN = -0.5  # points: the mean at most half a point below FedAvg's
+COST_GOAL = 2.0  # times FedAvg's round
+BASELINES = ("fedavg", "solo")
+VERDICT_TEXT = {HOLDS: "met", FAILS: "missed"}
+
+
+def runs_by_method(folder: str, metric: str) -> dict:
+    """{method: [the runs' results, as fairfl report loads them]} from the benchmark's <metric>/results.csv."""
+    import csv
+
+    files: dict = {}
+    with open(os.path.join(folder, metric, "results.csv")) as f:
+        for row in csv.DictReader(f):
+            files.setdefault(row["method"], {})[row["file"]] = None
+    missing = [p for paths in files.values() for p in paths if not os.path.exists(p)]
+    if missing:
+        raise SystemExit(f"{folder}: the runs' results files are not here (first: {missing[0]}); rerun the benchmark")
+    return {method: load_runs(list(paths)) for method, paths in files.items()}
+
+
+def compared(arm: dict, baseline: dict, statistic: str) -> tuple:
+    """(the interval of mean over paired seeds of statistic(arm) - statistic(baseline), whether it counts the test
+    splits)."""
+    values = [{seed: statistic_value(run.scores, statistic) for seed, run in runs.items()} for runs in (arm, baseline)]
+    differences = paired_differences(*values)
+    split = split_noise(arm, baseline, statistic, differences)
+    return mean_interval(differences.values(), split=split), split is not None
+
+
+def row(interval, counted: bool, bound: float, above: bool, judged: bool) -> dict:
+    found = verdict(interval, bound, above)
+    return {
+        "interval": interval.as_json(),
+        "text": interval.text(),
+        "noise": "seeds and test splits" if counted else "seeds only",
+        "verdict": VERDICT_TEXT.get(found, found) if judged else NOT_JUDGED,
+    }
+
+
+def site_rows(arm: dict, baseline: dict, errors: dict) -> dict:
+    """{site: {"difference": mean over paired seeds of the site's score minus the baseline's, "se": its test split's
+    standard error, "within": difference >= -se}}."""
+    sites = sorted({s for run in arm.values() for s in run.scores})
+    found = {}
+    for site in sites:
+        differences = paired_differences(
+            {seed: run.scores.get(site) for seed, run in arm.items()},
+            {seed: run.scores.get(site) for seed, run in baseline.items()},
+        )
+        if not differences or site not in errors:
+            continue
+        mean = statistics.mean(differences.values())
+        found[site] = {"difference": round(mean, 2), "se": round(errors[site], 2), "within": mean >= -errors[site]}
+    return found
+
+
+def test_errors(runs: dict, metric: str) -> dict:
+    """{site: mean over every run of its test split's standard error (points)}."""
+    errors: dict = {}
+    for method_runs in runs.values():
+        for run in method_runs:
+            for site, values in ((run.get("final") or {}).get("per_site") or {}).items():
+                if isinstance(values.get(f"{metric}_se"), (int, float)):
+                    errors.setdefault(site, []).append(100 * values[f"{metric}_se"])
+    return {site: statistics.mean(v) for site, v in errors.items()}
+
+
+def goal(folder: str) -> dict:
+    summary = json.loads(Path(folder, "summary.json").read_text())
+    metric = summary["metrics"][0]
+    runs = runs_by_method(folder, metric)
+    scored = {method: scored_runs(method_runs, metric) for method, method_runs in runs.items()}
+    untrained = untrained_methods(runs, metric)
+    errors = test_errors(runs, metric)
+    seconds = summary.get("round_seconds") or {}
+    arms = [m for m in summary["methods"] if m not in BASELINES and m in scored]
+    found = {"dataset": summary["dataset"], "metric": metric, "arms": {}}
+    for arm in arms:
+        seeds = sorted(set(scored[arm]) & set(scored["fedavg"]))
+        judged = len(seeds) >= MIN_JUDGED_SEEDS and arm not in untrained
+        rows = {}
+        worst, counted = compared(scored[arm], scored["fedavg"], "worst")
+        rows["worst_vs_fedavg"] = row(worst, counted, WORST_GAIN, True, judged)
+        if "solo" in scored:
+            worst, counted = compared(scored[arm], scored["solo"], "worst")
+            rows["worst_vs_solo"] = row(worst, counted, 0.0, True, judged)
+        spread, counted = compared(scored[arm], scored["fedavg"], "std")
+        ratios = [
+            statistic_value(scored[arm][s].scores, "std") / statistic_value(scored["fedavg"][s].scores, "std")
+            for s in seeds
+        ]
+        rows["spread"] = row(spread, counted, 0.0, False, judged)
+        ratio = statistics.mean(ratios) if ratios else float("nan")
+        rows["spread"]["ratio"] = round(ratio, 3)
+        if judged and rows["spread"]["verdict"] == "met" and ratio > SPREAD_GOAL:
+            rows["spread"]["verdict"] = "missed"  # narrower, but not by enough
+        mean, counted = compared(scored[arm], scored["fedavg"], "avg")
+        rows["mean"] = row(mean, counted, MEAN_MARGIN, True, judged)
+        sites = {base: site_rows(scored[arm], scored[base], errors) for base in BASELINES if base in scored}
+        rows["sites_within_se"] = {
+            base: {
+                "sites": per_site,
+                "verdict": (all(r["within"] for r in per_site.values()) and "met" or "missed")
+                if judged
+                else NOT_JUDGED,
+            }
+            for base, per_site in sites.items()
+        }
+        cost = seconds[arm] / seconds["fedavg"] if arm in seconds and seconds.get("fedavg") else None
+        rows["cost"] = {
+            "ratio": None if cost is None else round(cost, 2),
+            "verdict": NOT_JUDGED if cost is None else "met" if cost <= COST_GOAL else "missed",
+        }
+        found["arms"][arm] = {"seeds": seeds, **rows}
+    return found
+
+
+def _cell(r: dict, key: str, extra: str = "") -> str:
+    if key not in r:
+        return "–"
+    return f"{r[key]['text']}{extra}: {r[key]['verdict']} ({r[key]['noise']})"
+
+
+def tables(goals: list[dict]) -> str:
+    lines = [
+        "# The worst-off hospital's goal, task by task",
+        "",
+        f"`python benchmarks/worst_off.py {' '.join(g['folder'] for g in goals)} --table ...`. Each row: the arm's "
+        "final score minus the baseline's, paired per seed, mean and 95% interval in points; 'seeds and test "
+        "splits' where the interval counts the test patients' redraw too (docs/benchmarks.md). Goals: worst site "
+        f"≥ FedAvg's + {WORST_GAIN:g} and ≥ Solo's; no site below FedAvg's or Solo's by more than its test "
+        f"standard error; Std. at most {SPREAD_GOAL} × FedAvg's with the Std. difference below 0; Avg. − FedAvg's not "
+        f"below {MEAN_MARGIN}; round time at most {COST_GOAL:g} × FedAvg's (runs one after another, indicative).",
+    ]
+    for g in goals:
+        lines += [
+            "",
+            f"## {g['dataset']}: {g['metric']}",
+            "",
+            "| arm | seeds | worst − FedAvg's worst | worst − Solo's worst | Std. − FedAvg's (ratio) | Avg. − FedAvg's "
+            "| sites within their se of FedAvg / Solo | round / FedAvg's |",
+            "|---|---:|---|---|---|---|---|---:|",
+        ]
+        for arm, r in g["arms"].items():
+            within = r["sites_within_se"]
+
+            site_cells = " / ".join(
+                f"{sum(s['within'] for s in within[b]['sites'].values())} of {len(within[b]['sites'])}: "
+                f"{within[b]['verdict']}"
+                for b in BASELINES
+                if b in within
+            )
+            lines.append(
+                f"| {display_name(arm)} | {len(r['seeds'])} | {_cell(r, 'worst_vs_fedavg')} | "
+                f"{_cell(r, 'worst_vs_solo')} | "
+                f"{_cell(r, 'spread', ' (' + format(r['spread']['ratio'], '.2f') + 'x)')} | {_cell(r, 'mean')} | "
+                f"{site_cells} | "
+                f"{'–' if r['cost']['ratio'] is None else format(r['cost']['ratio'], '.2f')}: {r['cost']['verdict']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folders", nargs="+")
+    parser.add_argument("--table", help="write every folder's tables to this Markdown file")
+    args = parser.parse_args()
+    goals = []
+    for folder in args.folders:
+        result = goal(folder)
+        Path(folder, "goal.json").write_text(json.dumps(result, indent=2) + "\n")
+        goals.append({**result, "folder": folder})
+    text = tables(goals)
+    if args.table:
+        Path(args.table).write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""benchmarks/worst_off.py, the worst-off hospital's goal: an arm that lifts the worst site clearly meets it and one
+equal to FedAvg does not; the intervals count the test splits when the runs recorded their patients' influences and
+say "seeds only" when not; an arm that did not train and fewer than 3 seeds are not judged."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from fairfl.results import SCHEMA_VERSION
+from fairfl.uncertainty import case_influence_record, cluster_se, mean_influence
+
+from helpers import REPO
+
+SITES = ("site-1", "site-2", "site-3", "site-4")
+PATIENTS = np.repeat(np.arange(8), 3)  # 8 test patients of 3 slices per site
+
+
+@pytest.fixture(scope="module")
+def worst_off():
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    try:
+        import worst_off
+    finally:
+        sys.path.pop(0)
+    return worst_off
+
+
+def write_run(folder, method, seed, images: dict, influences=True):
+    """A results.json of per-image Dice `images` {site: [24]} and the results.csv rows pointing at it."""
+    per_site, records = {}, {}
+    for site, values in images.items():
+        influence = mean_influence(values, PATIENTS)
+        per_site[site] = {"dice": float(values.mean()), "dice_se": cluster_se(influence)}
+        records[site] = {"dice": case_influence_record(influence)}
+    final = {"per_site": per_site, **({"test_influence": records} if influences else {})}
+    run = {
+        "schema": SCHEMA_VERSION,
+        "method": method,
+        "task": "segmentation",
+        "metric": "dice",
+        "seed": seed,
+        "sites": list(SITES),
+        "rounds": [{"round": 0, "seconds": 1.0}],
+        "final": final,
+    }
+    path = folder / "runs" / f"{method}-{seed}" / "results.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(run))
+    return [f"{method},,{seed},{site},dice,{100 * v['dice']},{path}" for site, v in per_site.items()]
+
+
+def benchmark(folder, arms: dict, seeds=(0, 1, 2), influences=True):
+    """arms {method: per-site shift of the patients' Dice} on one shared set of test patients."""
+    rng = np.random.default_rng(0)
+    patients = {site: rng.uniform(0.5, 0.9, 8) for site in SITES}
+    patients["site-4"] -= 0.25  # the worst-off site
+    rows = ["method,variant,seed,site,metric,percent,file"]
+    for method, shift in arms.items():
+        for seed in seeds:
+            images = {s: np.clip(np.repeat(patients[s] + shift[s], 3) + rng.normal(0, 0.01, 24), 0, 1) for s in SITES}
+            rows += write_run(folder, method, seed, images, influences)
+    (folder / "dice").mkdir()
+    (folder / "dice" / "results.csv").write_text("\n".join(rows) + "\n")
+    summary = {
+        "dataset": "prostate",
+        "metrics": ["dice"],
+        "methods": list(arms),
+        "round_seconds": {m: 2.0 if m == "lifted" else 1.0 for m in arms},
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+NONE = dict.fromkeys(SITES, 0.0)
+
+
+def test_an_arm_that_lifts_the_worst_site_meets_the_goal_and_fedavgs_twin_does_not(tmp_path, worst_off):
+    arms = {
+        "fedavg": NONE,
+        "solo": {**NONE, "site-4": -0.02},
+        "lifted": {**NONE, "site-4": 0.12},  # the worst site 12 points up, the others unchanged
+        "twin": NONE,  # FedAvg again
+        "broken": dict.fromkeys(SITES, -0.5),
+    }
+    benchmark(tmp_path, arms, seeds=range(5))
+    found = worst_off.goal(str(tmp_path))["arms"]
+    lifted, twin = found["lifted"], found["twin"]
+    assert lifted["worst_vs_fedavg"]["verdict"] == "met" and lifted["worst_vs_solo"]["verdict"] == "met"
+    assert lifted["worst_vs_fedavg"]["noise"] == "seeds and test splits"
+    assert lifted["mean"]["verdict"] == "met" and lifted["spread"]["verdict"] in ("met", "missed")
+    assert lifted["sites_within_se"]["fedavg"]["verdict"] == "met" and lifted["cost"]["ratio"] == 2.0
+    # FedAvg's twin: no worst-site gain; the same patients score both, so its split noise is nil, not large
+    assert twin["worst_vs_fedavg"]["verdict"] == "missed"
+    assert twin["worst_vs_fedavg"]["interval"]["split_se"] < 0.5  # independent errors would add to about 6
+    assert found["broken"]["mean"]["verdict"] == "not judged"  # did not train
+    table = worst_off.tables([{**worst_off.goal(str(tmp_path)), "folder": str(tmp_path)}])
+    assert "| Twin |" not in table or "missed" in table
+
+
+def test_without_influences_it_says_seeds_only_and_two_seeds_judge_nothing(tmp_path, worst_off):
+    benchmark(tmp_path, {"fedavg": NONE, "lifted": {**NONE, "site-4": 0.12}}, seeds=(0, 1), influences=False)
+    lifted = worst_off.goal(str(tmp_path))["arms"]["lifted"]
+    assert lifted["worst_vs_fedavg"]["noise"] == "seeds only"
+    assert lifted["worst_vs_fedavg"]["verdict"] == "not judged" and "worst_vs_solo" not in lifted
