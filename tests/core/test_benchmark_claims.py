@@ -294,3 +294,21 @@ def test_claims_read_the_final_round_even_where_an_earlier_round_was_better():
     (avg,) = check_claims([Claim("Fed-LWR", "fedlwr", "fedavg", "dice", "avg")], runs)
     assert avg["differences"] == {0: -2.0, 1: -2.0, 2: -2.0} and avg["verdict"] == "fails"
     assert avg["value"][0] == pytest.approx(59.0) and avg["baseline_value"][0] == pytest.approx(61.0)
+
+
+def test_claims_that_counted_the_test_splits_are_kept_when_rejudged_without_the_runs(tmp_path):
+    """The committed worst-off benchmark counted the test splits from its runs' influences, which are not committed:
+    judged again from its results.csv alone, every such claim keeps its interval (and verdict), byte for byte."""
+    import shutil
+
+    committed = os.path.join(REPO, "benchmarks", "results", "worst_off", "prostate")
+    out = tmp_path / "prostate"
+    shutil.copytree(committed, out, ignore=shutil.ignore_patterns("*.png", "runs"))
+    csv_file = out / "dice" / "results.csv"
+    csv_file.write_text(csv_file.read_text().replace("/work/main/", str(tmp_path / "gone") + "/"))
+    rejudge(out)
+    for name in ("SUMMARY.md", "summary.json"):
+        with open(os.path.join(committed, name)) as f:
+            assert (out / name).read_text() == f.read(), name
+    claims = json.loads((out / "summary.json").read_text())["claims"]
+    assert all(c["interval"]["split_se"] > 0 for c in claims)

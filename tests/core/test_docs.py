@@ -212,6 +212,9 @@ def test_every_number_of_the_method_chooser_is_in_a_committed_output_its_row_lin
     assert unbacked_numbers(ditto.replace("+2.40", "+12.34")) == ["12.34"]  # a typo is caught
     wrong = ditto.replace("compare/prostate", "compare/fundus").replace("fedfloor/prostate", "fedfloor/fundus")
     wrong = wrong.replace("fedfloor/GOAL.md", "fedfloor/fundus/SUMMARY.md")  # GOAL.md holds every task
+    wrong = wrong.replace("worst_off/GOAL.md", "fedfloor/fundus/SUMMARY.md").replace(
+        "worst_off/prostate", "fedfloor/fundus"
+    )
     assert "3.81" in unbacked_numbers(wrong)  # the wrong outputs
     with pytest.raises(AssertionError, match="links no committed output"):
         unbacked_numbers("| x | y | 1.5 ([doc](docs/data.md)) |")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 from fairfl.benchmark.checks import training_checks, warnings_section, with_warnings
@@ -12,6 +13,7 @@ from fairfl.benchmark.claims import CLAIMS_HEADING, NOT_JUDGED, check_claims, cl
 from fairfl.methods import VARIANTS, family_claims
 from fairfl.paired import Interval
 from fairfl.report.runs import group_name_markdown, variant_of
+from fairfl.results import read_results
 
 
 def registry_variants() -> dict:
@@ -48,10 +50,23 @@ def runs_from_csv(files) -> dict:
                 raise ValueError(f"{file}, line {number}: not a results row ({e})") from e
             record = records.setdefault((method, seed), {"method": method, "seed": seed, "final": {"per_site": {}}})
             record["final"]["per_site"].setdefault(site, {})[metric] = value
+            if "test_influence" not in record["final"]:
+                record["final"]["test_influence"] = test_influence(row.get("file"))
     by_method = {}
     for (method, _), record in sorted(records.items()):
         by_method.setdefault(method, []).append(record)
     return by_method
+
+
+def test_influence(path) -> dict:
+    """The final test influences a run's results file records, where it is still here ({} otherwise: the runs'
+    workspaces are not committed)."""
+    if not path or not os.path.isfile(path):
+        return {}
+    try:
+        return read_results(path)["final"].get("test_influence") or {}
+    except (ValueError, KeyError, AttributeError, TypeError):
+        return {}
 
 
 def kept(checked: dict, claim, untrained) -> dict:
@@ -77,12 +92,19 @@ def rejudge(out) -> dict:
     except (OSError, ValueError) as e:
         raise ValueError(f"{out}: no benchmark outputs to judge ({e})") from e
     runs = runs_from_csv(out / metric / "results.csv" for metric in summary["metrics"])
-    claims = check_claims(family_claims(summary["family"]), runs)
     summary["warnings"] = training_checks(runs, summary["metrics"])
     key = lambda c: (c["method"], c["baseline"], c["metric"], c["statistic"])  # noqa: E731
-    judged_now = {key(c) for c in claims}
     registry = {(c.method, c.baseline, c.metric, c.statistic): c for c in family_claims(summary["family"])}
     untrained = summary["warnings"]["did_not_train"]
+    committed = {key(c): c for c in summary.get("claims", [])}
+    # a claim whose interval counted the test splits, now without the runs' influences to count them: kept as it was
+    claims = [
+        kept(committed[key(c)], registry.get(key(c)), untrained)
+        if c["interval"].get("split_se") is None and (committed.get(key(c), {}).get("interval") or {}).get("split_se")
+        else c
+        for c in check_claims(family_claims(summary["family"]), runs)
+    ]
+    judged_now = {key(c) for c in claims}
     claims += [kept(c, registry.get(key(c)), untrained) for c in summary.get("claims", []) if key(c) not in judged_now]
     # the outputs' own order first (a rejudge changes verdicts, not the layout), then the registry's
     order = list(
