@@ -20,6 +20,7 @@ Writes <folder>/goal.json for each folder, and the tables of all of them to --ta
 files (the benchmark's runs/ folder, not committed) for the test-split noise."""
 
 import argparse
+import csv
 import json
 import os
 import statistics
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from fairfl.benchmark.checks import untrained_methods
 from fairfl.benchmark.claims import MIN_JUDGED_SEEDS, NOT_JUDGED, scored_runs
+from fairfl.benchmark.run_statistics import test_split_errors
 from fairfl.methods import display_name
 from fairfl.paired import FAILS, HOLDS, mean_interval, paired_differences, verdict
 from fairfl.report.runs import load_runs
@@ -42,8 +44,6 @@ VERDICT_TEXT = {HOLDS: "met", FAILS: "missed"}
 
 def runs_by_method(folder: str, metric: str) -> dict:
     """{method: [the runs' results, as fairfl report loads them]} from the benchmark's <metric>/results.csv."""
-    import csv
-
     files: dict = {}
     with open(os.path.join(folder, metric, "results.csv")) as f:
         for row in csv.DictReader(f):
@@ -90,24 +90,13 @@ def site_rows(arm: dict, baseline: dict, errors: dict) -> dict:
     return found
 
 
-def test_errors(runs: dict, metric: str) -> dict:
-    """{site: mean over every run of its test split's standard error (points)}."""
-    errors: dict = {}
-    for method_runs in runs.values():
-        for run in method_runs:
-            for site, values in ((run.get("final") or {}).get("per_site") or {}).items():
-                if isinstance(values.get(f"{metric}_se"), (int, float)):
-                    errors.setdefault(site, []).append(100 * values[f"{metric}_se"])
-    return {site: statistics.mean(v) for site, v in errors.items()}
-
-
 def goal(folder: str) -> dict:
     summary = json.loads(Path(folder, "summary.json").read_text())
     metric = summary["metrics"][0]
     runs = runs_by_method(folder, metric)
     scored = {method: scored_runs(method_runs, metric) for method, method_runs in runs.items()}
     untrained = untrained_methods(runs, metric)
-    errors = test_errors(runs, metric)
+    errors = test_split_errors(runs, metric)
     seconds = summary.get("round_seconds") or {}
     arms = [m for m in summary["methods"] if m not in BASELINES and m in scored]
     found = {"dataset": summary["dataset"], "metric": metric, "arms": {}}
@@ -133,15 +122,13 @@ def goal(folder: str) -> dict:
         mean, counted = compared(scored[arm], scored["fedavg"], "avg")
         rows["mean"] = row(mean, counted, MEAN_MARGIN, True, judged)
         sites = {base: site_rows(scored[arm], scored[base], errors) for base in BASELINES if base in scored}
-        rows["sites_within_se"] = {
-            base: {
+        rows["sites_within_se"] = {}
+        for base, per_site in sites.items():
+            within = all(r["within"] for r in per_site.values())
+            rows["sites_within_se"][base] = {
                 "sites": per_site,
-                "verdict": (all(r["within"] for r in per_site.values()) and "met" or "missed")
-                if judged
-                else NOT_JUDGED,
+                "verdict": ("met" if within else "missed") if judged else NOT_JUDGED,
             }
-            for base, per_site in sites.items()
-        }
         cost = seconds[arm] / seconds["fedavg"] if arm in seconds and seconds.get("fedavg") else None
         rows["cost"] = {
             "ratio": None if cost is None else round(cost, 2),

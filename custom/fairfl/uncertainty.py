@@ -57,9 +57,7 @@ def mean_influence(values, clusters: Sequence | None = None) -> dict | None:
     `clustered_mean_se`; clusters of NaN rows only are left out); None when a region has nothing to score."""
     values = np.asarray(values, dtype=np.float64)
     values = values.reshape(-1, 1) if values.ndim == 1 else values
-    clusters = np.arange(len(values)) if clusters is None else np.asarray(list(clusters), dtype=object)
-    if clusters.size != len(values):
-        raise ValueError(f"{len(values)} values but {clusters.size} cluster labels")
+    clusters = _clusters(clusters, len(values))
     finite = np.isfinite(values)
     counts = finite.sum(axis=0)
     if not len(values) or (counts == 0).any():
