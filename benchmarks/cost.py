@@ -1,20 +1,28 @@
-"""What a round costs, method by method, side by side with FedAvg and against the physical limit.
+"""What a round costs, method by method, side by side with FedAvg, NVFlare's own FedAvg and the physical limit.
 
-Each method's job and FedAvg's job on the same dataset (jobs/fedavg with the method's `dataset`; every other
-argument is the same in both) run one after the other (A B A B ...), `--repeats` times, at the default six sites,
-with `--rounds` rounds evaluated at the end only. A pair's ratio is the method's median round time over FedAvg's,
-from the rounds that neither start the sites (round 0) nor evaluate (the last). The phases come from what the
-server records each round (`phases`: the train task, its own step, the evaluation; docs/results.md) and what the
-sites report (`train_seconds`, and the method's own site work: `probe_seconds`, `prototype_seconds`,
-`personal_train_seconds`).
+Each method's job, FedAvg's job on the same dataset (jobs/fedavg with the method's `dataset`; every other argument is
+the same) and NVFlare's own FedAvg on that dataset (`FedAvgRecipe` with a Client API script that trains as fairfl's
+sites do: benchmarks/nvflare_fedavg_client.py) run one after the other, FedAvg, the method, NVFlare's (A B C), then
+C B A in the next repeat, `--repeats` times, at the default six sites, with `--rounds` rounds (fairfl's evaluated at
+the end only; NVFlare's not evaluated). A run's round time is the median of the rounds that neither start the sites
+(round 0) nor evaluate (the last); a pair's ratio is the method's over FedAvg's. The phases come from what the server
+records each round (`phases`: the train task, its own step, the evaluation; docs/results.md) and what the sites
+report (`train_seconds`, and the method's own site work: `probe_seconds`, `prototype_seconds`,
+`personal_train_seconds`). NVFlare's round runs from its ROUND_STARTED event to AFTER_AGGREGATION (recorded by
+benchmarks/nvflare_fedce_client.py's FedCERoundRecorder), as fairfl's runs from sending the train task to writing
+the round's record: neither counts saving the global model.
 
-The floor is the same local training without FLARE: the executor's own train step (same data, model, optimiser,
-loss and seeds as in a run) called for every site in a plain loop, after each repeat's runs, in two layouts: the
-sites spread over `--cores` processes of one thread each (the machine's physical limit), and one one-thread process
-per site, as the simulator runs them (what six processes sharing two cores cost by themselves). FedAvg's round time
-over a floor's is what orchestration adds.
+CPU seconds a round beside the wall time, so that a contended machine neither hides nor invents overhead: what every
+process of the run spent between the end of the round before and the end of this one (benchmarks/cost_floor.py's
+TreeCPU; in fairfl's runs a round ends when the results file first holds its record, in NVFlare's at its
+AFTER_AGGREGATION).
+
+The floors are the same local training without FLARE, after each repeat's runs, with a barrier per round, in two
+layouts: the sites split evenly over `--cores` processes (`per_core_balanced`, the machine's limit) and one process per
+site (`per_site_barrier`, a federation of one-machine sites sharing this machine's cores): benchmarks/cost_floor.py.
 
     python benchmarks/cost.py --repeats 2 --rounds 6 --out benchmarks/results/cost
+    python benchmarks/cost.py --methods fedavg --repeats 3   # FedAvg, NVFlare's FedAvg and the floors only
 
 Resumable: finished runs are kept in OUT/runs.json and not run again; SUMMARY.md and summary.json are rewritten from
 them after every run.
@@ -24,45 +32,61 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from fairfl.benchmark.runner import versions
-from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG, customize_job
-from fairfl.simulate import run_simulator
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch: inherited by every simulator and floor process
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import nvflare_fedavg_client as site_training  # noqa: E402  (benchmarks/nvflare_fedavg_client.py)
+from cost_floor import (  # noqa: E402  (benchmarks/cost_floor.py)
+    BALANCED,
+    JOBS,
+    PER_SITE,
+    TreeCPU,
+    cpu_per_round,
+    floor,
+    floor_layouts,
+    median_of,
+    round_ends,
+    round_periods,
+)
+
 METHODS = ("fedprox", "ditto", "fedlwr", "fedce", "fedism_plus", "fednpr", "fedfloor")
+FEDAVG, PEER = "fedavg", "nvflare_fedavg"  # fairfl's FedAvg job and NVFlare's own FedAvg (FedAvgRecipe, Client API)
 # round time / FedAvg's: the cost issue's targets, and FedFloor's goal (at most twice FedAvg's round)
 TARGETS = {"fedprox": 1.1, "ditto": 2.1, "fedlwr": 1.3, "fedce": 1.2, "fedfloor": 2.0}
+FLOOR_TARGET = 1.05  # FedAvg's round / the balanced floor's, wall (idle machine) and CPU alike
 SITE_EXTRA = ("probe_seconds", "prototype_seconds", "personal_train_seconds")  # a method's own work at a site
+NVFLARE_CLIENT = os.path.join(HERE, "nvflare_fedavg_client.py")
 
 
 def job_args(job: str) -> tuple[dict, dict]:
     """The server controller's and the site executor's arguments of jobs/<job>."""
-    server = json.loads(Path(REPO, "jobs", job, SERVER_CONFIG).read_text())["workflows"][0]["args"]
-    client = json.loads(Path(REPO, "jobs", job, CLIENT_CONFIG).read_text())["executors"][0]["executor"]["args"]
-    return server, client
+    return site_training.job_args(JOBS, job)
 
 
 PHASES = ("round", "train_task", "server_step", "slowest_site_training", "all_sites_training", "all_sites_method_work")
 
 
-def median_of(values) -> float | None:
-    """The median of the values that are numbers (a run recorded before phases were: None)."""
-    values = [v for v in values if isinstance(v, (int, float))]
-    return round(statistics.median(values), 3) if values else None
+def counted(results: dict) -> list:
+    """The round records that neither start the sites (round 0) nor evaluate (or stop the run)."""
+    return [r for r in results["rounds"][1:] if not r.get("per_site") and not r.get("stopped")]
 
 
 def round_costs(results: dict) -> dict:
     """Medians over the rounds that neither start the sites nor evaluate: the round, its phases, the sites'
     training (the slowest site and all sites together) and the method's own site work (all sites together)."""
-    rounds = [r for r in results["rounds"][1:] if not r.get("per_site") and not r.get("stopped")]
+    rounds = counted(results)
 
     def site_seconds(record, keys):
         return [sum(m.get(k, 0.0) for k in keys) for m in record.get("train", {}).values()]
@@ -78,142 +102,268 @@ def round_costs(results: dict) -> dict:
     }
 
 
+# ------------------------------------------------------------------------------------------------------ the runs
 def run_job(job: str, dataset: str, rounds: int, sites: int, tmp: str) -> dict:
+    """fairfl's `job` on `dataset` through `nvflare simulator`: its round costs, CPU seconds a round and whole time."""
+    from fairfl.jobconfig import customize_job
+    from fairfl.results import SIMULATOR_RESULTS
+    from fairfl.simulate import run_simulator
+
     folder = os.path.join(tmp, f"{job}-{dataset}")
     args = {"num_rounds": rounds, "eval_every": rounds, "dataset": dataset}  # FedAvg on the method's dataset
-    customize_job(os.path.join(REPO, "jobs", job), folder + "-job", args)
+    customize_job(os.path.join(JOBS, job), folder + "-job", args)
     started = time.time()
-    run = run_simulator(folder + "-job", folder + "-ws", n_clients=sites, timeout=3600)
+    with TreeCPU(watch=os.path.join(folder + "-ws", SIMULATOR_RESULTS)) as tree:
+        run = run_simulator(folder + "-job", folder + "-ws", n_clients=sites, timeout=3600)
     if not run.ok:
         raise RuntimeError(f"{job} on {dataset}: {run.describe_failure()}")
-    return {**round_costs(json.load(open(run.results_path))), "wall": round(time.time() - started, 1)}
-
-
-# ---------------------------------------------------------------------------------------------------- the floor
-def floor_worker(dataset: str, sites: list[str], num_sites: int, rounds: int) -> None:
-    """Train `sites` for `rounds` rounds with the executor's own train step, no FLARE; print each round's seconds
-    (JSON) after a first round that loads the data (not counted, as in the runs)."""
-    import torch
-    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
-
-    from fairfl.flare import protocol
-    from fairfl.flare.executor import FairflExecutor
-    from fairfl.flare.site_task import SiteTask
-    from fairfl.methods.fedavg.controller import FedAvgController
-    from fairfl.models import initial_state
-    from fairfl.presets import apply_preset
-    from fairfl.training import configure_threads
-
-    server, client = job_args("fedavg")
-    controller = FedAvgController(**{**server, "dataset": dataset})
-    controller.settings = controller.settings.with_preset()
-    meta = {**controller.common_task_meta([f"site-{k + 1}" for k in range(num_sites)])}
-    meta[protocol.START_FROM] = protocol.FROM_GLOBAL
-    params = {
-        k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in initial_state(controller.model_spec(), 0).items()
+    results = json.loads(Path(run.results_path).read_text())
+    ends = round_ends(tree.changes, len(results["rounds"]))
+    cpu = cpu_per_round(tree.samples, ends)
+    periods = round_periods(ends)
+    rounds_counted = [r["round"] for r in counted(results)]
+    return {
+        **round_costs(results),
+        **cpu_costs(cpu, periods, rounds_counted, tree),
+        "wall": round(time.time() - started, 1),
     }
-    executors = {site: FairflExecutor(**client) for site in sites}
-    for executor in executors.values():  # what the executor does on every task before its handler
-        apply_preset(executor, executor.preset, controller.task)
-    configure_threads(client["num_threads"])
-    seconds = []
-    with tempfile.TemporaryDirectory() as state:
-        for round_num in range(rounds):
-            started = time.time()
-            for site, executor in executors.items():
-                task = FLModel(params_type=ParamsType.FULL, params=params, current_round=round_num, meta=meta)
-                executor._train(SiteTask.of(site, task), os.path.join(state, site))
-            seconds.append(time.time() - started)
-    print(json.dumps(seconds[1:]))
 
 
-def floor(dataset: str, num_sites: int, rounds: int, cores: int) -> dict:
-    """Median seconds of a round of every site's local training without FLARE, over `cores` one-thread processes."""
-    groups = [[f"site-{k + 1}" for k in range(num_sites) if k % cores == c] for c in range(cores)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
-    workers = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--floor-worker", dataset, str(num_sites), str(rounds), *group],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for group in groups
-        if group
-    ]
-    per_worker = [json.loads(w.communicate()[0].strip().splitlines()[-1]) for w in workers]
-    if any(w.returncode for w in workers):
-        raise RuntimeError("a floor worker failed")
-    # a round ends when the slowest process is done
-    per_round = [max(values) for values in zip(*per_worker, strict=True)]
-    return {"round": round(statistics.median(per_round), 3), "rounds": per_round, "processes": cores}
+def cpu_costs(cpu: list, periods: list, rounds_counted: list[int], tree: TreeCPU) -> dict:
+    """A run's CPU seconds a round (the median over the counted rounds, each listed) and the wall time between the
+    ends of successive rounds (the median; what the CPU was measured over)."""
+    return {
+        "cpu": median_of(cpu[k] for k in rounds_counted),
+        "cpu_rounds": [cpu[k] for k in rounds_counted],
+        "period": median_of(periods[k] for k in rounds_counted),
+        "sampler_cpu": round(tree.own_cpu, 3),
+    }
+
+
+def run_nvflare_fedavg(dataset: str, rounds: int, sites: int, tmp: str) -> dict:
+    """NVFlare's own FedAvg (`FedAvgRecipe`, SimEnv, one process per site, in-process Client API) with
+    benchmarks/nvflare_fedavg_client.py training each site as fairfl's executor does, from the same seeded initial
+    model, with jobs/fedavg's task intervals; its rounds' times, CPU seconds and whole time."""
+    import torch
+    from fedce_peer import run_recipe  # benchmarks/fedce_peer.py
+    from nvflare.app_opt.pt.recipes import FedAvgRecipe
+    from nvflare_fedce_client import FedCERoundRecorder  # records every round's start and aggregation
+
+    from fairfl.models import build_model
+
+    intervals = site_training.job_intervals(JOBS)
+
+    class Recipe(FedAvgRecipe):
+        """FedAvgRecipe whose controller checks for answers as often as jobs/fedavg's (NVFlare's FedProxRecipe passes
+        its own controller argument the same way)."""
+
+        def _get_controller_kwargs(self):
+            return {**super()._get_controller_kwargs(), "task_check_period": intervals["task_check_period"]}
+
+    run_dir = os.path.join(tmp, f"{PEER}-{dataset}")
+    if os.path.exists(run_dir):
+        shutil.rmtree(run_dir)
+    os.makedirs(run_dir)
+    trainer = site_training.FedAvgSites(JOBS, dataset, sites, [])
+    model = build_model(trainer.model_spec())
+    model.load_state_dict({k: torch.as_tensor(v) for k, v in trainer.initial_params().items()})
+    checkpoint = os.path.join(run_dir, "initial_model.pt")
+    torch.save(model.state_dict(), checkpoint)
+    recipe = Recipe(
+        name=PEER,
+        model=site_training.model_config(trainer.model_spec()),
+        initial_ckpt=os.path.relpath(checkpoint),  # relative: bundled into the server app (fedce_peer.py says why)
+        min_clients=sites,
+        num_rounds=rounds,
+        train_script=NVFLARE_CLIENT,
+        train_args=site_training.train_args(JOBS, dataset, sites, os.path.join(run_dir, "sites")),
+    )
+    recipe.add_server_config({"server": {"task_request_interval": intervals["task_request_interval"]}})
+    # the recipe has no public hook for a server component; NVFlare's recipe utilities use _job the same way
+    recipe._job.to_server(FedCERoundRecorder(), id="round_recorder")
+    with TreeCPU() as tree:
+        run, rounds_file = run_recipe(recipe, sites, run_dir, f"NVFlare's FedAvg on {dataset}")
+    wall = run.seconds
+    records = sorted(json.loads(Path(rounds_file).read_text()), key=lambda r: r["round"])
+    if [r["round"] for r in records] != list(range(rounds)):
+        raise RuntimeError(f"NVFlare's FedAvg on {dataset}: rounds {[r['round'] for r in records]} of {rounds}")
+    ends = [r["aggregated"] for r in records]
+    cpu = cpu_per_round(tree.samples, ends)
+    periods = round_periods(ends)
+    training = nvflare_site_training(os.path.join(run_dir, "sites"), rounds)
+    rounds_counted = list(range(1, rounds - 1))  # as fairfl's: not round 0, not the last
+    return {
+        "rounds": len(rounds_counted),
+        "round": median_of(records[k]["seconds"] for k in rounds_counted),
+        **{k: None for k in ("train_task", "server_step", "all_sites_method_work")},
+        "slowest_site_training": median_of(max(training[k], default=None) for k in rounds_counted),
+        "all_sites_training": median_of(sum(training[k]) if training[k] else None for k in rounds_counted),
+        **cpu_costs(cpu, periods, rounds_counted, tree),
+        "wall": round(wall, 1),
+    }
+
+
+def nvflare_site_training(sites_dir: str, rounds: int) -> list[list[float]]:
+    """Each round's `train_seconds` at every site of an NVFlare FedAvg run (the sites' logs)."""
+    training: list[list[float]] = [[] for _ in range(rounds)]
+    for site in sorted(os.listdir(sites_dir)):
+        log = json.loads(Path(sites_dir, site, site_training.SITE_LOG).read_text())
+        for record in log["rounds"]:
+            if 0 <= record["round"] < rounds and "train_seconds" in record:
+                training[record["round"]].append(record["train_seconds"])
+    return training
 
 
 # -------------------------------------------------------------------------------------------------- the summary
-def summarize(runs: dict, floors: dict) -> tuple[dict, str]:
+def fmt(value, digits: int = 2) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, (int, float)) and math.isfinite(value) else "–"
+
+
+def ratio(a, b) -> float | None:
+    return round(a / b, 3) if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0 else None
+
+
+def floor_table(runs: dict, floors: dict) -> dict:
+    """Per dataset: FedAvg's, NVFlare's FedAvg's and both floors' round and CPU (medians over the runs), each over
+    each floor's."""
+    table = {}
+    datasets = {r.get("dataset") for r in runs.values() if r.get("dataset")}
+    datasets |= {k.split("#")[0] for k in floors if k.split("#")[1:2] in ([BALANCED], [PER_SITE])}
+    for dataset in sorted(datasets):
+        rows = {}
+        for kind in (FEDAVG, PEER):
+            mine = [r for k, r in runs.items() if k.startswith(f"{kind}@") and r.get("dataset") == dataset]
+            if mine:
+                rows[kind] = {"runs": len(mine), "round": median_of(r.get("round") for r in mine)}
+                rows[kind]["cpu"] = median_of(r.get("cpu") for r in mine)
+        for layout in (BALANCED, PER_SITE):
+            mine = [f for k, f in floors.items() if k.startswith(f"{dataset}#{layout}#")]
+            if mine:
+                rows[layout] = {
+                    "runs": len(mine),
+                    "round": median_of(f.get("round") for f in mine),
+                    "cpu": median_of(f.get("cpu") for f in mine),
+                    "processes": mine[-1].get("processes"),
+                    "split": mine[-1].get("split"),
+                    "round_robin_split": mine[-1].get("round_robin_split"),
+                }
+        for row in rows.values():
+            for layout in (BALANCED, PER_SITE):
+                base = rows.get(layout, {})
+                row[f"round_over_{layout}"] = ratio(row["round"], base.get("round")) if row is not base else None
+                row[f"cpu_over_{layout}"] = ratio(row["cpu"], base.get("cpu")) if row is not base else None
+        table[dataset] = rows
+    return table
+
+
+ROW_NAMES = {
+    FEDAVG: "FedAvg (jobs/fedavg)",
+    PEER: "NVFlare FedAvg (Client API)",
+    BALANCED: "floor: per core, balanced",
+    PER_SITE: "floor: a process per site, barrier",
+}
+
+
+def summarize(runs: dict, floors: dict, command: str = "", versions_text: str = "") -> tuple[dict, str]:
     table = {}
     for method in METHODS:
-        partners = {k: k.replace(f"{method}@", "fedavg@", 1) for k in runs if k.startswith(f"{method}@")}
+        partners = {k: k.replace(f"{method}@", f"{FEDAVG}@", 1) for k in runs if k.startswith(f"{method}@")}
         pairs = [(runs[k], runs[p]) for k, p in partners.items() if p in runs]  # a repeat may be half done
-        pairs = [(m, f) for m, f in pairs if m["round"] and f["round"]]
+        pairs = [(m, f) for m, f in pairs if m.get("round") and f.get("round")]
         if not pairs:
             continue
         ratios = [m["round"] / f["round"] for m, f in pairs]
+        cpu_ratios = [r for r in (ratio(m.get("cpu"), f.get("cpu")) for m, f in pairs) if r is not None]
         table[method] = {
             "pairs": len(pairs),
             "ratio": round(statistics.median(ratios), 3),
             "ratios": [round(r, 3) for r in ratios],
             "target": TARGETS.get(method),
-            **{k: median_of(m[k] for m, _ in pairs) for k in PHASES},
-            "fedavg_round": statistics.median(f["round"] for _, f in pairs),
-            "fedavg_all_sites_training": median_of(f["all_sites_training"] for _, f in pairs),
+            **{k: median_of(m.get(k) for m, _ in pairs) for k in PHASES},
+            "fedavg_round": median_of(f["round"] for _, f in pairs),
+            "fedavg_all_sites_training": median_of(f.get("all_sites_training") for _, f in pairs),
+            "cpu": median_of(m.get("cpu") for m, _ in pairs),
+            "fedavg_cpu": median_of(f.get("cpu") for _, f in pairs),
+            "cpu_ratio": round(statistics.median(cpu_ratios), 3) if cpu_ratios else None,
         }
     lines = [
         "# Round cost, side by side",
         "",
-        f"`{' '.join(['python', 'benchmarks/cost.py', *sys.argv[1:]])}` ({versions()})",
+        f"`{command}` ({versions_text})",
         "",
         "## Round time against FedAvg's",
         "",
         "Seconds, medians over the rounds that neither start the sites nor evaluate, then over the repeats; ratio: "
-        "the median of the per-repeat ratios (each listed).",
+        "the median of the per-repeat ratios (each listed); CPU: CPU seconds of all the run's processes a round, "
+        "and the median of the per-repeat ratios.",
         "",
-        "| method | round (s) | FedAvg's (s) | ratio [pairs] | target | train task | server step | slowest site "
-        "training | all sites' training | all sites' method work | FedAvg's all sites' training |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| method | round (s) | FedAvg's (s) | ratio [pairs] | target | CPU (s) | FedAvg's CPU (s) | CPU ratio | train "
+        "task | server step | slowest site training | all sites' training | all sites' method work | FedAvg's all "
+        "sites' training |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for method, row in table.items():
-        cells = [f"{row[k]:.2f}" if row[k] is not None else "–" for k in PHASES]
-        ratio = f"{row['ratio']:.2f} {row['ratios']}"
-        lines.append(f"| {method} | {cells[0]} | {row['fedavg_round']:.2f} | {ratio} | {row['target'] or '–'} | ")
-        fedavg_training = row["fedavg_all_sites_training"]
-        lines[-1] += " | ".join([*cells[1:], f"{fedavg_training:.2f}" if fedavg_training is not None else "–"]) + " |"
+        cells = [
+            method,
+            fmt(row["round"]),
+            fmt(row["fedavg_round"]),
+            f"{row['ratio']:.2f} {row['ratios']}",
+            str(row["target"] or "–"),
+            fmt(row["cpu"]),
+            fmt(row["fedavg_cpu"]),
+            fmt(row["cpu_ratio"]),
+            *[fmt(row[k]) for k in PHASES[1:]],
+            fmt(row["fedavg_all_sites_training"]),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    floors_by_dataset = floor_table(runs, floors)
     lines += [
         "",
         "## FedAvg against the same training without FLARE",
         "",
-        "| dataset | FedAvg round (s) | floor, a process per core (s) | FedAvg / floor | floor, a process per site (s) "
-        "| FedAvg / floor |",
-        "|---|---|---|---|---|---|",
+        "Seconds a round and CPU seconds a round (all the run's processes), medians over the counted rounds, then "
+        f"over the runs (each row's count). Targets: FedAvg's round at most {FLOOR_TARGET} times the balanced "
+        "floor's, wall (idle machine) and CPU alike.",
+        "",
+        "| dataset | run | runs | round (s) | CPU (s) | round / balanced floor's | CPU / balanced floor's | round / "
+        "per-site floor's | CPU / per-site floor's |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for dataset in sorted({r["dataset"] for r in runs.values()}):
-        fedavg = median_of(r["round"] for k, r in runs.items() if k.startswith("fedavg@") and r["dataset"] == dataset)
-        cells = [dataset, f"{fedavg:.2f}"]
-        for layout in ("per_core", "per_site"):
-            measured = median_of(f["round"] for k, f in floors.items() if k.startswith(f"{dataset}#{layout}#"))
-            cells += [f"{measured:.2f}", f"{fedavg / measured:.2f}"] if measured else ["–", "–"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return {"methods": table, "floors": floors}, "\n".join(lines) + "\n"
+    for dataset, rows in floors_by_dataset.items():
+        for kind, row in rows.items():
+            cells = [dataset, ROW_NAMES[kind], str(row["runs"]), fmt(row["round"]), fmt(row["cpu"])]
+            cells += [fmt(row[f"{m}_over_{layout}"]) for layout in (BALANCED, PER_SITE) for m in ("round", "cpu")]
+            lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "- round / balanced floor's, CPU / balanced floor's: the row's round (CPU) over that of the balanced floor, "
+        "the sites' training split over one one-thread process per core by optimiser steps, the processes waiting "
+        "for each other at the end of every round: the machine's limit.",
+        "- round / per-site floor's, CPU / per-site floor's: the row's over that of the floor with one one-thread "
+        "process per site and the same barrier: a federation of one-machine sites, sharing this machine's cores.",
+    ]
+    for dataset, rows in floors_by_dataset.items():
+        split = rows.get(BALANCED, {}).get("split")
+        robin = rows.get(BALANCED, {}).get("round_robin_split")
+        if split:
+            described = " | ".join(f"{'+'.join(g['sites'])} ({g['steps']} steps)" for g in split)
+            lines.append(
+                f"- balanced floor on {dataset}: {described}"
+                + (
+                    f"; site k to process k % cores: {' | '.join(str(g['steps']) for g in robin)} steps"
+                    if robin
+                    else ""
+                )
+            )
+    return {"methods": table, "floor_table": floors_by_dataset, "floors": floors}, "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--floor-worker"]:
-        dataset, num_sites, rounds, *sites = argv[1:]
-        floor_worker(dataset, sites, int(num_sites), int(rounds))
-        return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument(
+        "--methods", nargs="+", default=list(METHODS), choices=[FEDAVG, *METHODS], help="fedavg: no method besides"
+    )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--sites", type=int, default=6)
@@ -222,15 +372,20 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 3:
         parser.error("--rounds must be at least 3: round 0 starts the sites and the last one evaluates")
+    from fairfl.benchmark.runner import versions
+
+    command = " ".join(["python", "benchmarks/cost.py", *argv])
     os.makedirs(args.out, exist_ok=True)
     saved = os.path.join(args.out, "runs.json")
     state = json.loads(Path(saved).read_text()) if os.path.exists(saved) else {"runs": {}, "floors": {}}
+
+    versions_text = versions()
 
     def save():
         with open(saved + ".tmp", "w") as f:
             json.dump(state, f, indent=1)
         os.replace(saved + ".tmp", saved)
-        summary, text = summarize(state["runs"], state["floors"])
+        summary, text = summarize(state["runs"], state["floors"], command, versions_text)
         Path(args.out, "summary.json").write_text(json.dumps(summary, indent=1))
         Path(args.out, "SUMMARY.md").write_text(text)
 
@@ -238,19 +393,27 @@ def main(argv=None) -> int:
         for repeat in range(args.repeats):
             for method in args.methods:
                 dataset = job_args(method)[0]["dataset"]
-                for job in (method, "fedavg") if repeat % 2 else ("fedavg", method):  # A B, then B A
+                jobs = [FEDAVG, *([method] if method != FEDAVG else []), PEER]
+                for job in jobs if repeat % 2 == 0 else reversed(jobs):  # A B C, then C B A
                     key = f"{job}@{method}#{repeat}"
                     if key in state["runs"]:
                         continue
                     print(f"{key}: running ...", flush=True)
-                    state["runs"][key] = {**run_job(job, dataset, args.rounds, args.sites, tmp), "dataset": dataset}
+                    if job == PEER:
+                        record = run_nvflare_fedavg(dataset, args.rounds, args.sites, tmp)
+                    else:
+                        record = run_job(job, dataset, args.rounds, args.sites, tmp)
+                    state["runs"][key] = {**record, "dataset": dataset}
                     save()
             for dataset in sorted({job_args(m)[0]["dataset"] for m in args.methods}):  # beside this repeat's runs
-                for layout, processes in (("per_core", args.cores), ("per_site", args.sites)):
+                layouts = None
+                for layout in (BALANCED, PER_SITE):
                     key = f"{dataset}#{layout}#{repeat}"
                     if key not in state["floors"]:
+                        layouts = layouts or floor_layouts(dataset, args.sites, args.cores)
+                        groups, record = layouts[layout]
                         print(f"floor {key} ...", flush=True)
-                        state["floors"][key] = floor(dataset, args.sites, args.rounds, processes)
+                        state["floors"][key] = {**floor(dataset, args.sites, args.rounds, groups), **record}
                         save()
     save()  # also rewrites the summary of runs that were all kept
     print(Path(args.out, "SUMMARY.md").read_text())

@@ -92,7 +92,6 @@ def unet_config(model) -> dict:
 def run_nvflare(seed, args, run_dir) -> dict:
     """FedCERecipe + SimEnv; returns {"seconds", "results"}, the run converted into our results schema."""
     from nvflare.app_opt.pt.recipes import FedCERecipe
-    from nvflare.recipe import SimEnv
     from nvflare.recipe.utils import add_final_global_evaluation
 
     if os.path.exists(run_dir):
@@ -142,7 +141,17 @@ def run_nvflare(seed, args, run_dir) -> dict:
     add_final_global_evaluation(recipe)  # NVFlare's own final evaluation: CrossSiteModelEval, global model only
     # the recipe has no public hook for a server component; NVFlare's recipe utilities use _job the same way
     recipe._job.to_server(FedCERoundRecorder(), id="fedce_round_recorder")
-    env = SimEnv(num_clients=args.sites, workspace_root=run_dir)
+    run, run_file = run_recipe(recipe, args.sites, run_dir, f"FedCERecipe seed {seed}")
+    return {"seconds": run.seconds, "results": nvflare_results(seed, args, run_dir, run.workspace, run_file)}
+
+
+def run_recipe(recipe, sites: int, run_dir: str, what: str) -> tuple[SimulatorRun, str]:
+    """Run an NVFlare recipe (with a FedCERoundRecorder on its server) in SimEnv with `sites` sites under `run_dir`,
+    its output to a file as run_simulator's; (the run, the recorder's rounds file). A failed run, or one whose recorder
+    wrote nothing, is a RuntimeError naming `what`."""
+    from nvflare.recipe import SimEnv
+
+    env = SimEnv(num_clients=sites, workspace_root=run_dir)
     started = time.time()
     try:
         with redirected_output(os.path.join(run_dir, SIMULATOR_OUTPUT)):  # as run_simulator: output to a file
@@ -150,13 +159,12 @@ def run_nvflare(seed, args, run_dir) -> dict:
         failure = None
     except RuntimeError as e:  # SimEnv raises on a non-zero simulator exit code
         failure = str(e)
-    seconds = time.time() - started
-    workspace = os.path.join(run_dir, "fedce")
-    run = SimulatorRun(workspace, 0 if failure is None else 1, seconds, collect_errors(workspace))
-    run_file = os.path.join(workspace, "server", "simulate_job", ROUNDS_FILE)
-    if failure or run.errors or not os.path.exists(run_file):
-        raise RuntimeError(f"FedCERecipe seed {seed} failed: {failure or ''}\n{run.describe_failure()}")
-    return {"seconds": seconds, "results": nvflare_results(seed, args, run_dir, workspace, run_file)}
+    workspace = os.path.join(run_dir, recipe.name)
+    run = SimulatorRun(workspace, 0 if failure is None else 1, time.time() - started, collect_errors(workspace))
+    rounds_file = os.path.join(workspace, "server", "simulate_job", ROUNDS_FILE)
+    if failure or run.errors or not os.path.exists(rounds_file):
+        raise RuntimeError(f"{what} failed: {failure or ''}\n{run.describe_failure()}")
+    return run, rounds_file
 
 
 @contextlib.contextmanager

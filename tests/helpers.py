@@ -165,10 +165,16 @@ def variant_controller(name: str, run_dir, sites: list, **settings):
 
 
 def built_on_meta_only(monkeypatch) -> list:
-    """Make every network build record its device and fail unless on torch's meta device (nothing allocated)."""
+    """Make every network build record its device and fail unless on torch's meta device (nothing allocated). What this
+    process remembers of specs it built before (fairfl.models: a spec is built once per process) is forgotten first,
+    so the builds recorded are the ones the code under test makes."""
+    from collections import OrderedDict
+
     import torch
 
     from fairfl import models
+
+    monkeypatch.setattr(models, "_SPEC_CACHE", OrderedDict())
 
     devices, build = [], models.build_model
 

@@ -77,9 +77,17 @@ def _run(args) -> int:
             + (f"; GPUs {args.gpu}" if args.gpu else ""),
             flush=True,
         )
-    run = run_simulator(
-        job, workspace, args.n_clients, args.threads, env=env, gpu=args.gpu, **watch_options(verbosity(args))
-    )
+    try:
+        run = run_simulator(
+            job, workspace, args.n_clients, args.threads, env=env, gpu=args.gpu, **watch_options(verbosity(args))
+        )
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: run_simulator has stopped the simulator's processes
+        print(
+            f"\nfairfl run: interrupted; the simulator was stopped. What the run recorded is in {workspace} (the "
+            f"server's results.json holds every round it finished)",
+            file=sys.stderr,
+        )
+        return 130
     results = read_results(run.results_path)
     finished = run.ok and isinstance(results.get("final"), dict) and not results.get("stopped")
     print("\n" + outcome_line(results, run.seconds, None if run.ok else "the simulator's errors follow (stderr)"))

@@ -5,9 +5,11 @@ hospital's own factory that the building process admits)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
+from collections import OrderedDict
 from contextlib import contextmanager
 from typing import TypeGuard
 
@@ -18,7 +20,7 @@ from monai.networks.layers import get_norm_layer
 from monai.networks.nets import UNet, resnet18
 from torch.overrides import TorchFunctionMode
 
-from fairfl.networks import argument_problem, build_network, is_network_name
+from fairfl.networks import MODEL_FACTORIES_ENV, argument_problem, build_network, is_network_name
 from fairfl.site_settings import MAX_MODEL_PARAMETERS
 
 SERVER_MAX_MODEL_PARAMETERS_ENV = "FAIRFL_SERVER_MAX_MODEL_PARAMETERS"  # the server's own cap; the sites' default
@@ -138,15 +140,21 @@ def _check_other_network(spec: dict, max_parameters: int, whose: str, environ) -
 
 def _size_problem(spec: dict, max_parameters: int, whose: str, environ) -> str | None:
     """Built on torch's meta device (nothing allocated): why it cannot be, or has more than `max_parameters`
-    parameters and buffers (a constructor's buffers take memory too)."""
-    try:
-        # a constructor's intermediate tensors count too: a generous multiple of the limit (and a floor, so that a
-        # small limit still lets the count be told) bounds the building
-        with torch.device("meta"), _SizeOnly(max_values=16 * max_parameters + 50_000_000):
-            model = build_model(spec, environ)
-            count = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
-    except Exception as err:  # what the ranges above let through and the constructor still refuses
-        return f"cannot be built: {type(err).__name__}: {err}"
+    parameters and buffers (a constructor's buffers take memory too). A spec counted once is not built again in this
+    process (`_SPEC_CACHE`): every task carries the same one, and building it took longer than a small site's
+    training step."""
+    key = _spec_key("count", spec, environ)  # a count once told holds under any limit
+    count = _SPEC_CACHE.get(key) if key else None
+    if count is None:
+        try:
+            # a constructor's intermediate tensors count too: a generous multiple of the limit (and a floor, so that
+            # a small limit still lets the count be told) bounds the building
+            with torch.device("meta"), _SizeOnly(max_values=16 * max_parameters + 50_000_000):
+                model = build_model(spec, environ)
+                count = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
+        except Exception as err:  # what the ranges above let through and the constructor still refuses
+            return f"cannot be built: {type(err).__name__}: {err}"  # not remembered: it may depend on the bound
+        _remember(key, count)
     if count > max_parameters:
         return f"has {count:,} parameters, more than {whose} limit of {max_parameters:,}"
     return None
@@ -173,6 +181,45 @@ class _SizeOnly(TorchFunctionMode):
         if time.monotonic() > self.deadline:
             raise ValueError(f"sizing it took more than {SIZING_SECONDS:g} s (thousands of layers?)")
         return result
+
+
+# what building a spec tells (its parameter count; its state dict on the meta device), per spec and process: the spec
+# comes with every task, the network it describes does not change within a process
+_SPEC_CACHE: OrderedDict = OrderedDict()
+SPEC_CACHE_SIZE = 32  # specs remembered; a server cycling through more is only slower, never wrong
+
+
+def _spec_key(kind: str, spec, environ) -> tuple | None:
+    """What identifies a building's result: the spec's canonical JSON and the factories this process admits (a factory
+    name builds only where admitted); None for a spec that is not plain JSON, which is never cached."""
+    try:
+        text = json.dumps(spec, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return kind, text, (os.environ if environ is None else environ).get(MODEL_FACTORIES_ENV, "")
+
+
+def _remember(key: tuple | None, value) -> None:
+    if key is None:
+        return
+    _SPEC_CACHE[key] = value
+    _SPEC_CACHE.move_to_end(key)
+    while len(_SPEC_CACHE) > SPEC_CACHE_SIZE:
+        _SPEC_CACHE.popitem(last=False)
+
+
+def meta_state(spec: dict, environ=None) -> dict:
+    """The state dict of the network `spec` describes, on torch's meta device: the keys, shapes and dtypes a received
+    or kept state dict is checked against (fairfl.site_checks.check_site_state), with nothing allocated. Built once per
+    spec and process; the tensors hold no values and must not be changed. Check the spec first
+    (`check_model_spec`): this builds whatever it is given."""
+    key = _spec_key("meta_state", spec, environ)
+    state = _SPEC_CACHE.get(key) if key else None
+    if state is None:
+        with torch.device("meta"):
+            state = build_model(spec, environ).state_dict()
+        _remember(key, state)
+    return state
 
 
 def server_parameter_limit(environ=None) -> int:

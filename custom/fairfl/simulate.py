@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,7 +148,7 @@ def run_simulator(
     child_env = {k: v for k, v in os.environ.items() if k != "NVFLARE_SIMULATOR_WORKSPACE_ROOT"}
     started = time.time()
     # the simulator empties its workspace at start, so the output is written beside it and moved in after
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as log:
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as log, _terminated_as_interrupt():
         proc = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env={**child_env, **(env or {})}, start_new_session=True
         )
@@ -242,6 +243,25 @@ def _wait(
             return NEVER_STARTED
         time.sleep(0.5 if kill_after_round is None else 0.05)  # a kill must land before the next round ends
     return proc.returncode
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupt():
+    """While the simulator runs, SIGTERM (`timeout`, `kill`, a batch system's stop) raises KeyboardInterrupt in the main
+    thread, as Ctrl-C does, so that the run's `finally` kills the simulator's processes instead of leaving them
+    running on, orphaned, with the GPU and the cores (Python's default for SIGTERM ends at once, skipping it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def kill_all(proc) -> None:

@@ -130,11 +130,11 @@ def test_cost_benchmark_counts_only_training_rounds_and_pairs_each_method_with_i
     runs = {"fedavg@fedprox#0": run(2.0), "fedprox@fedprox#0": run(2.2), "fedavg@fedprox#1": run(4.0)}
     runs.update({"fedprox@fedprox#1": run(4.8), "fedavg@ditto#0": run(1.0), "ditto@ditto#0": run(3.0)})
     runs["ditto@ditto#1"] = run(9.0)  # its FedAvg run has not run yet: no pair
-    floors = {"prostate#per_core#0": {"round": 1.0}, "prostate#per_core#1": {"round": 2.0}}
-    summary, text = summarize(runs, {**floors, "prostate#per_site#0": {"round": 2.5}})
+    floors = {"prostate#per_core_balanced#0": {"round": 1.0}, "prostate#per_core_balanced#1": {"round": 2.0}}
+    summary, text = summarize(runs, {**floors, "prostate#per_site_barrier#0": {"round": 2.5}})
     assert summary["methods"]["fedprox"]["ratios"] == [1.1, 1.2] and summary["methods"]["ditto"]["ratio"] == 3.0
     assert "| fedprox | 3.50 | 3.00 | 1.15 [1.1, 1.2] | 1.1 |" in text
-    assert "| prostate | 2.00 | 1.50 | 1.33 | 2.50 | 0.80 |" in text  # FedAvg's median round over each floor's
+    assert "| prostate | FedAvg (jobs/fedavg) | 3 | 2.00 | – | 1.33 | – | 0.80 | – |" in text  # over each floor
 
 
 def test_fedfloors_goal_is_not_judged_below_three_paired_seeds(tmp_path):

@@ -11,11 +11,12 @@ import math
 import socket
 import sys
 import uuid
+from collections import OrderedDict
 
 import pytest
 import torch
 
-from fairfl import networks
+from fairfl import models, networks
 from fairfl.errors import DataError
 from fairfl.models import (
     build_model,
@@ -145,7 +146,7 @@ def test_swin_unetr_is_counted_on_the_meta_device_without_allocating(monkeypatch
         build_model(SWIN_UNETR)  # what _SizeOnly is there for: plain meta building fails
     devices = built_on_meta_only(monkeypatch)
     assert_counted(SWIN_UNETR, real)
-    assert devices == ["meta", "meta"]
+    assert devices == ["meta"]  # built once: the second check reads the count it remembers
 
 
 def test_efficientnet_is_built_without_fetching_and_fetching_arguments_are_refused(monkeypatch):
@@ -495,3 +496,25 @@ def test_a_network_of_hundreds_of_layers_is_refused_while_it_is_built_not_after(
     problem = check_model_spec(spec, 10**6)
     assert problem == "cannot be built: ValueError: it makes far more values than the limit allows while it is built"
     assert time.process_time() - started < 10
+
+
+def test_a_spec_is_built_once_per_process_for_its_count_and_its_shapes(monkeypatch):
+    """Every task carries the spec: a site builds it on the meta device once, for its count and for the shapes a
+    received or kept state dict is checked against; another spec, or the same spec where other factories are admitted,
+    is built anew. A refusal is never remembered."""
+    monkeypatch.setattr(models, "_SPEC_CACHE", OrderedDict())  # nothing remembered from other tests
+    spec = {"name": "unet", "in_channels": 1, "num_classes": 2, "channels": [4, 8, 12], "strides": [2, 2]}
+    assert check_model_spec(spec, CAP) is None
+    shapes = models.meta_state(spec)
+    assert all(t.is_meta for t in shapes.values())
+    built = []
+    real_build = models.build_model
+    monkeypatch.setattr(models, "build_model", lambda *a, **k: built.append(a) or real_build(*a, **k))
+    assert check_model_spec(spec, CAP) is None and models.meta_state(spec) is shapes and not built
+    assert check_model_spec(spec, 10) == f"has {sum(t.numel() for t in shapes.values()):,} parameters, more than " + (
+        "this site's limit of 10"
+    )
+    assert not built  # the count is the spec's, the limit the caller's
+    wider = {**spec, "channels": [4, 8, 16]}
+    assert check_model_spec(wider, CAP) is None and len(built) == 1
+    assert models.meta_state(spec, {networks.MODEL_FACTORIES_ENV: "other.pkg:make"}) is not shapes

@@ -186,3 +186,36 @@ def test_more_gpu_groups_than_sites_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         recipe.main(["fedavg", "-w", str(tmp_path), "-n", "1", "--gpu", "[0],[1]"])
     assert not (tmp_path / "ws").exists()
+
+
+def test_a_terminated_run_kills_its_simulator_and_everything_below_it(tmp_path):
+    """`timeout` and `kill` send SIGTERM, which ended `fairfl run` at once and left the simulator it started running on
+    in a session of its own (a GPU benchmark's cut-off runs trained on, in the next run's time). Now the run's own
+    cleanup kills it, as after Ctrl-C."""
+    import os
+    import signal
+
+    import psutil
+
+    pid_file, workspace = tmp_path / "pid", tmp_path / "ws"
+    simulator = (
+        "import os, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], preexec_fn=os.setsid)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(60)\n"
+    )
+    run = (
+        "import sys\n"
+        "from fairfl import simulate\n"
+        f"simulate.simulator_command = lambda *a, **k: [sys.executable, '-c', {simulator!r}]\n"
+        f"simulate.run_simulator('job', {str(workspace)!r}, n_clients=1, timeout=120)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", run], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    deadline = time.time() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
+        time.sleep(0.05)
+    server = psutil.Process(int(pid_file.read_text()))
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) != 0
+    server.wait(timeout=10)
+    assert not server.is_running()

@@ -110,3 +110,51 @@ def test_a_process_killed_while_saving_a_new_round_leaves_the_round_before(tmp_p
         keep_version({"round": 2, "value": 2}, str(tmp_path), FILES, versions(tmp_path))
     monkeypatch.undo()
     assert newest_before(versions(tmp_path), 2)["value"] == 1  # the repeated round 2 starts where its first try did
+
+
+def test_a_version_this_process_wrote_or_read_is_not_read_from_disk_again(tmp_path, monkeypatch):
+    """Every task reads both kept versions: from memory while the files are the ones this process wrote or read,
+    each a copy of its own (a caller changing it changes nothing the next task reads)."""
+    import fairfl.flare.site_state as site_state
+
+    for round_num in (0, 1, 2):
+        keep_version({"round": round_num, "value": [round_num]}, str(tmp_path), FILES, versions(tmp_path))
+
+    def no_reading(path):
+        raise AssertionError(f"{path} read from disk again")
+
+    monkeypatch.setattr(site_state, "load_tensors", no_reading)
+    first = versions(tmp_path)
+    assert [(r, s["value"], name) for r, s, name in first] == [(2, [2], FILES[0]), (1, [1], FILES[1])]
+    first[0][1]["value"].append("changed by a caller")
+    assert versions(tmp_path)[0][1]["value"] == [2]
+
+
+@pytest.mark.parametrize("replacement", ["another version", "garbage", "poisoned model", "removed"])
+def test_a_kept_file_changed_on_disk_is_read_and_checked_again(tmp_path, replacement):
+    """A file replaced by hand (or by another process) after this process read it is read again, and a bad one is
+    refused as on a first read, never served from memory."""
+    reference = build_model(SPEC).state_dict()
+
+    def models():
+        return kept_model_versions("site-1", str(tmp_path), FILES, "local model", "delete it", reference)
+
+    for round_num in (0, 1):
+        keep_version({"round": round_num, "model": reference}, str(tmp_path), FILES, models())
+    assert [r for r, _, _ in models()] == [1, 0]
+    current = tmp_path / FILES[0]
+    if replacement == "another version":
+        torch.save({"round": 5, "model": reference}, current)
+        assert [r for r, _, _ in models()] == [5, 0]
+    elif replacement == "garbage":
+        current.write_bytes(b"x" * current.stat().st_size)  # the same size, in place
+        with pytest.raises(DataError, match="unreadable local model"):
+            models()
+    elif replacement == "poisoned model":
+        poisoned = {k: (v * float("nan") if v.is_floating_point() else v) for k, v in reference.items()}
+        torch.save({"round": 1, "model": poisoned}, current)
+        with pytest.raises(DataError, match="NaN"):
+            models()
+    else:
+        current.unlink()
+        assert [r for r, _, _ in models()] == [0]

@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import warnings
 from collections.abc import Hashable, Mapping, Sequence
 
 import torch
 from monai.config import KeysCollection
-from monai.data import CacheDataset, DataLoader, Dataset
+from monai.data import CacheDataset, DataLoader, Dataset, get_track_meta, set_track_meta
 from monai.transforms import (
     CastToTyped,
     Compose,
@@ -89,6 +91,62 @@ class CheckedDataset(Dataset):
         except Exception as err:
             # re-raised as they are (B904): the DataError already in err's chain keeps its own cause
             raise data_error_in(err) or err  # noqa: B904
+
+
+@contextlib.contextmanager
+def _metadata_off():
+    """MONAI's metadata tracking off (its global switch) for the block, then as it was."""
+    tracked = get_track_meta()
+    set_track_meta(False)
+    try:
+        yield
+    finally:
+        set_track_meta(tracked)
+
+
+def _plain(item):
+    """A cached item's MONAI MetaTensors as plain tensors (the same storage), other values as they are."""
+    if isinstance(item, dict):
+        return {k: v.as_tensor() if hasattr(v, "as_tensor") else v for k, v in item.items()}
+    return item
+
+
+class PlainCacheDataset(CacheDataset):
+    """MONAI's CacheDataset for 2-D images, whose metadata nothing after the cache reads (the pipelines end by
+    dropping it): items are cached as plain tensors and the random steps (augmentation) run with MONAI's metadata
+    tracking off. The same values and the same random draws, without copying and updating the metadata of every
+    image at every step, which took most of a CPU training step's loading (docs/benchmarks/cost.md, Data loading).
+    3-D volumes keep MONAI's CacheDataset: their steps read the spacing and orientation metadata."""
+
+    def _load_cache_item(self, idx: int):
+        return _plain(super()._load_cache_item(idx))
+
+    def _transform(self, index: int):
+        with _metadata_off():
+            return super()._transform(index)
+
+
+class SampleOfCache(Dataset):
+    """Entries of a site's training split as an evaluation `transform` gives them, read from `decoded`, the training
+    loader's CacheDataset of the same entries, instead of from disk: its cached part is the output of the first step
+    that both pipelines share (LoadCheckedd with the same deterministic transforms), so `transform` without that step
+    finishes an item. A method's probe of the training split (Fed-LWR's CKA sample) thus decodes nothing again and holds
+    no second copy. `order[i]`: the cache's index of this dataset's entry i."""
+
+    def __init__(self, entries: Sequence[dict], transform: Compose, decoded: CacheDataset, order: Sequence[int]):
+        if not isinstance(transform.transforms[0], LoadCheckedd):
+            raise ValueError("SampleOfCache: the transform must start with the cached LoadCheckedd step")
+        super().__init__(entries, transform=Compose(list(transform.transforms[1:])))
+        self.decoded, self.order = decoded, list(order)
+
+    def _transform(self, index: int):
+        # MONAI's CacheDataset keeps its items in _cache, filled when the training loader is built (cache_rate 1);
+        # a copy, as CacheDataset itself takes before its random steps, so nothing here changes what training reads
+        position = self.order[index]
+        cached = self.decoded._cache[position]
+        if cached is None:  # a cache filled at run time: fill this item as CacheDataset would
+            cached = self.decoded._cache[position] = self.decoded._load_cache_item(position)
+        return self.transform(copy.deepcopy(cached))
 
 
 class SqueezeTrailingSingletond(MapTransform):
@@ -298,6 +356,20 @@ def volume_classification_transforms(
     )
 
 
+def _entry_key(entry: dict) -> str:
+    return json.dumps(entry, sort_keys=True, default=str)
+
+
+def _sample_of(decoded: CacheDataset, entries: list[dict], transform: Compose) -> SampleOfCache:
+    """`entries` (sorted by `_entry_key`) read from `decoded`, a CacheDataset of the same entries in any order."""
+    cached = [_entry_key(entry) for entry in decoded.data]
+    if sorted(cached) != [_entry_key(entry) for entry in entries]:
+        raise ValueError("decoded: a cache of other entries than the ones to sample")
+    # the same sort (stable, by the same key) as `entries` had: equal entries keep their relative order in both
+    order = sorted(range(len(cached)), key=lambda i: cached[i])
+    return SampleOfCache(entries, transform, decoded, order)
+
+
 def check_worker_count(value, name: str = "num_workers") -> int:
     if type(value) is not int or value < 0:
         raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
@@ -320,6 +392,7 @@ def make_loader(
     volume: volumes.VolumeSettings | None = None,
     whole: bool = False,
     preprocessing: list | None = None,
+    decoded: CacheDataset | None = None,
 ) -> torch.utils.data.DataLoader:
     """A loader over datalist entries, cached in memory after the first read.
 
@@ -330,7 +403,9 @@ def make_loader(
     drawn from the loader's generator (re-seed `loader.generator` for another sample), whatever the number
     of entries; never the datalist's order, where neighbouring entries are slices of one patient. The
     sample depends on the entries, not on their order in the datalist. Such a loader reads its sample from
-    disk on every pass instead of caching: memory stays flat however large the site.
+    disk on every pass instead of caching, so memory stays flat however large the site; or, given `decoded` (the
+    dataset of a training loader of the same `entries`: `train` True, no `max_samples`), from that loader's cache,
+    with the same items and the same sample (`SampleOfCache`).
     `task` "classification" gives batches with "image" float [B, C, S, S] and "label" int64 [B]
     (`classification_transforms`); "segmentation" (the default) image/mask pairs.
     Every file is decoded and checked here, once; a bad one is a DataError naming `site` and the file.
@@ -358,14 +433,17 @@ def make_loader(
     if max_samples is not None:
         if max_samples < 1:
             raise ValueError(f"max_samples must be >= 1, got {max_samples}")
-        entries.sort(key=lambda entry: json.dumps(entry, sort_keys=True, default=str))  # datalist order is irrelevant
+        entries.sort(key=_entry_key)  # datalist order is irrelevant
         sampler = torch.utils.data.RandomSampler(
             entries, num_samples=min(max_samples, len(entries)), generator=generator
         )
-        dataset = CheckedDataset(entries, transform=transform)
+        dataset = (
+            CheckedDataset(entries, transform=transform) if decoded is None else _sample_of(decoded, entries, transform)
+        )
     else:
         try:
-            dataset = CacheDataset(entries, transform=transform, cache_rate=1.0, num_workers=0, progress=False)
+            cached = CacheDataset if volume is not None else PlainCacheDataset
+            dataset = cached(entries, transform=transform, cache_rate=1.0, num_workers=0, progress=False)
         except Exception as err:  # MONAI wraps the DataError of a bad file in "applying transform" errors
             raise data_error_in(err) or err  # noqa: B904 (re-raised as it is, as above)
     check_worker_count(num_workers)

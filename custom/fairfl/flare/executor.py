@@ -42,7 +42,7 @@ from fairfl.flare.site_state import keep_version, kept_model_versions, kept_vers
 from fairfl.flare.site_task import CLASSIFICATION, SEGMENTATION, SERVERS_TASK, SiteTask, read_task
 from fairfl.flare.update_filters import make_filter
 from fairfl.methods.steps import MethodTask, StepContext, TaskSteps, registered_tasks
-from fairfl.models import build_model, is_int_in, load_numpy_state, state_to_numpy
+from fairfl.models import build_model, is_int_in, load_numpy_state, meta_state, state_to_numpy
 from fairfl.presets import apply_preset
 from fairfl.privacy.settings import METRICS as PRIVACY_METRICS
 from fairfl.results import GLOBAL_PREFIX
@@ -364,7 +364,7 @@ class FairflExecutor(Executor):
     def _local_versions(task: SiteTask, state_dir: str) -> list:
         """The site's local models on disk (`fairfl.flare.site_state.kept_model_versions`)."""
         remedy = "delete it (or use another run_name) to start this site's local model afresh"
-        reference = build_model(task.model_spec).state_dict()
+        reference = meta_state(task.model_spec)
         return kept_model_versions(task.site, state_dir, protocol.LOCAL_MODEL_FILES, "local model", remedy, reference)
 
     def _own_model(self, task: SiteTask, state_dir: str, before_round: int) -> dict | None:
@@ -443,9 +443,13 @@ class FairflExecutor(Executor):
         whole = whole and task.spatial_dims == 3 and task.kind == SEGMENTATION
         key = (split, train, max_samples, batch_size, whole)
         if key not in self._loaders:
+            decoded = None
             if max_samples is not None:  # the server's task chooses a sample's size: one sampled loader per split
                 for old in [k for k in self._loaders if k[:2] == key[:2] and k[2] is not None]:
                     del self._loaders[old]
+                # a method's sample of the training split reads the training loader's cache, not the files
+                training = self._loaders.get((split, True, None, None, False))
+                decoded = training.dataset if training is not None and not train else None
             self._loaders[key] = make_loader(
                 self._datalist[split],
                 image_size=self.image_size,
@@ -462,6 +466,7 @@ class FairflExecutor(Executor):
                 volume=self._volume_settings() if task.spatial_dims == 3 else None,
                 whole=whole,
                 preprocessing=task.preprocessing,
+                decoded=decoded,
             )
         loader = self._loaders[key]
         # Re-seed shuffling and augmentation per round, so a round's batches do not depend on whether this

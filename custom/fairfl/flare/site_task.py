@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
 from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
@@ -25,7 +24,7 @@ from fairfl.flare import protocol
 from fairfl.kinds import Boolean, Checked, Integer, OneOf
 from fairfl.methods.steps import MethodTask, applying, field_problems
 from fairfl.methods.steps import problems as step_problems
-from fairfl.models import build_model, check_model_spec
+from fairfl.models import check_model_spec, meta_state
 from fairfl.names import safe_name
 from fairfl.privacy.settings import PrivacySettings, step_refusal, task_field_kind
 from fairfl.site_checks import check_site_state, tensor_state
@@ -177,8 +176,6 @@ def check_sent(site: str, model: FLModel) -> None:
         return
     state, problem = tensor_state(model.params)
     if state is not None:
-        with torch.device("meta"):
-            reference = build_model(model.meta[protocol.MODEL_SPEC]).state_dict()
-        problem = check_site_state(state, reference)
+        problem = check_site_state(state, meta_state(model.meta[protocol.MODEL_SPEC]))
     if problem:
         raise DataError(site, SERVERS_TASK, f"the weights sent: {problem}")

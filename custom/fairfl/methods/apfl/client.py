@@ -14,7 +14,7 @@ from fairfl.methods.apfl.arguments import ALPHA_INIT, ALPHA_LR
 from fairfl.methods.apfl.mixing import check_alpha, mixed_state, train_apfl
 from fairfl.methods.apfl.protocol import APFL_ALPHA_INIT, APFL_ALPHA_LR, PERSONAL_MODEL_FILES
 from fairfl.methods.steps import ClientStep, StepContext
-from fairfl.models import build_model
+from fairfl.models import build_model, meta_state
 
 
 def kept_personal(ctx: StepContext) -> list:
@@ -22,7 +22,7 @@ def kept_personal(ctx: StepContext) -> list:
     (the current file, then the previous round's; fairfl.flare.site_state). A file that cannot be read, is of another
     network, holds NaN/Inf or an alpha outside [0, 1] is an error naming the site and the file, never replaced."""
     remedy = "delete it (or use another run_name) to restart this site's personalisation from the global model"
-    reference = build_model(ctx.meta[protocol.MODEL_SPEC]).state_dict()
+    reference = meta_state(ctx.meta[protocol.MODEL_SPEC])
     versions = kept_model_versions(
         ctx.site, ctx.state_dir, PERSONAL_MODEL_FILES, "APFL personal model", remedy, reference
     )

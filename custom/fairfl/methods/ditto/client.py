@@ -13,7 +13,7 @@ from fairfl.methods.ditto.protocol import DITTO_LAMBDA, PERSONAL_MODEL_FILES
 from fairfl.methods.fedprox.arguments import MAX_PROXIMAL_WEIGHT
 from fairfl.methods.fedprox.client import with_proximal_term
 from fairfl.methods.steps import ClientStep, StepContext
-from fairfl.models import build_model
+from fairfl.models import build_model, meta_state
 from fairfl.training import TrainSettings, train_local
 
 
@@ -36,7 +36,7 @@ def personal_versions(ctx: StepContext) -> list:
     the previous round's; fairfl.flare.site_state). A file that cannot be read, is of another network or holds
     NaN/Inf is an error naming the site and the file, never silently replaced."""
     remedy = "delete it (or use another run_name) to restart this site's personalisation from the global model"
-    reference = build_model(ctx.meta[protocol.MODEL_SPEC]).state_dict()
+    reference = meta_state(ctx.meta[protocol.MODEL_SPEC])
     versions = []
     for saved_round, saved, name in kept_model_versions(
         ctx.site, ctx.state_dir, PERSONAL_MODEL_FILES, "Ditto personal model", remedy, reference

@@ -1,0 +1,244 @@
+"""The cost benchmark's floors and CPU accounting (benchmarks/cost_floor.py) and its summary (benchmarks/cost.py),
+without a simulator: the balanced split of the sites over the cores (longest first, never worse than site k to
+process k % cores), the round of processes that wait for each other, the CPU seconds of a round from sampled (time,
+CPU) series, the sampler on a real child process, NVFlare's FedAvg's settings, and the summary with pieces missing."""
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import REPO
+
+# the built-in prostate data at the jobs' size: training images and optimiser steps a round (batch 8, one epoch)
+PROSTATE_IMAGES = {"site-1": 142, "site-2": 101, "site-3": 97, "site-4": 73, "site-5": 64, "site-6": 44}
+PROSTATE_STEPS = {site: math.ceil(images / 8) for site, images in PROSTATE_IMAGES.items()}
+
+
+@pytest.fixture(scope="module")
+def cost():
+    """benchmarks/cost.py (the summary, NVFlare's FedAvg's settings)."""
+    saved = list(sys.path)
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    try:
+        import cost
+    finally:
+        sys.path[:] = saved
+    return cost
+
+
+@pytest.fixture(scope="module")
+def floor(cost):
+    """benchmarks/cost_floor.py (the floors, the CPU accounting), as cost.py imports it."""
+    return sys.modules["cost_floor"]
+
+
+def makespan(floor, groups, work):
+    return max(floor.loads(groups, work))
+
+
+# ------------------------------------------------------------------------------------------- the balanced split
+def test_the_prostate_sites_split_evenly_where_k_mod_cores_did_not(floor):
+    """The issue's example: k % 2 gives sites 1, 3, 5 303 images and 2, 4, 6 218; by steps the split is exact
+    (34 and 34), and by images as close as these sizes go."""
+    robin = floor.round_robin_groups(list(PROSTATE_IMAGES), 2)
+    assert floor.loads(robin, PROSTATE_IMAGES) == [303, 218]
+    by_steps = floor.balanced_groups(PROSTATE_STEPS, 2)
+    assert floor.loads(by_steps, PROSTATE_STEPS) == [34, 34]
+    by_images = floor.balanced_groups(PROSTATE_IMAGES, 2)
+    assert sorted(floor.loads(by_images, PROSTATE_IMAGES)) == [259, 262]
+
+
+def test_the_split_is_never_worse_than_k_mod_cores(floor):
+    """Random works of 1 to 9 sites on 1 to 5 cores, integers and floats: the largest load is never above k % cores's;
+    and where longest-first alone is (2 3 2 3 2 on two cores: 7 against 6), the result is not."""
+    rng = random.Random(0)
+    for _ in range(400):
+        sites = [f"site-{k + 1}" for k in range(rng.randint(1, 9))]
+        work = {s: rng.choice([rng.randint(1, 20), rng.uniform(0.1, 20.0)]) for s in sites}
+        cores = rng.randint(1, 5)
+        groups = floor.balanced_groups(work, cores)
+        assert makespan(floor, groups, work) <= makespan(floor, floor.round_robin_groups(sites, cores), work) + 1e-9
+    work = dict(zip(["a", "b", "c", "d", "e"], [2, 3, 2, 3, 2], strict=True))
+    assert makespan(floor, floor.balanced_groups(work, 2), work) == 6
+
+
+def test_the_split_assigns_every_site_once_deterministically(floor):
+    rng = random.Random(1)
+    work = {f"site-{k + 1}": rng.randint(1, 30) for k in range(11)}
+    groups = floor.balanced_groups(work, 3)
+    assert sorted(s for g in groups for s in g) == sorted(work)
+    assert len(groups) == 3 and all(groups)
+    assert all(g == sorted(g, key=list(work).index) for g in groups)  # each process's sites in site order
+    assert floor.balanced_groups(dict(work), 3) == groups
+
+
+def test_more_cores_than_sites_gives_a_process_per_site(floor):
+    work = {"site-1": 5, "site-2": 9, "site-3": 1}
+    assert sorted(floor.balanced_groups(work, 8)) == [["site-1"], ["site-2"], ["site-3"]]
+    assert floor.round_robin_groups(list(work), 8) == [["site-1"], ["site-2"], ["site-3"]]
+    assert floor.balanced_groups({}, 2) == []
+    assert floor.balanced_groups(work, 1) == [["site-1", "site-2", "site-3"]]
+    with pytest.raises(ValueError, match="cores"):
+        floor.balanced_groups(work, 0)
+
+
+def test_steps_per_round_is_what_train_local_takes(floor):
+    steps = floor.site_training.steps_per_round
+    assert steps(142, 8, 1, 0) == 18 and steps(144, 8, 1, 0) == 18 and steps(1, 8, 2, 0) == 2
+    assert steps(142, 8, 1, 5) == 5  # local_steps wins over epochs
+
+
+def test_nvflares_fedavg_gets_the_jobs_intervals_arguments_and_model(cost):
+    """NVFlare's FedAvg runs with jobs/fedavg's task intervals, its script's arguments survive NVFlare's split at
+    whitespace or are refused, and its model config reaches the server as fairfl's spec or is refused."""
+    training = cost.site_training
+    assert training.job_intervals(cost.JOBS) == {"task_request_interval": 0.2, "task_check_period": 0.1}
+    args = training.train_args("/r/jobs", "skin", 6, "/tmp/s")
+    assert args.split() == ["--jobs-dir", "/r/jobs", "--dataset", "skin", "--num-sites", "6", "--state-dir", "/tmp/s"]
+    assert vars(training.parse_args(args.split())) == {
+        "jobs_dir": "/r/jobs",
+        "dataset": "skin",
+        "num_sites": 6,
+        "state_dir": "/tmp/s",
+    }
+    with pytest.raises(ValueError, match="whitespace"):
+        training.train_args("/my jobs", "skin", 6, "/tmp/s")
+    spec = {"name": "cnn", "in_channels": 3, "num_classes": 8, "channels": [16, 32, 64]}
+    assert training.model_config(spec) == {"class_path": "nvflare_fedavg_client.network", "args": spec}
+    for bad in ({"model_args": {"name": "x"}}, {"name": "{x}"}):
+        with pytest.raises(ValueError, match="NVFlare"):
+            training.model_config({**spec, **bad})
+
+
+# --------------------------------------------------------------------------------------------- the barrier round
+def test_a_barrier_round_runs_from_the_common_start_to_the_last_end(floor):
+    fast = [{"start": 10.0, "end": 11.0, "cpu": 0.9}, {"start": 13.0, "end": 13.5, "cpu": 0.5}]
+    slow = [{"start": 10.01, "end": 12.9, "cpu": 2.8}, {"start": 13.02, "end": 16.0, "cpu": 2.9}]
+    assert floor.barrier_rounds([fast, slow]) == [{"seconds": 2.9, "cpu": 3.7}, {"seconds": 3.0, "cpu": 3.4}]
+    assert floor.barrier_rounds([fast]) == [{"seconds": 1.0, "cpu": 0.9}, {"seconds": 0.5, "cpu": 0.5}]
+    assert floor.barrier_rounds([]) == []
+    with pytest.raises(ValueError):  # a process that reported fewer rounds
+        floor.barrier_rounds([fast, slow[:1]])
+
+
+# ---------------------------------------------------------------------------------------------- CPU per round
+def test_cpu_per_round_is_the_cpu_between_round_ends(floor):
+    samples = [(t / 10, 2.0 * t / 10) for t in range(101)]  # two cores busy for 10 s
+    ends = [1.0, 3.0, 3.5, 9.0]
+    assert floor.cpu_per_round(samples, ends) == [None, 4.0, 1.0, 11.0]
+    assert floor.cpu_at(floor.clean_series(samples), 0.05) == pytest.approx(0.1)  # between two samples
+    assert floor.round_periods(ends) == [None, 2.0, 0.5, 5.5]
+    assert floor.round_periods([]) == [] and floor.round_periods([1.0, None, 2.0]) == [None, None, None]
+
+
+def test_cpu_per_round_survives_a_hostile_series(floor):
+    """Samples out of order, repeated times (the last counts), NaN, text, short tuples and a fall (a process's CPU
+    leaving the sum: held at the running maximum) give numbers, never negatives; a boundary outside the samples, an
+    unknown one or one before its predecessor gives None."""
+    samples = [
+        (3.0, 30.0),
+        (0.0, 0.0),
+        (1.0, 5.0),
+        (1.0, 10.0),
+        (2.0, float("nan")),
+        ("x", 1.0),
+        (2.5,),
+        None,
+        (float("inf"), 99.0),
+        (2.0, 20.0),
+        (4.0, 25.0),  # a fall: 30 -> 25 is held at 30
+        (5.0, 40.0),
+    ]
+    series = floor.clean_series(samples)
+    assert series == [(0.0, 0.0), (1.0, 10.0), (2.0, 20.0), (3.0, 30.0), (4.0, 30.0), (5.0, 40.0)]
+    per_round = floor.cpu_per_round(samples, [1.0, 3.0, 4.0, 5.0, 6.0, None, 5.5])
+    assert per_round == [None, 20.0, 0.0, 10.0, None, None, None]
+    assert all(v is None or v >= 0 for v in per_round)
+    assert floor.cpu_per_round(samples, [4.0, 2.0]) == [None, None]  # ends out of order
+    assert floor.cpu_per_round([], [0.0, 1.0]) == [None, None]
+    assert floor.cpu_per_round([(1.0, 3.0)], [1.0, 1.0]) == [None, 0.0]  # one sample: zero-length round only
+    assert floor.cpu_at(series, float("nan")) is None
+
+
+def test_round_ends_are_the_first_time_the_results_file_held_each_round(floor):
+    changes = [(7.0, [0, 1, 2]), (1.0, []), (3.0, [0]), (5.0, [0, 1]), (5.5, [0, 1]), (9.0, [0, 1, 2, "3", 4, -1])]
+    assert floor.round_ends(changes, 4) == [3.0, 5.0, 7.0, None]
+    assert floor.round_ends([], 2) == [None, None]
+
+
+def test_the_sampler_counts_a_child_process_and_its_results_file(floor, tmp_path):
+    """A child that burns 0.1 CPU seconds and ends: its CPU stays in the sum after it ended (the sampler keeps each
+    process's last value); the watched file's rewrites are recorded with the rounds each held."""
+    results = tmp_path / "results.json"
+    burn = "import time\nwhile time.process_time() < 0.1: pass\n"
+    with floor.TreeCPU(watch=str(results), interval=0.01, rescan=(0.01, 0.04)) as tree:
+        subprocess.run([sys.executable, "-S", "-c", burn], check=True)
+        for rounds in ([0], [0, 1]):
+            (tmp_path / "tmp.json").write_text(json.dumps({"rounds": [{"round": r, "seconds": 1.0} for r in rounds]}))
+            os.replace(tmp_path / "tmp.json", results)
+            time.sleep(0.1)
+    assert tree.samples[-1][1] >= 0.08
+    assert [rounds for _, rounds in tree.changes] == [[0], [0, 1]]
+    assert tree.own_cpu >= 0
+
+
+# ------------------------------------------------------------------------------------------------- the summary
+def run(dataset, round_, cpu=None, **phases):
+    record = {"dataset": dataset, "round": round_, "rounds": 4, **phases}
+    if cpu is not None:
+        record["cpu"] = cpu
+    return record
+
+
+def test_the_summary_renders_with_pieces_missing(cost):
+    """Old runs without CPU, a method without its FedAvg partner, a dataset without floors, a floor without runs,
+    NVFlare's FedAvg beside FedAvg: every cell there is shows, every one missing is a dash."""
+    runs = {
+        "fedavg@fedprox#0": run("prostate", 3.0, cpu=6.0, all_sites_training=9.0),
+        "fedprox@fedprox#0": run("prostate", 3.3, cpu=6.6, train_task=3.2),
+        "nvflare_fedavg@fedprox#0": run("prostate", 3.6, cpu=7.2),
+        "ditto@ditto#0": run("prostate", 6.0),  # its FedAvg run never finished
+        "fedavg@fednpr#0": run("skin_imbalanced", 1.0),  # recorded before CPU was
+        "fednpr@fednpr#0": run("skin_imbalanced", 2.0),
+    }
+    floors = {
+        "prostate#per_core_balanced#0": {
+            "round": 2.5,
+            "cpu": 5.0,
+            "processes": 2,
+            "split": [{"sites": ["site-1", "site-4"], "steps": 34}, {"sites": ["site-2"], "steps": 34}],
+            "round_robin_split": [{"sites": ["site-1"], "steps": 39}, {"sites": ["site-2"], "steps": 29}],
+        },
+        "prostate#per_site_barrier#0": {"round": 3.0, "cpu": None, "processes": 6},
+        "prostate#per_core#0": {"round": 1.0},  # the old, unbalanced floor: not shown
+        "skin#per_site_barrier#0": {"round": 1.5, "cpu": 3.0},
+    }
+    summary, text = cost.summarize(runs, floors, "python benchmarks/cost.py", "versions")
+    methods = summary["methods"]
+    assert set(methods) == {"fedprox", "fednpr"}
+    assert methods["fedprox"]["ratio"] == 1.1 and methods["fedprox"]["cpu_ratio"] == 1.1
+    assert methods["fednpr"]["cpu"] is None and methods["fednpr"]["cpu_ratio"] is None
+    prostate = summary["floor_table"]["prostate"]
+    assert list(prostate) == ["fedavg", "nvflare_fedavg", "per_core_balanced", "per_site_barrier"]
+    assert prostate["fedavg"]["round_over_per_core_balanced"] == 1.2
+    assert prostate["fedavg"]["cpu_over_per_core_balanced"] == 1.2
+    assert prostate["nvflare_fedavg"]["round_over_per_site_barrier"] == 1.2
+    assert prostate["fedavg"]["cpu_over_per_site_barrier"] is None  # the floor has no CPU
+    assert prostate["per_core_balanced"]["round_over_per_core_balanced"] is None  # not against itself
+    assert prostate["per_site_barrier"]["round_over_per_core_balanced"] == 1.2
+    assert set(summary["floor_table"]) == {"prostate", "skin", "skin_imbalanced"}
+    assert list(summary["floor_table"]["skin"]) == ["per_site_barrier"]
+    assert "| prostate | FedAvg (jobs/fedavg) | 1 | 3.00 | 6.00 | 1.20 | 1.20 | 1.00 | – |" in text
+    assert "| prostate | NVFlare FedAvg (Client API) | 1 | 3.60 | 7.20 | 1.44 | 1.44 | 1.20 | – |" in text
+    assert "| skin_imbalanced | FedAvg (jobs/fedavg) | 1 | 1.00 | – | – | – | – | – |" in text
+    assert "| fednpr | 2.00 | 1.00 | 2.00 [2.0] | – | – | – | – |" in text
+    assert "site-1+site-4 (34 steps) | site-2 (34 steps); site k to process k % cores: 39 | 29 steps" in text
+    assert "per_core#" not in text and "1.05" in text
+    empty, text = cost.summarize({}, {})
+    assert empty["methods"] == {} and empty["floor_table"] == {} and "| dataset | run |" in text
