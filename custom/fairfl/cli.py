@@ -34,7 +34,7 @@ def _run(args) -> int:
     from fairfl.jobconfig import checked_overrides, customize_job, is_job_copy
     from fairfl.progress import QUIET, outcome_line, read_results
     from fairfl.report.document import make_report
-    from fairfl.simulate import is_simulator_workspace, run_simulator, watch_options
+    from fairfl.simulate import Terminated, is_simulator_workspace, run_simulator, watch_options
     from fairfl.site_settings import FREE_RIDERS_ENV
     from fairfl.tracking import TB_FOLDER, log_report, mlflow_location
 
@@ -81,13 +81,13 @@ def _run(args) -> int:
         run = run_simulator(
             job, workspace, args.n_clients, args.threads, env=env, gpu=args.gpu, **watch_options(verbosity(args))
         )
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: run_simulator has stopped the simulator's processes
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: run_simulator has stopped the simulator's processes
         print(
             f"\nfairfl run: interrupted; the simulator was stopped. What the run recorded is in {workspace} (the "
             f"server's results.json holds every round it finished)",
             file=sys.stderr,
         )
-        return 130
+        return 143 if isinstance(stop, Terminated) else 130  # 128 + the signal's number, as a shell reports it
     results = read_results(run.results_path)
     finished = run.ok and isinstance(results.get("final"), dict) and not results.get("stopped")
     print("\n" + outcome_line(results, run.seconds, None if run.ok else "the simulator's errors follow (stderr)"))

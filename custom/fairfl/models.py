@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -144,7 +145,7 @@ def _size_problem(spec: dict, max_parameters: int, whose: str, environ) -> str |
     process (`_SPEC_CACHE`): every task carries the same one, and building it took longer than a small site's
     training step."""
     key = _spec_key("count", spec, environ)  # a count once told holds under any limit
-    count = _SPEC_CACHE.get(key) if key else None
+    count = _recall(key)
     if count is None:
         try:
             # a constructor's intermediate tensors count too: a generous multiple of the limit (and a floor, so that
@@ -187,6 +188,7 @@ class _SizeOnly(TorchFunctionMode):
 # comes with every task, the network it describes does not change within a process
 _SPEC_CACHE: OrderedDict = OrderedDict()
 SPEC_CACHE_SIZE = 32  # specs remembered; a server cycling through more is only slower, never wrong
+_SPEC_LOCK = threading.Lock()
 
 
 def _spec_key(kind: str, spec, environ) -> tuple | None:
@@ -199,13 +201,19 @@ def _spec_key(kind: str, spec, environ) -> tuple | None:
     return kind, text, (os.environ if environ is None else environ).get(MODEL_FACTORIES_ENV, "")
 
 
+def _recall(key: tuple | None):
+    with _SPEC_LOCK:
+        return _SPEC_CACHE.get(key) if key else None
+
+
 def _remember(key: tuple | None, value) -> None:
     if key is None:
         return
-    _SPEC_CACHE[key] = value
-    _SPEC_CACHE.move_to_end(key)
-    while len(_SPEC_CACHE) > SPEC_CACHE_SIZE:
-        _SPEC_CACHE.popitem(last=False)
+    with _SPEC_LOCK:
+        _SPEC_CACHE[key] = value
+        _SPEC_CACHE.move_to_end(key)
+        while len(_SPEC_CACHE) > SPEC_CACHE_SIZE:
+            _SPEC_CACHE.popitem(last=False)
 
 
 def meta_state(spec: dict, environ=None) -> dict:
@@ -214,12 +222,12 @@ def meta_state(spec: dict, environ=None) -> dict:
     spec and process; the tensors hold no values and must not be changed. Check the spec first
     (`check_model_spec`): this builds whatever it is given."""
     key = _spec_key("meta_state", spec, environ)
-    state = _SPEC_CACHE.get(key) if key else None
+    state = _recall(key)
     if state is None:
-        with torch.device("meta"):
+        with torch.device("meta"), _SizeOnly():  # a value read out of a meta tensor while building (SwinUNETR) reads 0
             state = build_model(spec, environ).state_dict()
         _remember(key, state)
-    return state
+    return dict(state)  # the caller's own dict: removing a key from it changes no later check
 
 
 def server_parameter_limit(environ=None) -> int:

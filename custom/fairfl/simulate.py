@@ -148,11 +148,12 @@ def run_simulator(
     child_env = {k: v for k, v in os.environ.items() if k != "NVFLARE_SIMULATOR_WORKSPACE_ROOT"}
     started = time.time()
     # the simulator empties its workspace at start, so the output is written beside it and moved in after
+    proc = None
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as log, _terminated_as_interrupt():
-        proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env={**child_env, **(env or {})}, start_new_session=True
-        )
         try:
+            proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env={**child_env, **(env or {})}, start_new_session=True
+            )
             # several GPU groups run one site process each at a time (the simulator's rule)
             groups = len(gpu_groups(gpu)) if gpu else 1
             at_once = groups if groups > 1 else threads or n_clients
@@ -163,10 +164,11 @@ def run_simulator(
             if via == RECIPE and returncode == RECIPE_SITE_ERRORS:
                 returncode = 0  # the simulator itself ended well: the error logs and results are judged below
         finally:
-            if proc.poll() is None:
-                kill_all(proc)
-                proc.wait()
-    shutil.move(log.name, os.path.join(workspace, SIMULATOR_OUTPUT))
+            if proc is not None and proc.poll() is None:
+                with _signals_ignored():  # a second Ctrl-C or SIGTERM must not cut the cleanup short
+                    kill_all(proc)
+                    proc.wait()
+            shutil.move(log.name, os.path.join(workspace, SIMULATOR_OUTPUT))  # also when stopped
     return SimulatorRun(workspace, returncode, time.time() - started, collect_errors(workspace))
 
 
@@ -245,17 +247,35 @@ def _wait(
     return proc.returncode
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM while the simulator ran (its processes are stopped by then), told apart from Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _signals_ignored():
+    """SIGINT and SIGTERM ignored for the block (main thread only), then as they were."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
 @contextlib.contextmanager
 def _terminated_as_interrupt():
     """While the simulator runs, SIGTERM (`timeout`, `kill`, a batch system's stop) raises KeyboardInterrupt in the main
     thread, as Ctrl-C does, so that the run's `finally` kills the simulator's processes instead of leaving them
     running on, orphaned, with the GPU and the cores (Python's default for SIGTERM ends at once, skipping it)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        yield  # a SIGTERM the caller chose to ignore stays ignored
         return
 
     def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+        raise Terminated(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:

@@ -327,11 +327,12 @@ def save_model(model, path: str) -> None:
     save_atomic(model.state_dict(), path)
 
 
-def load_tensors(path: str):
+def load_tensors(path: str, file=None):
     """What `save_atomic` wrote: tensors and plain values only (torch.load weights_only=True), so a file holding
-    any other pickled object is never run; that, or a truncated file, is a ValueError naming the file."""
+    any other pickled object is never run; that, or a truncated file, is a ValueError naming the file. `file`: the
+    file `path` names, already open (binary)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path if file is None else file, map_location="cpu", weights_only=True)
     except Exception as e:
         raise ValueError(
             f"{path}: not a readable file of tensors and plain values "

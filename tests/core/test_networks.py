@@ -510,11 +510,23 @@ def test_a_spec_is_built_once_per_process_for_its_count_and_its_shapes(monkeypat
     built = []
     real_build = models.build_model
     monkeypatch.setattr(models, "build_model", lambda *a, **k: built.append(a) or real_build(*a, **k))
-    assert check_model_spec(spec, CAP) is None and models.meta_state(spec) is shapes and not built
+    again = models.meta_state(spec)
+    assert check_model_spec(spec, CAP) is None and all(again[k] is v for k, v in shapes.items()) and not built
     assert check_model_spec(spec, 10) == f"has {sum(t.numel() for t in shapes.values()):,} parameters, more than " + (
         "this site's limit of 10"
     )
     assert not built  # the count is the spec's, the limit the caller's
     wider = {**spec, "channels": [4, 8, 16]}
     assert check_model_spec(wider, CAP) is None and len(built) == 1
-    assert models.meta_state(spec, {networks.MODEL_FACTORIES_ENV: "other.pkg:make"}) is not shapes
+    key = next(iter(shapes))
+    assert models.meta_state(spec, {networks.MODEL_FACTORIES_ENV: "other.pkg:make"})[key] is not shapes[key]
+
+
+def test_the_shapes_a_site_checks_against_are_built_on_the_meta_device_for_any_admitted_network(monkeypatch):
+    """SwinUNETR reads values out of tensors while it is built; the reference shapes are built as its count is (reads
+    give 0), and each caller gets a dict of its own, so removing a key from it changes no later check."""
+    monkeypatch.setattr(models, "_SPEC_CACHE", OrderedDict())
+    shapes = models.meta_state(SWIN_UNETR)
+    assert shapes.keys() == build_model(SWIN_UNETR).state_dict().keys()
+    shapes.pop(next(iter(shapes)))
+    assert models.meta_state(SWIN_UNETR).keys() == build_model(SWIN_UNETR).state_dict().keys()

@@ -199,7 +199,7 @@ def test_fairfl_run_prints_why_a_run_stopped_or_failed_and_exits_1(tmp_path, mon
 
 def test_fairfl_run_interrupted_says_so_and_where_the_recorded_rounds_are(tmp_path, monkeypatch, capsys):
     """Ctrl-C or SIGTERM (run_simulator raises KeyboardInterrupt once it has stopped the simulator): a line saying so
-    and exit code 130, not a traceback."""
+    and exit code 130 or 143 (128 + the signal's number, as a shell reports them), not a traceback."""
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt("signal 15")
@@ -209,6 +209,12 @@ def test_fairfl_run_interrupted_says_so_and_where_the_recorded_rounds_are(tmp_pa
     assert cli.main(["run", os.path.join(REPO, "jobs", "fedavg"), "-n", "2", "-w", workspace, "-q"]) == 130
     err = capsys.readouterr().err
     assert "interrupted; the simulator was stopped" in err and workspace in err and "Traceback" not in err
+
+    def terminated(*args, **kwargs):
+        raise simulate.Terminated("signal 15")
+
+    monkeypatch.setattr(simulate, "run_simulator", terminated)
+    assert cli.main(["run", os.path.join(REPO, "jobs", "fedavg"), "-n", "2", "-w", workspace, "-q", "--force"]) == 143
 
 
 def test_the_flags_choose_what_run_simulator_is_given(capsys):

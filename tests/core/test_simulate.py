@@ -219,3 +219,4 @@ def test_a_terminated_run_kills_its_simulator_and_everything_below_it(tmp_path):
     assert proc.wait(timeout=30) != 0
     server.wait(timeout=10)
     assert not server.is_running()
+    assert (workspace / "simulator_output.txt").exists()  # what it printed is kept where a finished run keeps it

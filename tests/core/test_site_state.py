@@ -158,3 +158,61 @@ def test_a_kept_file_changed_on_disk_is_read_and_checked_again(tmp_path, replace
     else:
         current.unlink()
         assert [r for r, _, _ in models()] == [0]
+
+
+def test_what_is_remembered_is_a_cpu_copy_of_its_own_as_a_read_from_disk_gives():
+    """A GPU site saves state dicts taken on its device; what the process remembers is copied to the CPU (as torch.load
+    map_location gives a read of the file), nested lists and tuples too, sharing no storage with the caller's."""
+    import fairfl.flare.site_state as site_state
+
+    weights = torch.ones(3)
+    copied = site_state._cpu_copy({"round": 1, "model": {"w": weights}, "moments": [(weights, 2)], "names": ["a"]})
+    assert copied["moments"][0][1] == 2 and isinstance(copied["moments"][0], tuple) and copied["names"] == ["a"]
+    for tensor in (copied["model"]["w"], copied["moments"][0][0]):
+        assert tensor.device.type == "cpu" and torch.equal(tensor, weights)
+        assert tensor.untyped_storage().data_ptr() != weights.untyped_storage().data_ptr()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_version_kept_on_the_gpu_comes_back_on_the_cpu(tmp_path):
+    reference = build_model(SPEC).state_dict()
+    keep_version({"round": 0, "model": {k: v.cuda() for k, v in reference.items()}}, str(tmp_path), FILES, [])
+    (saved,) = [s for _, s, _ in versions(tmp_path)]
+    assert {t.device.type for t in saved["model"].values()} == {"cpu"}
+
+
+def test_a_file_system_of_whole_seconds_is_never_remembered():
+    """Where timestamps are whole seconds (ext3, some network file systems) a file rewritten in place within the same
+    second keeps its size and times: such files are always read again."""
+    import os
+
+    import fairfl.flare.site_state as site_state
+
+    def stat(mtime_ns, ctime_ns):  # mode, inode, device, links, uid, gid, size, then the times: int, float, ns
+        return os.stat_result((0o100644, 7, 1, 1, 0, 0, 100, 1, 1, 1, 1.0, 1.0, 1.0, 0, mtime_ns, ctime_ns))
+
+    fine, coarse = stat(1_700_000_000_123, 1_700_000_000_456), stat(2_000_000_000, 3_000_000_000)
+    assert site_state._identity_of(fine) is not None and site_state._identity_of(coarse) is None
+
+
+def test_a_file_replaced_while_it_is_read_is_remembered_as_what_was_read(tmp_path, monkeypatch):
+    """The identity remembered is that of the file actually read (its open descriptor), not of one put in its place
+    meanwhile: the replacement is read when next asked for."""
+    import os
+
+    import fairfl.flare.site_state as site_state
+
+    keep_version({"round": 1, "value": "old"}, str(tmp_path), FILES, versions(tmp_path))
+    monkeypatch.setattr(site_state, "_KEPT", site_state.OrderedDict())  # a fresh process
+    real_load = site_state.load_tensors
+
+    def load_then_replaced(path, file=None):
+        loaded = real_load(path, file)
+        torch.save({"round": 2, "value": "new"}, str(path) + ".tmp")
+        os.replace(str(path) + ".tmp", path)
+        return loaded
+
+    monkeypatch.setattr(site_state, "load_tensors", load_then_replaced)
+    assert [(r, s["value"]) for r, s, _ in versions(tmp_path)] == [(1, "old")]
+    monkeypatch.setattr(site_state, "load_tensors", real_load)
+    assert [(r, s["value"]) for r, s, _ in versions(tmp_path)] == [(2, "new")]

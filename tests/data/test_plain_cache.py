@@ -47,3 +47,33 @@ def test_plain_cached_batches_are_the_metatensor_pipeline_s_batches(cache_dir, k
         for a, b in zip(ours, theirs, strict=True):
             assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert get_track_meta()  # the switch is back on for everything else in the process
+
+
+def test_metadata_tracking_blocks_in_several_threads_leave_it_as_it_was():
+    """MONAI's switch is one for the whole process: the first block in turns it off, the last one out turns it back,
+    however the blocks of two threads interleave."""
+    import threading
+
+    from fairfl.data.loaders import _metadata_off
+
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+
+    def first():
+        with _metadata_off():
+            first_in.set()
+            second_in.wait(5)
+        first_out.set()
+
+    def second():
+        first_in.wait(5)
+        with _metadata_off():
+            second_in.set()
+            first_out.wait(5)
+            assert not get_track_meta()  # still off while this block runs
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert get_track_meta()

@@ -80,3 +80,16 @@ def test_a_cache_of_other_entries_is_refused(cache_dir, tmp_path):
     training = make_loader(entries[:-1], 32, 2, 4, train=True, seed=1)
     with pytest.raises(ValueError, match="other entries"):
         make_loader(entries, 32, 2, 2, train=False, seed=1, max_samples=5, decoded=training.dataset)
+
+
+def test_building_a_sample_loader_leaves_the_training_loader_s_random_state_alone(cache_dir, tmp_path):
+    """MONAI's DataLoader seeds every random transform it finds under its dataset: the sample holds only the training
+    cache's items, so building it does not re-seed the training loader's augmentation."""
+    entries, _ = _cases(cache_dir, tmp_path)["segmentation"]
+    training = make_loader(entries, 32, 2, 4, train=True, seed=1)
+    training.dataset.transform.set_random_state(seed=5)
+    expected = [training.dataset[i] for i in range(3)]
+    training.dataset.transform.set_random_state(seed=5)
+    make_loader(entries, 32, 2, 2, train=False, seed=9, max_samples=5, decoded=training.dataset)
+    for item, again in zip(expected, [training.dataset[i] for i in range(3)], strict=True):
+        assert torch.equal(item["image"], again["image"])

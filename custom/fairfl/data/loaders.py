@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import threading
 import warnings
 from collections.abc import Hashable, Mapping, Sequence
 
@@ -93,15 +94,26 @@ class CheckedDataset(Dataset):
             raise data_error_in(err) or err  # noqa: B904
 
 
+_METADATA_LOCK = threading.Lock()
+_metadata_users = [0, True]  # blocks inside `_metadata_off` now, the switch as it was before the first
+
+
 @contextlib.contextmanager
 def _metadata_off():
-    """MONAI's metadata tracking off (its global switch) for the block, then as it was."""
-    tracked = get_track_meta()
-    set_track_meta(False)
+    """MONAI's metadata tracking off (its switch is one for the whole process) for the block; the first block in sets
+    it off and the last one out puts it back, so blocks in several threads never leave it off."""
+    with _METADATA_LOCK:
+        if _metadata_users[0] == 0:
+            _metadata_users[1] = get_track_meta()
+            set_track_meta(False)
+        _metadata_users[0] += 1
     try:
         yield
     finally:
-        set_track_meta(tracked)
+        with _METADATA_LOCK:
+            _metadata_users[0] -= 1
+            if _metadata_users[0] == 0:
+                set_track_meta(_metadata_users[1])
 
 
 def _plain(item):
@@ -136,17 +148,17 @@ class SampleOfCache(Dataset):
     def __init__(self, entries: Sequence[dict], transform: Compose, decoded: CacheDataset, order: Sequence[int]):
         if not isinstance(transform.transforms[0], LoadCheckedd):
             raise ValueError("SampleOfCache: the transform must start with the cached LoadCheckedd step")
+        if any(item is None for item in decoded._cache):
+            raise ValueError("SampleOfCache: the training loader's cache is not filled")
         super().__init__(entries, transform=Compose(list(transform.transforms[1:])))
-        self.decoded, self.order = decoded, list(order)
+        # MONAI's CacheDataset keeps its items in _cache, filled when the training loader is built (cache_rate 1).
+        # Only that list is held: MONAI's DataLoader seeds every random transform it finds under its dataset, and the
+        # training loader's own must not be re-seeded by building this one.
+        self.items, self.order = decoded._cache, list(order)
 
     def _transform(self, index: int):
-        # MONAI's CacheDataset keeps its items in _cache, filled when the training loader is built (cache_rate 1);
         # a copy, as CacheDataset itself takes before its random steps, so nothing here changes what training reads
-        position = self.order[index]
-        cached = self.decoded._cache[position]
-        if cached is None:  # a cache filled at run time: fill this item as CacheDataset would
-            cached = self.decoded._cache[position] = self.decoded._load_cache_item(position)
-        return self.transform(copy.deepcopy(cached))
+        return self.transform(copy.deepcopy(self.items[self.order[index]]))
 
 
 class SqueezeTrailingSingletond(MapTransform):

@@ -16,6 +16,8 @@ import os
 import threading
 from collections import OrderedDict
 
+import torch
+
 from fairfl.errors import DataError
 from fairfl.files import save_round_keeping_previous
 from fairfl.site_checks import check_site_state
@@ -24,19 +26,38 @@ from fairfl.training import load_tensors
 # What this process last read or wrote of each kept file, under the file's identity at the time (device, inode, size,
 # modification and change times): a task reads a version from disk, and checks it, only when its file is not the one
 # this process wrote or read, as after a restart or a change by hand. Without it every task loaded and checked both
-# kept versions, which cost a small site a tenth of its round.
+# kept versions, which cost a small site a tenth of its round. Kept on the CPU, as a read from disk gives it.
 _KEPT: OrderedDict = OrderedDict()  # path -> (identity, saved dict, {references it fits})
 KEPT_FILES = 16  # files remembered: a few sites' state (the simulator with -t below -n); more are read again
-KEPT_BYTES = 1 << 30  # and at most this many bytes of tensors; a larger version is always read from disk
+KEPT_BYTES = 256 << 20  # and at most this many bytes of tensors; a larger version is always read from disk
 _KEPT_LOCK = threading.Lock()
+
+
+def _identity_of(st: os.stat_result) -> tuple | None:
+    """A file's identity, or None where the file system keeps whole seconds (ext3, some network file systems): a file
+    rewritten in place within the same second would look the same, so such a file is never remembered."""
+    if st.st_mtime_ns % 1_000_000_000 == 0 and st.st_ctime_ns % 1_000_000_000 == 0:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _identity(path: str) -> tuple | None:
     try:
-        st = os.stat(path)
+        return _identity_of(os.stat(path))
     except FileNotFoundError:
         return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _cpu_copy(value):
+    """`value` with every tensor copied to the CPU (as torch.load with map_location="cpu" gives it), the rest
+    deep-copied: a state taken on a GPU comes back as a read from disk would."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _cpu_copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cpu_copy(v) for v in value)
+    return copy.deepcopy(value)
 
 
 def _tensor_bytes(value) -> int:
@@ -47,14 +68,13 @@ def _tensor_bytes(value) -> int:
     return int(getattr(value, "nbytes", 0) or 0)
 
 
-def _remember(path: str, saved: dict, fits: set) -> None:
-    """Keep a private copy of `saved` as what `path` holds now (its identity read after the write or read)."""
-    identity = _identity(path)
+def _remember(path: str, identity: tuple | None, saved: dict, fits: set) -> None:
+    """Keep a CPU copy of `saved` as what `path` holds while it has `identity`."""
     with _KEPT_LOCK:
         _KEPT.pop(path, None)
         if identity is None or _tensor_bytes(saved) > KEPT_BYTES:
             return
-        _KEPT[path] = (identity, copy.deepcopy(saved), fits)
+        _KEPT[path] = (identity, _cpu_copy(saved), fits)
         while len(_KEPT) > KEPT_FILES or sum(_tensor_bytes(entry[1]) for entry in _KEPT.values()) > KEPT_BYTES:
             _KEPT.popitem(last=False)
 
@@ -67,7 +87,7 @@ def _recalled(path: str) -> tuple[dict, set] | None:
         if entry is None or entry[0] != identity:
             return None
         _KEPT.move_to_end(path)
-        return copy.deepcopy(entry[1]), entry[2]
+        return _cpu_copy(entry[1]), entry[2]
 
 
 def _read(site: str, path: str, what: str, remedy: str) -> tuple[dict, set]:
@@ -76,13 +96,15 @@ def _read(site: str, path: str, what: str, remedy: str) -> tuple[dict, set]:
     if recalled is not None:
         return recalled
     try:
-        saved = load_tensors(path)
-    except ValueError as e:
+        with open(path, "rb") as f:  # the identity of the file read, not of one put in its place meanwhile
+            identity = _identity_of(os.fstat(f.fileno()))
+            saved = load_tensors(path, f)
+    except (OSError, ValueError) as e:
         raise DataError(site, path, f"unreadable {what} ({e}); {remedy}") from e
     if not isinstance(saved, dict) or type(saved.get("round")) is not int:
         raise DataError(site, path, f"not a {what} ({{'round': int, ...}}); {remedy}")
     fits: set = set()
-    _remember(path, saved, fits)
+    _remember(path, identity, saved, fits)
     return saved, fits
 
 
@@ -114,11 +136,20 @@ def keep_version(saved: dict, state_dir: str, files: tuple[str, str], versions: 
     current, previous = files
     current_round = next((saved_round for saved_round, _, name in versions if name == current), None)
     current_path, previous_path = os.path.join(state_dir, current), os.path.join(state_dir, previous)
-    moved = _recalled(current_path) if current_round is not None and current_round < saved["round"] else None
+    moves = current_round is not None and current_round < saved["round"]  # the current file becomes the previous
+    with _KEPT_LOCK:
+        moved = _KEPT.pop(current_path, None) if moves else None
     save_round_keeping_previous(saved, current_path, previous_path, current_round, saved["round"])
-    if moved is not None:  # the current file became the previous one
-        _remember(previous_path, *moved)
-    _remember(current_path, saved, set())
+    if moved is not None and moved[0] is not None and moved[0][1] == getattr(_stat(previous_path), "st_ino", None):
+        _remember(previous_path, _identity(previous_path), moved[1], moved[2])
+    _remember(current_path, _identity(current_path), saved, set())
+
+
+def _stat(path: str):
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
 
 
 def kept_model_versions(site: str, state_dir: str, files: tuple[str, str], what: str, remedy: str, reference) -> list:
