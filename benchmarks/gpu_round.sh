@@ -3,7 +3,8 @@
 # U-Net, six sites on GPU 0) and FedAvg on the built-in 3-D volumes (SegResNet, the jobs' 3-D size), each cut at SECONDS and keeping the
 # rounds it finished (results.json is written every round), with the GPU's utilisation sampled every 200 ms.
 # BASE=folder: also Fed-LWR with the fairfl package in BASE/custom (an earlier commit: `git archive COMMIT custom | tar
-# x -C BASE`), on the same machine, for a before/after. The summary: python benchmarks/gpu_round.py OUT.
+# x -C BASE`), on the same machine, for a before/after; with LONG=SECONDS both once more, cut at LONG. The summary:
+# python benchmarks/gpu_round.py OUT.
 #   bash benchmarks/gpu_round.sh [SECONDS_2D] [SECONDS_3D]   # writes OUT (default benchmarks/results/gpu_round)
 # PRESET=cpu GPU= runs the same at CPU size without a GPU (a smoke test of this script). PYTHON: the interpreter.
 set -u
@@ -57,6 +58,10 @@ for job in fedavg fedlwr fedfloor; do
 done
 if [ -n "${BASE:-}" ]; then
   run fedlwr_base "$SECONDS_2D" "$BASE" fedlwr --set eval_every=100
+fi
+if [ -n "${LONG:-}" ] && [ -n "${BASE:-}" ]; then  # LONG=SECONDS: Fed-LWR after and before again, for more rounds
+  run fedlwr_long "$LONG" "$PACKAGE" fedlwr --set eval_every=100
+  run fedlwr_base_long "$LONG" "$BASE" fedlwr --set eval_every=100
 fi
 [ -n "${sampler:-}" ] && kill "$sampler"
 ls -la "$OUT"
