@@ -46,13 +46,15 @@ ALL_SPLITS = (*SPLITS, CORRUPTED_SPLIT)
 
 
 @pytest.fixture(scope="module")
-def skin(tmp_path_factory):
-    return generate_classification_sites(tmp_path_factory.mktemp("skin"), "skin", seed=0, **SMALL)
+def skin(made_once):  # generated once for all the test processes
+    return made_once("skin", lambda folder: generate_classification_sites(folder, "skin", seed=0, **SMALL))
 
 
 @pytest.fixture(scope="module")
-def ich_blur(tmp_path_factory):
-    return generate_classification_sites(tmp_path_factory.mktemp("ich"), "ich", seed=0, corruption="blur", **SMALL)
+def ich_blur(made_once):
+    return made_once(
+        "ich_blur", lambda folder: generate_classification_sites(folder, "ich", seed=0, corruption="blur", **SMALL)
+    )
 
 
 def read(root: Path, entry: dict) -> np.ndarray:

@@ -25,9 +25,9 @@ SITES = [f"site-{k}" for k in range(1, 7)]
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    """The default six sites at 64 (a few seconds)."""
-    return generate_fundus_sites(tmp_path_factory.mktemp("fundus"), image_size=64, seed=0)
+def dataset(made_once):
+    """The default six sites at 64 (a few seconds), generated once for all the test processes."""
+    return made_once("fundus", lambda folder: generate_fundus_sites(folder, image_size=64, seed=0))
 
 
 def read_site(root: Path, site: str, size: int | None = None):

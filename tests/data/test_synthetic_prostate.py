@@ -25,9 +25,9 @@ SITES = [f"site-{k}" for k in range(1, 7)]
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    """The default six sites at 64x64 (a few seconds)."""
-    return generate_prostate_sites(tmp_path_factory.mktemp("synthetic"), image_size=64, seed=0)
+def dataset(made_once):
+    """The default six sites at 64x64 (a few seconds), generated once for all the test processes."""
+    return made_once("prostate", lambda folder: generate_prostate_sites(folder, image_size=64, seed=0))
 
 
 def read_site(root: Path, site: str):

@@ -28,9 +28,9 @@ AXES = {"site-1": "SPL", "site-2": "SPL", "site-3": "IAL", "site-4": "SPL", "sit
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    """The six sites at image size 32, five cases each (a few seconds)."""
-    return generate_prostate3d_sites(tmp_path_factory.mktemp("volumes"), num_sites=6, seed=0, **SMALL)
+def dataset(made_once):
+    """The six sites at image size 32, five cases each (a few seconds), generated once for all the test processes."""
+    return made_once("volumes", lambda folder: generate_prostate3d_sites(folder, num_sites=6, seed=0, **SMALL))
 
 
 def cases(root: Path, site: str) -> list[tuple[str, nib.Nifti1Image, nib.Nifti1Image]]:

@@ -69,20 +69,21 @@ def failing_site(site, rounds=None):
 
 
 def test_too_few_sites_left_ends_the_job_with_a_clear_message(tmp_path, cache_dir):
-    # min_clients "all": the round in which site-3's training fails ends the job. The failure is an answer, so the
-    # server knows at once: no timeout races the processes' start (a 25 s task_timeout once did, on a busy machine)
+    # min_clients "all": the round in which site-2's training fails ends the job. The failure is an answer, so the
+    # server knows at once: no timeout races the processes' start (a 25 s task_timeout once did, on a busy machine).
+    # Two sites: "all" needs no more, and each site is a process start
     job = make_job(
         "fedavg",
         str(tmp_path / "job"),
         {"num_rounds": 3, "eval_every": 3, "min_clients": "all"},
-        client_extra=failing_site("site-3", rounds=[1]),
+        client_extra=failing_site("site-2", rounds=[1]),
     )
-    sim = run(job, str(tmp_path / "ws"))
-    assert "fewer than min_clients 3" in sim.errors.get("server", "")
+    sim = run(job, str(tmp_path / "ws"), n=2, t=2)
+    assert "fewer than min_clients 2" in sim.errors.get("server", "")
     results = read_json(sim.results_path)
     assert [r["round"] for r in results["rounds"]] == [0, 1] and results["final"] is None
-    assert results["rounds"][1]["failed"] == {"site-3": "EXECUTION_EXCEPTION"}
-    assert results["stopped"].startswith("round 1: 2 of 3 sites answered")
+    assert results["rounds"][1]["failed"] == {"site-2": "EXECUTION_EXCEPTION"}
+    assert results["stopped"].startswith("round 1: 1 of 2 sites answered")
 
 
 def numbers(metrics: dict) -> dict:
@@ -91,22 +92,22 @@ def numbers(metrics: dict) -> dict:
 
 
 def test_a_site_failing_every_round_leaves_the_other_sites_numbers_as_without_it(tmp_path, tiny_fedavg_run):
-    # the default quorum (a majority: 3 of 4) goes on without site-4, whose training fails in every round; FedAvg
-    # then gives site-1..3 exactly the numbers of the same job run with only them (tiny_fedavg_run)
-    job = make_job("fedavg", str(tmp_path / "job"), client_extra=failing_site("site-4"))
-    sim = run(job, str(tmp_path / "ws"), n=4, t=4)
-    assert "site-4 failed its task" in sim.errors.pop("server", "")
-    sim.errors.pop("site-4", None)
+    # the default quorum (a majority: 2 of 3) goes on without site-3, whose training fails in every round; FedAvg
+    # then gives site-1 and site-2 exactly the numbers of the same job run with only them (tiny_fedavg_run)
+    job = make_job("fedavg", str(tmp_path / "job"), client_extra=failing_site("site-3"))
+    sim = run(job, str(tmp_path / "ws"), n=3, t=3)
+    assert "site-3 failed its task" in sim.errors.pop("server", "")
+    sim.errors.pop("site-3", None)
     results = load_results(sim)
     reference = load_results(tiny_fedavg_run)
     assert results["config"]["min_clients"] is None and "stopped" not in results
     for ours, theirs in zip(results["rounds"], reference["rounds"], strict=True):
-        assert ours["failed"] == {"site-4": "EXECUTION_EXCEPTION"} and ours["weights"] == theirs["weights"]
+        assert ours["failed"] == {"site-3": "EXECUTION_EXCEPTION"} and ours["weights"] == theirs["weights"]
         assert {s: numbers(ours["train"][s]) for s in theirs["train"]} == {
             s: numbers(m) for s, m in theirs["train"].items()
         }
         assert {s: ours["per_site"][s] for s in theirs["per_site"]} == theirs["per_site"]
-    assert set(results["final"]["per_site"]) == {"site-1", "site-2", "site-3", "site-4"}  # site-4 is still scored
+    assert set(results["final"]["per_site"]) == {"site-1", "site-2", "site-3"}  # site-3 is still scored
 
 
 def test_a_site_that_fails_or_stalls_in_one_round_is_left_out_of_it_and_back_in_the_next(tmp_path, cache_dir):
