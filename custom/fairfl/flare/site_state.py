@@ -140,16 +140,10 @@ def keep_version(saved: dict, state_dir: str, files: tuple[str, str], versions: 
     with _KEPT_LOCK:
         moved = _KEPT.pop(current_path, None) if moves else None
     save_round_keeping_previous(saved, current_path, previous_path, current_round, saved["round"])
-    if moved is not None and moved[0] is not None and moved[0][1] == getattr(_stat(previous_path), "st_ino", None):
-        _remember(previous_path, _identity(previous_path), moved[1], moved[2])
+    previous_identity = _identity(previous_path) if moved is not None else None
+    if moved is not None and previous_identity is not None and moved[0][1] == previous_identity[1]:  # same inode
+        _remember(previous_path, previous_identity, moved[1], moved[2])
     _remember(current_path, _identity(current_path), saved, set())
-
-
-def _stat(path: str):
-    try:
-        return os.stat(path)
-    except FileNotFoundError:
-        return None
 
 
 def kept_model_versions(site: str, state_dir: str, files: tuple[str, str], what: str, remedy: str, reference) -> list:
