@@ -22,7 +22,8 @@ def train_personal(
 ) -> dict:
     """Ditto's personal objective h_k(v; w_t) = loss_k(v) + (lam / 2) ||v - w_t||^2 (Li et al., ICML 2021, Eq. 2),
     minimised in place on `personal` (v) by the repo's ordinary local loop (fairfl.training.train_local); `sent`
-    (w_t) is only read. The proximal term is NVFlare's PTFedProxLoss, the one its PTDittoHelper uses. PTDittoHelper
+    (w_t) is only read. The proximal term is NVFlare's PTFedProxLoss's, the one its PTDittoHelper uses (fused:
+    fairfl.methods.fedprox.proximal). PTDittoHelper
     itself is not used: its training step (`local_train`) is abstract, it wants a torch `_Loss` criterion and its
     own optimiser, and it saves `personalized_model.pt` / best-metric files in the app folder of the job run,
     where a resumed run (run_name) would not find them; the site's state dir and train_local already do the rest.

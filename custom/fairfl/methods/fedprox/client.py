@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import copy
 
-from nvflare.app_opt.pt.fedproxloss import PTFedProxLoss
-
 from fairfl.kinds import Real
 from fairfl.methods.fedprox.arguments import MAX_PROXIMAL_WEIGHT
 from fairfl.methods.fedprox.protocol import PROX_MU
+from fairfl.methods.fedprox.proximal import ProximalDistance
 from fairfl.methods.steps import ClientStep, StepContext
 from fairfl.privacy.dp_sgd import SeparableLoss
 
 
 def with_proximal_term(loss_fn, model, mu: float, reference=None):
-    """FedProx (Li et al., MLSys 2020): loss_fn plus NVFlare's proximal term (mu / 2) ||w - w_ref||^2 against a
-    frozen copy of `reference`, by default of the model as it is now (as received)."""
+    """FedProx (Li et al., MLSys 2020): loss_fn plus the proximal term (mu / 2) ||w - w_ref||^2 (NVFlare's
+    PTFedProxLoss's value and gradient, fused: fairfl.methods.fedprox.proximal) against a frozen copy of `reference`,
+    by default of the model as it is now (as received)."""
     reference = copy.deepcopy(model if reference is None else reference).requires_grad_(False)
-    proximal = PTFedProxLoss(mu=mu)
+    distance = ProximalDistance(model, reference, mu)
     # a term of the weights alone: DP-SGD adds it outside the items' clipped gradients
-    return SeparableLoss(loss_fn, lambda device: proximal(model, reference.to(device)))
+    return SeparableLoss(loss_fn, lambda device: distance())
 
 
 class ProximalTerm(ClientStep):
