@@ -2,8 +2,8 @@
 
 The value and gradient are NVFlare's `PTFedProxLoss`'s (tests/methods/fedprox/test_proximal.py compares both, and the
 gradient to the bit), but computed with one multi-tensor op per pass instead of five small ops per parameter tensor
-in the forward pass and as many again backward: on the default U-Net (49 tensors) NVFlare's term added about a
-seventh to a CPU site's train task. The gradient mu (w - w_ref) is the one autograd takes through
+in the forward pass and as many again backward (the default U-Net has 49; docs/benchmarks/cost.md has the cost).
+The gradient mu (w - w_ref) is the one autograd takes through
 sum((w - w_ref) ** 2)."""
 
 from __future__ import annotations
