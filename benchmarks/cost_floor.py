@@ -119,7 +119,26 @@ def round_periods(ends) -> list[float | None]:
     return periods
 
 
-class TreeCPU:
+class Sampler:
+    """A daemon thread running the subclass's `_run` while a `with` block lasts; `_run` ends when `_stop` is set."""
+
+    def __init__(self, name: str):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self):
+        raise NotImplementedError
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+class TreeCPU(Sampler):
     """A thread sampling (time, CPU seconds) of every process below this one while a run goes: user + system time of
     each process it has seen, a process's last value kept after it ends (its parent's count of its reaped children
     is not read: that would count it twice). It looks for new processes every RESCAN_INTERVALS[0] seconds, twice as
@@ -137,16 +156,7 @@ class TreeCPU:
         self.samples: list[tuple[float, float]] = []
         self.changes: list[tuple[float, list[int]]] = []
         self.own_cpu = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tree-cpu", daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
+        super().__init__("tree-cpu")
 
     def _run(self):
         psutil = self._psutil

@@ -21,6 +21,20 @@ TINY_CLIENT = {"image_size": 32, "synthetic_size_scale": 0.5}
 TINY_METHOD = {"fedlwr": {"cka_max_samples": 16}}  # a method's own tiny settings, by job
 
 
+def benchmark_module(name: str):
+    """benchmarks/<name>.py imported as the benchmarks import each other (their folder first on sys.path while it
+    loads; the modules it imports stay in sys.modules)."""
+    import importlib
+    import sys
+
+    saved = list(sys.path)
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path[:] = saved
+
+
 def segmentation_task_meta(spec: dict) -> dict:
     """The meta of a server's task to a site of the built-in prostate data (3 sites), training and evaluating the
     model sent (the executor's tests)."""
@@ -143,6 +157,38 @@ def site_task(meta: dict, site: str):
     from fairfl.flare.site_task import SiteTask
 
     return SiteTask.of(site, FLModel(meta=meta))
+
+
+def site_train(executor, site: str, meta: dict, params: dict, state_dir, round_num: int):
+    """The executor's real train task for `site` on `params` (NumPy arrays) with task `meta`, its state in
+    `state_dir`: the FLModel answer (the method units' executor tests)."""
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+    from fairfl.flare.site_task import SiteTask
+
+    task = FLModel(params_type=ParamsType.FULL, params=params, current_round=round_num, meta=meta)
+    return executor._train(SiteTask.of(site, task), str(state_dir))
+
+
+def site_validate(executor, site: str, meta: dict, params: dict, state_dir, round_num: int = 0, **extra):
+    """The executor's real validate task for `site`, scoring as the personalised methods ask (EVALUATE
+    FROM_PERSONAL unless `extra` says otherwise)."""
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+    from fairfl.flare import protocol
+    from fairfl.flare.site_task import SiteTask
+
+    task_meta = {**meta, protocol.EVALUATE: protocol.FROM_PERSONAL, **extra}
+    task = FLModel(params_type=ParamsType.FULL, params=params, current_round=round_num, meta=task_meta)
+    return executor._validate(SiteTask.of(site, task), str(state_dir))
+
+
+def torch_state(meta: dict, params: dict) -> dict:
+    """`params` (NumPy arrays) as the torch state dict of the task's network."""
+    from fairfl.flare import protocol
+    from fairfl.models import build_model, load_numpy_state
+
+    return load_numpy_state(build_model(meta[protocol.MODEL_SPEC]), params).state_dict()
 
 
 def variant_controller(name: str, run_dir, sites: list, **settings):

@@ -247,9 +247,9 @@ ROUND = (
         Nullable(Real(0, 1, low_open=True)),
         None,
         "no site weighs more than this share of an aggregation (sample counts, FedCE's contributions, SAGA's and "
-        "q-FedAvg's weights, Fed-LWR's layer weights, CFFL's and CGSV's reputations) when at least 3 sites are "
-        "aggregated: a larger weight is cut and the rest shared in proportion; 1 = no cap. null = the method's "
-        "default (0.5; Fed-LWR 1, whose ordinary layer weights exceed 0.5)",
+        "q-FedAvg's weights, AFL's lambda, Fed-LWR's layer weights, CFFL's and CGSV's reputations) when at least 3 "
+        "sites are aggregated: a larger weight is cut and the rest shared in proportion; 1 = no cap. null = the "
+        "method's default (0.5; Fed-LWR 1, whose ordinary layer weights exceed 0.5)",
     ),
     # fairfl.aggregation.ROBUST_MODES
     Argument(
@@ -257,8 +257,8 @@ ROUND = (
         OneOf(("none", "median", "trimmed_mean")),
         "none",
         '"none" (the method\'s weighted average), "median" or "trimmed_mean": the averaging step becomes an unweighted '
-        "coordinate-wise median or trimmed mean of the accepted sites' models (CFFL, CGSV: of their updates). "
-        "q-FedAvg's step is not an average: refused there",
+        "coordinate-wise median or trimmed mean of the accepted sites' models (CFFL, CGSV: of their updates), so a "
+        "method's weights (AFL's lambda among them) weigh nothing. q-FedAvg's step is not an average: refused there",
     ),
     Argument(
         "trim_fraction",

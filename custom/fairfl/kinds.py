@@ -42,6 +42,13 @@ class Kind:
         """Why `value` is not of this kind ("is nan, expected a finite number in [0, 1]"), or None."""
         return None if self.allows(value) else f"is {shown(value)}, expected {self}"
 
+    def checked(self, name: str, value):
+        """`value` if it is of this kind, else a ValueError naming `name` (a job argument, a task field) and why."""
+        problem = self.problem(value)
+        if problem:
+            raise ValueError(f"{name} {problem}")
+        return value
+
     def example(self):
         """An honest value (the tests build honest answers from the declarations)."""
         raise NotImplementedError(f"{type(self).__name__} has no example")

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from helpers import REPO
+from helpers import benchmark_module
 
 # the built-in prostate data at the jobs' size: training images and optimiser steps a round (batch 8, one epoch)
 PROSTATE_IMAGES = {"site-1": 142, "site-2": 101, "site-3": 97, "site-4": 73, "site-5": 64, "site-6": 44}
@@ -23,13 +23,7 @@ PROSTATE_STEPS = {site: math.ceil(images / 8) for site, images in PROSTATE_IMAGE
 @pytest.fixture(scope="module")
 def cost():
     """benchmarks/cost.py (the summary, NVFlare's FedAvg's settings)."""
-    saved = list(sys.path)
-    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-    try:
-        import cost
-    finally:
-        sys.path[:] = saved
-    return cost
+    return benchmark_module("cost")
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from fairfl.errors import DataError
 from fairfl.flare import protocol
 from fairfl.flare.executor import FairflExecutor
-from fairfl.flare.site_task import SiteTask, check_meta
+from fairfl.flare.site_task import check_meta
 from fairfl.methods.fedala.adaptive import personalised_state
 from fairfl.methods.fedala.controller import FedALAController
 from fairfl.methods.fedala.protocol import (
@@ -29,7 +28,7 @@ from fairfl.methods.fedala.protocol import (
     PREVIOUS_WEIGHTS_FILE,
     WEIGHTS_FILE,
 )
-from fairfl.models import build_model, initial_state, load_numpy_state, state_to_numpy
+from fairfl.models import build_model, initial_state, state_to_numpy
 
 import helpers
 from helpers import segmentation_task_meta, trained_weights
@@ -77,8 +76,7 @@ def site(cache_dir):
 
 
 def train(executor, meta, params, state_dir, round_num):
-    task = FLModel(params_type=ParamsType.FULL, params=params, current_round=round_num, meta=meta)
-    return executor._train(SiteTask.of(SITE, task), str(state_dir))
+    return helpers.site_train(executor, SITE, meta, params, state_dir, round_num)
 
 
 def plain(meta) -> dict:
@@ -87,9 +85,7 @@ def plain(meta) -> dict:
 
 
 def validate(executor, meta, params, state_dir, round_num=0, **extra):
-    task_meta = {**meta, protocol.EVALUATE: protocol.FROM_PERSONAL, **extra}
-    task = FLModel(params_type=ParamsType.FULL, params=params, current_round=round_num, meta=task_meta)
-    return executor._validate(SiteTask.of(SITE, task), str(state_dir))
+    return helpers.site_validate(executor, SITE, meta, params, state_dir, round_num, **extra)
 
 
 def kept(state_dir, name=WEIGHTS_FILE):
@@ -100,8 +96,7 @@ def local_model(state_dir, name=protocol.LOCAL_MODEL_FILE) -> dict:
     return torch.load(Path(state_dir) / name)["model"]
 
 
-def torch_state(meta, params) -> dict:
-    return load_numpy_state(build_model(meta[protocol.MODEL_SPEC]), params).state_dict()
+torch_state = helpers.torch_state
 
 
 def score(executor, meta, state) -> float:

@@ -26,25 +26,16 @@ from dataclasses import dataclass
 
 import torch
 
-from fairfl.kinds import Kind
 from fairfl.methods.fedala.arguments import ETA, LAYERS, MAX_PASSES, RAND_PERCENT, THRESHOLD, WINDOW
 from fairfl.site_checks import check_site_state
 from fairfl.training import forward_loss
-
-
-def check(name: str, kind: Kind, value):
-    """`value` if it is of `kind` (the job argument `name`'s), else a ValueError naming the argument."""
-    problem = kind.problem(value)
-    if problem:
-        raise ValueError(f"{name} {problem}")
-    return value
 
 
 def top_parameter_names(model: torch.nn.Module, layers: int) -> list[str]:
     """The names of the last `layers` parameter tensors of `model` (its registration order, which ends at the output
     layer for fairfl's networks and MONAI's): the paper's p, counted as its authors' code counts it."""
     names = [name for name, _ in model.named_parameters()]
-    if check("fedala_layers", LAYERS, layers) > len(names):
+    if LAYERS.checked("fedala_layers", layers) > len(names):
         raise ValueError(
             f"fedala_layers is {layers}, more than the {len(names)} parameter tensors of the network: at most "
             f"{len(names)} (every layer)"
@@ -121,7 +112,7 @@ def clip_weights(weights: torch.Tensor) -> torch.Tensor:
 def sample_size(items: int, rand_percent: int) -> int:
     """How many of a site's `items` training items ALA learns W on: rand_percent % of them, rounded down, at least
     one (the paper's s)."""
-    check("fedala_rand_percent", RAND_PERCENT, rand_percent)
+    RAND_PERCENT.checked("fedala_rand_percent", rand_percent)
     if isinstance(items, bool) or not isinstance(items, int) or items < 1:
         raise ValueError(f"a site needs at least one training item to learn its aggregation weights, got {items!r}")
     return max(1, items * rand_percent // 100)
@@ -138,7 +129,7 @@ class Convergence:
 
     def __post_init__(self):
         for name, kind in (("window", WINDOW), ("threshold", THRESHOLD), ("max_passes", MAX_PASSES)):
-            check(f"fedala_{name}", kind, getattr(self, name))
+            kind.checked(f"fedala_{name}", getattr(self, name))
 
     def done(self, losses: list[float], start_phase: bool) -> bool:
         if not start_phase or len(losses) >= self.max_passes:
@@ -202,7 +193,7 @@ def learn_weights(
     passes run); `passes()` gives one pass's batches (the same sample in the same order each time); `weights` the
     W to start from (not changed). Passes as `convergence` says (one outside the start phase); none at eta 0 (W
     cannot move). The lower layers and buffers of `network` are theta's throughout."""
-    check("fedala_eta", ETA, eta)
+    ETA.checked("fedala_eta", eta)
     refuse_unknown(weights, global_state)
     check_weights(dict(weights), {name: global_state[name] for name in weights})
     learned = {name: w.detach().to(device, copy=True) for name, w in weights.items()}

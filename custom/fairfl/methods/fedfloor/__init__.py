@@ -15,6 +15,9 @@ SPEC = MethodSpec(
         Variant("fedfloor", "FedFloor", "fedfloor", families=tuple(HEADLINE)),
         # ablation: choose the global or the personal model, never a mix
         Variant("fedfloor_pick", "FedFloor (pick)", "fedfloor", arguments={"mix_grid": [0, 1]}),
+        # fairfl's composition: the global model each site mixes with is AFL's, pulled toward the worst-served
+        # sites; its ablations are fedfloor (FedAvg's global model), afl (no personal model, no mix) and ditto
+        Variant("fedfloor_minimax", "FedFloor (minimax)", "fedfloor", arguments={"minimax_aggregation": True}),
     ),
     # the goal in docs/methods/fedfloor.md: fairer than FedAvg without losing more than half a point on average; and
     # the same against its closest ancestor, Ditto (whose personal model it may choose), and against Solo (training

@@ -1,8 +1,9 @@
 """FedFloor's job arguments (fairfl.methods.fedfloor.controller.FedFloorController), besides the round's: Ditto's,
-then its own."""
+its own, then AFL's (read only with minimax_aggregation)."""
 
 from fairfl.argument import Argument
-from fairfl.kinds import ListOf, Real
+from fairfl.kinds import Boolean, ListOf, Real
+from fairfl.methods.afl.arguments import AFL
 from fairfl.methods.ditto.arguments import DITTO
 from fairfl.methods.spec import ControllerArguments
 
@@ -14,5 +15,13 @@ FEDFLOOR = (  # fairfl.methods.fedfloor.mixing.DEFAULT_GRID, check_grid
         "the alphas scored (0 = the global model, 1 = the personal model); [0, 1] chooses between the two without "
         "mixing (recorded as fedfloor_pick)",
     ),
+    Argument(
+        "minimax_aggregation",
+        Boolean(),
+        False,
+        "true: the global model is aggregated as AFL's (the sites' weights ascend on the losses of the model sent, "
+        "within afl_alpha of FedAvg's; recorded as fedfloor_minimax), so the global model each site mixes with "
+        "leans toward the sites it serves worst; false: FedAvg's",
+    ),
 )
-CONTROLLERS = {"fairfl.methods.fedfloor.controller.FedFloorController": ControllerArguments(DITTO + FEDFLOOR)}
+CONTROLLERS = {"fairfl.methods.fedfloor.controller.FedFloorController": ControllerArguments(DITTO + FEDFLOOR + AFL)}
