@@ -159,6 +159,22 @@ def site_task(meta: dict, site: str):
     return SiteTask.of(site, FLModel(meta=meta))
 
 
+def tiny_executor():
+    """A site executor at the executor tests' small size (32 px, half the built-in data, batch 8, Adam at 1e-3)."""
+    from fairfl.flare.executor import FairflExecutor
+
+    return FairflExecutor(image_size=32, batch_size=8, lr=1e-3, weight_decay=1e-4, synthetic_size_scale=0.5)
+
+
+def kept_local_model(state_dir, name: str = "") -> dict:
+    """The local model a site kept in `state_dir` (its LOCAL_MODEL_FILE unless `name` says another version)."""
+    import torch
+
+    from fairfl.flare import protocol
+
+    return torch.load(Path(state_dir) / (name or protocol.LOCAL_MODEL_FILE))["model"]
+
+
 def site_train(executor, site: str, meta: dict, params: dict, state_dir, round_num: int):
     """The executor's real train task for `site` on `params` (NumPy arrays) with task `meta`, its state in
     `state_dir`: the FLModel answer (the method units' executor tests)."""

@@ -50,7 +50,7 @@ def test_controller_settings_and_refusal():
 def site(cache_dir):
     controller = APFLController(**TINY)
     meta = {**segmentation_task_meta(controller.model_spec()), **controller.site_meta()}
-    executor = FairflExecutor(image_size=32, batch_size=8, lr=1e-3, weight_decay=1e-4, synthetic_size_scale=0.5)
+    executor = helpers.tiny_executor()
     return controller, meta, executor
 
 

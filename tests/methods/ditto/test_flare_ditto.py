@@ -21,6 +21,7 @@ from fairfl.methods.fedprox.client import with_proximal_term
 from fairfl.models import build_model, initial_state, load_numpy_state, state_to_numpy
 from fairfl.training import TrainSettings, train_local
 
+import helpers
 from helpers import trained_weights
 
 TINY = {"model_channels": [8, 16, 32], "model_strides": [2, 2], "num_rounds": 2}
@@ -117,7 +118,7 @@ def setup(cache_dir):
         protocol.DATA_SEED: 0,
         protocol.START_FROM: protocol.FROM_GLOBAL,
     }
-    executor = FairflExecutor(image_size=32, batch_size=8, lr=1e-3, weight_decay=1e-4, synthetic_size_scale=0.5)
+    executor = helpers.tiny_executor()
     return controller, meta, executor
 
 

@@ -71,7 +71,7 @@ def test_controller_settings_and_refusal():
 def site(cache_dir):
     controller = FedALAController(**FAST, **TINY)
     meta = {**segmentation_task_meta(controller.model_spec()), **controller.site_meta()}
-    executor = FairflExecutor(image_size=32, batch_size=8, lr=1e-3, weight_decay=1e-4, synthetic_size_scale=0.5)
+    executor = helpers.tiny_executor()
     return controller, meta, executor
 
 
@@ -92,8 +92,7 @@ def kept(state_dir, name=WEIGHTS_FILE):
     return torch.load(Path(state_dir) / name)
 
 
-def local_model(state_dir, name=protocol.LOCAL_MODEL_FILE) -> dict:
-    return torch.load(Path(state_dir) / name)["model"]
+local_model = helpers.kept_local_model
 
 
 torch_state = helpers.torch_state

@@ -42,7 +42,7 @@ def trained(cache_dir, tmp_path):
     """site-2 after one FedFloor round (Ditto's personal step with lambda 0.1), and the model it was sent."""
     controller = FedFloorController(**TINY)
     meta = segmentation_task_meta(controller.model_spec())
-    executor = FairflExecutor(image_size=32, batch_size=8, lr=1e-3, weight_decay=1e-4, synthetic_size_scale=0.5)
+    executor = helpers.tiny_executor()
     sent = initial_state(controller.model_spec(), 0)
     task = FLModel(params_type=ParamsType.FULL, params=sent, current_round=0, meta={**meta, **controller.train_meta(0)})
     executor._train(SiteTask.of("site-2", task), str(tmp_path))

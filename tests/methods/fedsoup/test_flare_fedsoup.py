@@ -50,7 +50,7 @@ def site(cache_dir):
     """The soup from round 0 on (fedsoup_start 0), so that two rounds show it grow."""
     controller = FedSoupController(fedsoup_start=0, **TINY)
     meta = {**segmentation_task_meta(controller.model_spec()), **controller.site_meta()}
-    executor = FairflExecutor(image_size=32, batch_size=8, lr=1e-3, weight_decay=1e-4, synthetic_size_scale=0.5)
+    executor = helpers.tiny_executor()
     return controller, meta, executor
 
 
@@ -71,8 +71,7 @@ def kept(state_dir, name=SOUP_FILE):
     return torch.load(Path(state_dir) / name)
 
 
-def local_model(state_dir) -> dict:
-    return torch.load(Path(state_dir) / protocol.LOCAL_MODEL_FILE)["model"]
+local_model = helpers.kept_local_model
 
 
 torch_state = helpers.torch_state
