@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
-from fairfl.kinds import Real
 from fairfl.methods.afl.minimax import minimax_round, uniform_mixture
-from fairfl.methods.qfedavg.protocol import GLOBAL_LOSS, MEASURE_LOSS
-from fairfl.site_checks import MAX_REPORTED
+from fairfl.methods.qfedavg.protocol import GLOBAL_LOSS, GLOBAL_LOSS_KIND, MEASURE_LOSS
 
 
 class MinimaxAggregation(FairRoundController):
@@ -30,7 +28,7 @@ class MinimaxAggregation(FairRoundController):
         """Every train answer carries the loss of the model sent (besides what the base reads)."""
         fields = super().answer_fields(task_name, round_num)
         if self.minimax and task_name == protocol.TASK_TRAIN:
-            return {**fields, GLOBAL_LOSS: Real(0.0, MAX_REPORTED)}
+            return {**fields, GLOBAL_LOSS: GLOBAL_LOSS_KIND}
         return fields
 
     def aggregate(self, round_num, global_state, updates, rejected):

@@ -6,10 +6,9 @@ from fairfl.arguments import MIN_LR
 from fairfl.flare import protocol
 from fairfl.flare.engine import FairRoundController
 from fairfl.kinds import Real
-from fairfl.methods.qfedavg.protocol import GLOBAL_LOSS, MEASURE_LOSS
+from fairfl.methods.qfedavg.protocol import GLOBAL_LOSS, GLOBAL_LOSS_KIND, MEASURE_LOSS
 from fairfl.methods.qfedavg.qffl import lipschitz_from_lr, qffl_aggregate, round_lr
 from fairfl.models import state_to_numpy, state_to_torch, trainable_names
-from fairfl.site_checks import MAX_REPORTED
 
 
 class QFedAvgController(FairRoundController):
@@ -44,7 +43,7 @@ class QFedAvgController(FairRoundController):
         """Every train answer carries the loss of the model sent and, when L = 1 / lr, the site's learning rate."""
         if task_name != protocol.TASK_TRAIN:
             return {}
-        loss = {GLOBAL_LOSS: Real(0.0, MAX_REPORTED)}
+        loss = {GLOBAL_LOSS: GLOBAL_LOSS_KIND}
         return {**loss, protocol.LR: Real(MIN_LR, 1e6)} if self.lipschitz is None else loss
 
     def aggregate(self, round_num, global_state, updates, rejected):
