@@ -32,8 +32,21 @@ PORT_CLASH = "Address already in use"
 PORT_CLASH_RETRIES = 2
 RECIPE, NVFLARE_SIMULATOR = "recipe", "nvflare simulator"  # the two ways in (run_simulator's `via`)
 RECIPE_SITE_ERRORS = 3  # `python -m fairfl.recipe` exits with it when the run ended but a log holds an error
+# the one error NVFlare's simulator logs when a site's process ends before the server's runner has let it go, at the
+# end of a finished run (seen on 2 cores with 10 sites): not a failure once the final record is written
+SHUTDOWN_ERROR = "ERROR - Communication error with client site-"
 NEVER_STARTED = -1000  # the exit code of a run killed because a site's process never came up
 SITE_START_GRACE = 120.0  # seconds after the first round's record before a site without a log counts as dead
+
+
+def finished_results(path: str) -> bool:
+    """Whether the results file at `path` holds a run's final record (a JSON object with a `final`)."""
+    try:
+        with open(path) as f:
+            results = json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(results, dict) and bool(results.get("final"))
 
 
 @dataclass
@@ -49,7 +62,17 @@ class SimulatorRun:
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.errors and os.path.exists(self.results_path)
+        return self.returncode == 0 and os.path.exists(self.results_path) and (not self.errors or self.teardown_only)
+
+    @property
+    def teardown_only(self) -> bool:
+        """Every error logged is NVFlare's simulator losing a site's connection while the run shuts down
+        (SHUTDOWN_ERROR), after the server wrote its final record: a finished run, whose results stand. Any other
+        error, or one before the final record exists, still fails the run."""
+        if not self.errors or not finished_results(self.results_path):
+            return False
+        lines = [line for text in self.errors.values() for line in text.splitlines() if line.strip()]
+        return all(SHUTDOWN_ERROR in line for line in lines)
 
     @property
     def port_clash(self) -> bool:
@@ -380,6 +403,8 @@ def run_unless_finished(
         run = run_simulator(job_copy, str(workspace), n_clients, threads, env=env, **watch)
     if not run.ok:
         raise RuntimeError(f"{workspace.name} failed:\n{run.describe_failure()}")
+    if run.errors:  # teardown_only: said, not hidden
+        print(f"  {workspace.name}: a site's connection was lost as the finished run shut down (kept)", flush=True)
     results = json.loads(results_path.read_text())
     print(f"  {workspace.name}: {outcome_line(results, run.seconds)}", flush=True)
     return results

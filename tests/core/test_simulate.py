@@ -220,3 +220,26 @@ def test_a_terminated_run_kills_its_simulator_and_everything_below_it(tmp_path):
     server.wait(timeout=10)
     assert not server.is_running()
     assert (workspace / "simulator_output.txt").exists()  # what it printed is kept where a finished run keeps it
+
+
+def test_a_lost_connection_as_a_finished_run_shuts_down_keeps_the_run_and_nothing_else_does(tmp_path):
+    """NVFlare's simulator may log losing a site's connection after the server wrote the final record (seen with 10
+    sites on 2 cores): the run's results stand. The same line before a final record, or any other error beside it,
+    still fails the run."""
+    results = tmp_path / simulate.SIMULATOR_RESULTS
+    results.parent.mkdir(parents=True)
+    lost = "2026-11-28 07:59:27,278 - SimulatorClientRunner - ERROR - Communication error with client site-8: \n"
+    results.write_text(json.dumps({"rounds": [{"round": 0}]}))  # no final record yet
+    assert not simulate.SimulatorRun(str(tmp_path), 0, 1.0, {"server": lost}).ok
+    results.write_text(json.dumps({"rounds": [{"round": 0}], "final": {"mean": 0.5}}))
+    assert simulate.SimulatorRun(str(tmp_path), 0, 1.0, {"server": lost}).ok
+    assert simulate.SimulatorRun(str(tmp_path), 0, 1.0, {}).ok
+    for others in (
+        {"server": lost + "Traceback (most recent call last):\n"},
+        {"server": lost, "site-3": "ValueError: a bad datalist entry\n"},
+        {"server": "ERROR - Communication error with the server\n"},
+    ):
+        assert not simulate.SimulatorRun(str(tmp_path), 0, 1.0, others).ok
+    assert not simulate.SimulatorRun(str(tmp_path), 1, 1.0, {"server": lost}).ok  # a failed exit stays failed
+    results.write_text("[" * 50000)  # unreadable
+    assert not simulate.SimulatorRun(str(tmp_path), 0, 1.0, {"server": lost}).ok

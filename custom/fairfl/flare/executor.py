@@ -274,11 +274,16 @@ class FairflExecutor(Executor):
             influence.update(found["clean"])
         return metrics
 
-    def _validation_score(self, task: SiteTask, model, device):
+    def _validation_score(self, task: SiteTask, model, device, influence: dict | None = None):
         """Dice (classification: balanced accuracy) of `model` on the validation split; None when NaN (no foreground
-        to score)."""
+        to score). `influence` (a dict): filled with the score's per-patient influence record
+        (fairfl.uncertainty.case_influence_record: {"cases", "values"}) when the split gives one."""
         loader = self._loader(task, "validation", train=False, seed=self.seed, whole=True)
-        score = self._evaluate(model, loader, task, device)[VALIDATION_METRIC[task.kind]]
+        metric = VALIDATION_METRIC[task.kind]
+        found: dict | None = {} if influence is not None else None
+        score = self._evaluate(model, loader, task, device, influence=found)[metric]
+        if influence is not None and found and found.get(metric):
+            influence.update(found[metric])
         return score if score == score else None
 
     def _evaluate(self, model, loader, task: SiteTask, device=None, influence: dict | None = None) -> dict:
@@ -320,7 +325,7 @@ class FairflExecutor(Executor):
             loader=lambda split, train, seed=None, max_samples=None, batch_size=None: self._loader(
                 task, split, train, self.seed if seed is None else seed, max_samples, batch_size
             ),
-            validation_score=lambda model: self._validation_score(task, model, device),
+            validation_score=lambda model, influence=None: self._validation_score(task, model, device, influence),
             base_loss=lambda: self._loss(task),
             class_counts=lambda: self._class_counts(task),
             train_settings=lambda: self._train_settings(task),

@@ -54,7 +54,8 @@ class StepContext:
     loader: Callable  # (split, train, seed=None, max_samples=None, batch_size=None): the site's loader, cached per
     # process and re-seeded (seed None: the base seed; max_samples: a random sample of the split; batch_size None: the
     # site's)
-    validation_score: Callable  # (model) -> Dice or balanced accuracy on the validation split; None when NaN
+    validation_score: Callable  # (model, influence=None) -> Dice or balanced accuracy on the validation split; None
+    # when NaN; a dict `influence` is filled with the score's per-patient influence record ({"cases", "values"})
     base_loss: Callable  # () -> the site's usual training loss (a new one per call)
     class_counts: Callable  # () -> the training split's count per class
     train_settings: Callable  # () -> TrainSettings of this task

@@ -17,10 +17,9 @@ from fairfl.methods.ditto.protocol import DITTO_LAMBDA, PERSONAL_MODEL_FILE
 from fairfl.methods.fedfloor.controller import FedFloorController
 from fairfl.methods.fedfloor.mixing import DEFAULT_GRID, choose_alpha, mix_states
 from fairfl.methods.fedfloor.protocol import MIX_GRID
-from fairfl.models import build_model, initial_state, load_numpy_state
+from fairfl.models import build_model, load_numpy_state
 
 import helpers
-from helpers import segmentation_task_meta
 
 TINY = {"model_channels": [8, 16, 32], "model_strides": [2, 2], "num_rounds": 2}
 
@@ -35,18 +34,6 @@ def test_controller_is_dittos_with_the_grid_in_every_task():
     for bad in ([], [0, 0], [2], "0,1"):
         with pytest.raises(ValueError, match="mix_grid"):
             FedFloorController(mix_grid=bad, **TINY)
-
-
-@pytest.fixture
-def trained(cache_dir, tmp_path):
-    """site-2 after one FedFloor round (Ditto's personal step with lambda 0.1), and the model it was sent."""
-    controller = FedFloorController(**TINY)
-    meta = segmentation_task_meta(controller.model_spec())
-    executor = helpers.tiny_executor()
-    sent = initial_state(controller.model_spec(), 0)
-    task = FLModel(params_type=ParamsType.FULL, params=sent, current_round=0, meta={**meta, **controller.train_meta(0)})
-    executor._train(SiteTask.of("site-2", task), str(tmp_path))
-    return executor, meta, sent, tmp_path
 
 
 def validate(executor, meta, sent, state_dir, grid, **extra):

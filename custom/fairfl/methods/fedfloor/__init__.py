@@ -24,14 +24,28 @@ SPEC = MethodSpec(
             arguments={"minimax_aggregation": True},
             families=tuple(HEADLINE),
         ),
+        # FedFloor's next version for tiny validation splits: a site leaves the global model only for a mix whose
+        # validation gain stands one standard error of the gain above 0; its ablation is fedfloor (no guard)
+        Variant(
+            "fedfloor_guarded",
+            "FedFloor (guarded)",
+            "fedfloor",
+            arguments={"mix_guard": 1.0},
+            families=tuple(HEADLINE),
+        ),
     ),
     # the goal in docs/methods/fedfloor.md: fairer than FedAvg without losing more than half a point on average; and
     # the same against its closest ancestor, Ditto (whose personal model it may choose), and against Solo (training
     # alone; the worst site's goal is measured by benchmarks/fedfloor_goal.py)
-    # FedFloor (minimax) against its ablations too: FedFloor (FedAvg's global model) and AFL (no personal model)
+    # FedFloor (minimax) against its ablations too: FedFloor (FedAvg's global model) and AFL (no personal model);
+    # FedFloor (guarded) against FedFloor (no guard) and FedAvg (the model it falls back to)
     claims=tuple(
         claim
-        for method, baselines in (("fedfloor", ("fedavg", "ditto", "solo")), ("fedfloor_minimax", ("fedfloor", "afl")))
+        for method, baselines in (
+            ("fedfloor", ("fedavg", "ditto", "solo")),
+            ("fedfloor_minimax", ("fedfloor", "afl")),
+            ("fedfloor_guarded", ("fedfloor", "fedavg")),
+        )
         for baseline in baselines
         for family, metric in HEADLINE.items()
         if baseline != "solo" or family != "quality_shift"  # Solo has no quality-shift arm: one shared test set

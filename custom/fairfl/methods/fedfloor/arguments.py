@@ -16,6 +16,15 @@ FEDFLOOR = (  # fairfl.methods.fedfloor.mixing.DEFAULT_GRID, check_grid
         "mixing (recorded as fedfloor_pick)",
     ),
     Argument(
+        "mix_guard",
+        Real(0, 10),
+        0.0,
+        "0 = each site is scored with the mix its validation split scores best; z > 0 = only with a mix whose "
+        "validation gain over the global model, less z standard errors of that gain (its patients paired), is above "
+        "0, else the global model (recorded as fedfloor_guarded): a few validation patients do not move a site off "
+        "the shared model. Needs 0 in mix_grid",
+    ),
+    Argument(
         "minimax_aggregation",
         Boolean(),
         False,

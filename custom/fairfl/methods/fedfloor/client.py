@@ -4,10 +4,10 @@ that the site's own validation split favours (fairfl.methods.fedfloor.mixing).""
 from __future__ import annotations
 
 from fairfl.flare import protocol
-from fairfl.kinds import Checked
+from fairfl.kinds import Checked, Real
 from fairfl.methods.ditto.client import PersonalEvaluation
-from fairfl.methods.fedfloor.mixing import check_grid, choose_alpha, mix_states
-from fairfl.methods.fedfloor.protocol import MIX_GRID
+from fairfl.methods.fedfloor.mixing import check_grid, choose_alpha_guarded, mix_states
+from fairfl.methods.fedfloor.protocol import MIX_GRID, MIX_GUARD
 from fairfl.methods.steps import StepContext
 
 MAX_GRID = 101  # alphas a site scores on its validation split in one task (0, 0.01, ..., 1): one pass each
@@ -24,10 +24,12 @@ def grid_problem(grid) -> str | None:
 
 class ValidatedMix(PersonalEvaluation):
     """`validate` with meta[MIX_GRID] and EVALUATE FROM_PERSONAL: every alpha of the grid is scored on the site's
-    validation split, and the test split scores the best (metric mix_alpha). Before the site has a personal model it
-    is scored with the model sent (mix_alpha 0). Runs before Ditto's PersonalEvaluation, which it replaces."""
+    validation split, and the test split scores the best (metric mix_alpha); with meta[MIX_GUARD] z > 0 the best
+    whose gain over the global model stands z standard errors of the gain above 0, else the global model. Before
+    the site has a personal model it is scored with the model sent (mix_alpha 0). Runs before Ditto's
+    PersonalEvaluation, which it replaces."""
 
-    fields = {MIX_GRID: Checked(grid_problem, "FedFloor's grid of mixes", reports=True)}
+    fields = {MIX_GRID: Checked(grid_problem, "FedFloor's grid of mixes", reports=True), MIX_GUARD: Real(0, 10)}
 
     @classmethod
     def applies(cls, meta: dict) -> bool:
@@ -42,11 +44,14 @@ class ValidatedMix(PersonalEvaluation):
         # copies: state_dict() aliases the model's tensors, which every load_state_dict below overwrites
         global_state = {k: v.clone() for k, v in sent.state_dict().items()}
         personal_state = personal.state_dict()
-        scores = {}
+        guard = float(ctx.meta.get(MIX_GUARD, 0.0))
+        scores, influences = {}, {}
         for alpha in check_grid(ctx.meta[MIX_GRID]):
             sent.load_state_dict(mix_states(global_state, personal_state, alpha))
-            scores[alpha] = ctx.validation_score(sent)
-        alpha = choose_alpha(scores)
+            record: dict = {}
+            scores[alpha] = ctx.validation_score(sent, record if guard > 0.0 else None)
+            influences[alpha] = record.get("values")
+        alpha = choose_alpha_guarded(scores, influences, guard)
         sent.load_state_dict(mix_states(global_state, personal_state, alpha))
         ctx.metrics["mix_alpha"] = alpha
         return sent
