@@ -34,19 +34,23 @@ RECIPE, NVFLARE_SIMULATOR = "recipe", "nvflare simulator"  # the two ways in (ru
 RECIPE_SITE_ERRORS = 3  # `python -m fairfl.recipe` exits with it when the run ended but a log holds an error
 # the one error NVFlare's simulator logs when a site's process ends before the server's runner has let it go, at the
 # end of a finished run (seen on 2 cores with 10 sites): not a failure once the final record is written
-SHUTDOWN_ERROR = "ERROR - Communication error with client site-"
+SHUTDOWN_ERROR = "ERROR - Communication error with client "
 NEVER_STARTED = -1000  # the exit code of a run killed because a site's process never came up
 SITE_START_GRACE = 120.0  # seconds after the first round's record before a site without a log counts as dead
 
 
-def finished_results(path: str) -> bool:
-    """Whether the results file at `path` holds a run's final record (a JSON object with a `final`)."""
+def scored_sites(path: str) -> set | None:
+    """The sites the final record of the results file at `path` scores (`final.per_site`), when its last round lost
+    none (no `absent` or `failed` site); None without such a record."""
     try:
         with open(path) as f:
             results = json.load(f)
-    except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(results, dict) and bool(results.get("final"))
+        final, last = results["final"], results["rounds"][-1]
+        if last.get("absent") or last.get("failed"):
+            return None
+        return set(final["per_site"])
+    except (OSError, ValueError, RecursionError, TypeError, KeyError, IndexError, AttributeError):
+        return None
 
 
 @dataclass
@@ -66,13 +70,16 @@ class SimulatorRun:
 
     @property
     def teardown_only(self) -> bool:
-        """Every error logged is NVFlare's simulator losing a site's connection while the run shuts down
-        (SHUTDOWN_ERROR), after the server wrote its final record: a finished run, whose results stand. Any other
-        error, or one before the final record exists, still fails the run."""
-        if not self.errors or not finished_results(self.results_path):
+        """Every error logged is NVFlare's simulator losing a site's connection (SHUTDOWN_ERROR), the run has a final
+        record whose last round lost no site, and every site lost is scored in it: the connection went as the
+        finished run shut down, and its results stand. Any other error, a site lost and not scored (killed mid-run),
+        or no final record still fails the run."""
+        scored = scored_sites(self.results_path) if self.errors else None
+        if scored is None:
             return False
         lines = [line for text in self.errors.values() for line in text.splitlines() if line.strip()]
-        return all(SHUTDOWN_ERROR in line for line in lines)
+        lost = [re.search(re.escape(SHUTDOWN_ERROR) + r"(\S+?):", line) for line in lines]
+        return all(match is not None and match.group(1) in scored for match in lost)
 
     @property
     def port_clash(self) -> bool:

@@ -325,7 +325,11 @@ class FairflExecutor(Executor):
             loader=lambda split, train, seed=None, max_samples=None, batch_size=None: self._loader(
                 task, split, train, self.seed if seed is None else seed, max_samples, batch_size
             ),
-            validation_score=lambda model, influence=None: self._validation_score(task, model, device, influence),
+            validation_score=lambda model, influence=None: (
+                self._validation_score(task, model, device)
+                if influence is None
+                else self._validation_score(task, model, device, influence)
+            ),
             base_loss=lambda: self._loss(task),
             class_counts=lambda: self._class_counts(task),
             train_settings=lambda: self._train_settings(task),

@@ -138,14 +138,28 @@ def _validate(executor, meta, sent, state_dir, **extra):
     return executor._validate(SiteTask.of("site-2", task), str(state_dir)).metrics
 
 
-def test_the_site_applies_the_guard_to_its_own_validation_patients(trained):
-    """The site's choice with a guard is choose_alpha_guarded of the scores and patient influences its validation
-    split gives; a guard so large no gain passes keeps the global model, scored as the global model."""
+def test_the_site_applies_the_guard_to_its_own_validation_patients(trained, monkeypatch):
+    """The site's choice with a guard is choose_alpha_guarded of the scores and the patient influences its validation
+    split gives, every alpha's record from the same patients; without a guard no influence is computed; a guard so
+    large no gain passes keeps the global model, scored as the global model."""
+    import fairfl.methods.fedfloor.client as client
+
     executor, meta, sent, state_dir = trained
+    seen = []
+
+    def recording(scores, influences, guard):
+        seen.append((dict(scores), dict(influences), guard))
+        return choose_alpha_guarded(scores, influences, guard)
+
+    monkeypatch.setattr(client, "choose_alpha_guarded", recording)
     unguarded = _validate(executor, meta, sent, state_dir)
-    for guard in (0.5, 1.0):
-        guarded = _validate(executor, meta, sent, state_dir, **{MIX_GUARD: guard})
-        assert guarded["mix_alpha"] in DEFAULT_GRID and guarded["mix_alpha"] <= max(unguarded["mix_alpha"], 1.0)
+    assert seen[-1][2] == 0.0 and all(v is None for v in seen[-1][1].values())
+    guarded = _validate(executor, meta, sent, state_dir, **{MIX_GUARD: 1.0})
+    scores, influences, guard = seen[-1]
+    assert guard == 1.0 and set(influences) == set(DEFAULT_GRID) == set(scores)
+    assert len({len(values) for values in influences.values()}) == 1 and all(influences.values())
+    assert guarded["mix_alpha"] == choose_alpha_guarded(scores, influences, 1.0)
+    assert unguarded["mix_alpha"] == choose_alpha(scores)  # the same validation scores, unguarded
     strict = _validate(executor, meta, sent, state_dir, **{MIX_GUARD: 10.0, protocol.SCORE_GLOBAL: True})
     assert strict["mix_alpha"] == 0.0 and strict["dice"] == pytest.approx(strict["global_dice"], abs=1e-12)
 
