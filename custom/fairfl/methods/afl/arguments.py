@@ -1,7 +1,7 @@
 """AFL's job arguments (fairfl.methods.afl.controller.AFLController), besides the round's."""
 
 from fairfl.argument import Argument
-from fairfl.kinds import Real
+from fairfl.kinds import Nullable, Real
 from fairfl.methods.spec import ControllerArguments
 
 AFL = (
@@ -26,6 +26,14 @@ AFL = (
         3.0,
         "a site's loss counts at most this many times the round's median loss (lower median) in lambda's step: a "
         "site claiming a huge loss gains no more weight than one this far behind",
+    ),
+    Argument(
+        "afl_max_gain",
+        Nullable(Real(0, 1000)),
+        None,
+        "null = no ceiling (lambda bounded by afl_alpha alone); beta >= 0 = a ceiling besides: no site's lambda_k "
+        "above (1 + beta) p_k, so a site claiming a huge loss gains at most beta times its own FedAvg weight (0 = "
+        "FedAvg); it caps a genuinely badly served small site as much (recorded: at_ceiling)",
     ),
 )
 # MinimaxAggregation: AFL's aggregation mixed into another controller (FedFloor's), which declares AFL among its own

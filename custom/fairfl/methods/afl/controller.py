@@ -39,7 +39,9 @@ class MinimaxAggregation(FairRoundController):
         fedavg = self.site_weights({s: updates[s].num_samples for s in sites})
         if not self.mixture:
             self.mixture = uniform_mixture(self.trainers)
-        step = minimax_round(self.mixture, fedavg, losses, self.afl_alpha, self.afl_step, self.afl_loss_cap)
+        step = minimax_round(
+            self.mixture, fedavg, losses, self.afl_alpha, self.afl_step, self.afl_loss_cap, self.afl_max_gain
+        )
         for site in step.capped:
             self.info(
                 f"round {round_num}: {site}'s loss {losses[site]!r} counts as {self.afl_loss_cap:g} times the "
@@ -47,7 +49,7 @@ class MinimaxAggregation(FairRoundController):
             )
         self.mixture = step.mixture
         weights = self.bounded(step.weights)
-        return self.average_updates(updates, weights), {
+        record = {
             "weights": weights,
             "fedavg_weights": fedavg,
             "mixture": dict(step.mixture),
@@ -55,6 +57,9 @@ class MinimaxAggregation(FairRoundController):
             "loss_signal": step.signal,
             "capped_losses": step.capped,
         }
+        if self.afl_max_gain is not None:  # the sites whose lambda sat at (1 + afl_max_gain) p_k
+            record["at_ceiling"] = step.at_ceiling
+        return self.average_updates(updates, weights), record
 
     def final_extras(self) -> dict:
         extras = super().final_extras()
@@ -83,12 +88,15 @@ class AFLController(MinimaxAggregation):
     under lambda = (1 - afl_alpha) p + afl_alpha mu (p: FedAvg's weights by `weighting`; mu: the mixture the server
     keeps over every site), capped at `max_share` as every method's weights are; lambda then ascends along the
     bounded losses (min(L_k / median, afl_loss_cap)) and is projected back onto its set
-    (`fairfl.methods.afl.minimax`). With `robust_aggregation` the model is the robust statistic of the sites' models,
-    as for every weighted method: lambda is still stepped and recorded but weighs nothing.
+    (`fairfl.methods.afl.minimax`). With `afl_max_gain` (beta; null by default) the set also keeps every site's
+    lambda_k at most (1 + beta) p_k: a site claiming a huge loss gains at most beta times its FedAvg weight in lambda
+    (`max_share`, applied after, can lift it only where some site's ceiling is above max_share: docs/methods/afl.md).
+    With `robust_aggregation` the model is the robust statistic of the sites' models, as for every weighted method:
+    lambda is still stepped and recorded but weighs nothing.
 
     The mixture is the method's state (`method_state`, method_state.json, a named run's checkpoint); each round's
     record holds the weights its sites got (`weights`), FedAvg's (`fedavg_weights`), the mixture after the step
-    (`mixture`), the losses reported, the signal ascended along (`loss_signal`) and the sites whose loss was capped
-    (`capped_losses`)."""
+    (`mixture`), the losses reported, the signal ascended along (`loss_signal`), the sites whose loss was capped
+    (`capped_losses`) and, with `afl_max_gain` only, the sites whose lambda sat at its ceiling (`at_ceiling`)."""
 
     method = "afl"
