@@ -60,6 +60,47 @@ def make_job(
     return customize_job(os.path.join(JOBS, name), dst, args, client_config=client_extra, mlflow=mlflow)
 
 
+def held_out_personal_run(name: str, tmp_path, **server) -> tuple[dict, Path, dict]:
+    """jobs/<name>, a method scoring each site with a model of its own, through NVFlare's real simulator at the tiny
+    settings (3 sites, 2 rounds; `server` on top) as the named run "trial" holding out site-3, the sites' state under
+    tmp_path/state. Checks what every such run records: results.json strict JSON (a bare NaN fails), its method, site-3
+    held out, rounds 0 and 1, each final Dice in [0, 1], and in every round the two training sites aggregated and
+    scored with their own models (personal_model 1.0, global_dice beside) and site-3 with the global model alone.
+    Returns the results, the state root and the run's final global model (NumPy arrays)."""
+    import torch
+
+    from fairfl.models import state_to_numpy
+    from fairfl.simulate import run_simulator
+
+    state_root = Path(tmp_path) / "state"
+    job = make_job(name, str(Path(tmp_path) / "job"), {"run_name": "trial", "exclude_sites": ["site-3"], **server})
+    sim = run_simulator(job, str(Path(tmp_path) / "ws"), 3, 3, env={"FAIRFL_STATE_ROOT": str(state_root)}, timeout=600)
+    assert sim.ok, sim.describe_failure()
+    with open(sim.results_path) as f:  # strict JSON: a bare NaN fails
+        results = json.load(f, parse_constant=lambda c: pytest.fail(f"bare {c} in {sim.results_path}"))
+    assert results["method"] == name and results["held_out_sites"] == ["site-3"]
+    assert [r["round"] for r in results["rounds"]] == [0, 1]
+    assert all(0.0 <= m["dice"] <= 1.0 for m in results["final"]["per_site"].values())
+    for record in results["rounds"]:
+        assert set(record["weights"]) == {"site-1", "site-2"}
+        for site in ("site-1", "site-2"):
+            assert record["per_site"][site]["personal_model"] == 1.0 and "global_dice" in record["per_site"][site]
+        assert set(record["per_site"]["site-3"]) <= {"dice", "dice_se"}  # the global model alone
+    global_state = state_to_numpy(torch.load(os.path.join(os.path.dirname(sim.results_path), "global_model.pt")))
+    return results, state_root, global_state
+
+
+def rescored_final(results: dict, meta: dict, global_state: dict, state_dir, site: str) -> tuple[dict, dict]:
+    """`site`'s final evaluation of a `held_out_personal_run` again in-process: the validate task `meta` of round 1 on
+    the run's final `global_state`, from what the site kept in `state_dir` (a fresh `tiny_executor()`: an executor
+    keeps its one site's loaders), checked to give the Dice the run recorded. Returns the metrics it computed and the
+    final ones the run recorded."""
+    scores = site_validate(tiny_executor(), site, meta, global_state, state_dir, 1).metrics
+    final = results["final"]["per_site"][site]
+    assert final["dice"] == pytest.approx(scores["dice"], abs=1e-6), site
+    return scores, final
+
+
 def screened(controller, round_num, updates, rejected) -> dict:
     """`updates` ({site: SiteUpdate}) without the sites whose answer the round loop would reject for a field the
     method reads (`answer_problem`), which go to `rejected`: for tests that call a controller's `aggregate`
@@ -159,11 +200,69 @@ def site_task(meta: dict, site: str):
     return SiteTask.of(site, FLModel(meta=meta))
 
 
-def tiny_executor():
-    """A site executor at the executor tests' small size (32 px, half the built-in data, batch 8, Adam at 1e-3)."""
+def tiny_executor(**settings):
+    """A site executor at the executor tests' small size (32 px, half the built-in data, batch 8, Adam at 1e-3), with
+    `settings` on top (data_root: another copy of the built-in data)."""
     from fairfl.flare.executor import FairflExecutor
 
-    return FairflExecutor(image_size=32, batch_size=8, lr=1e-3, weight_decay=1e-4, synthetic_size_scale=0.5)
+    return FairflExecutor(
+        **{"image_size": 32, "batch_size": 8, "lr": 1e-3, "weight_decay": 1e-4, "synthetic_size_scale": 0.5, **settings}
+    )
+
+
+def initial_states(controller, count: int = 2) -> list[dict]:
+    """The first `count` models a test sends: the initial weights (NumPy arrays) of `controller`'s network with seeds
+    0, 1, ..."""
+    from fairfl.models import initial_state
+
+    return [initial_state(controller.model_spec(), seed) for seed in range(count)]
+
+
+def unit_meta(controller) -> dict:
+    """The meta of a method unit's task to a site of the built-in prostate data: `segmentation_task_meta` of
+    `controller`'s network, with the controller's `site_meta` fields."""
+    return {**segmentation_task_meta(controller.model_spec()), **controller.site_meta()}
+
+
+def unit_site(controller) -> tuple:
+    """What a method unit's executor tests start from: `controller`, its `unit_meta` and a `tiny_executor()`."""
+    return controller, unit_meta(controller), tiny_executor()
+
+
+def shuffled(entries: list) -> list:
+    """`entries` in another order (a seeded permutation, checked to move them)."""
+    import numpy as np
+
+    order = np.random.default_rng(0).permutation(len(entries))
+    assert len(order) > 2 and list(order) != sorted(order)
+    return [entries[i] for i in order]
+
+
+def reordered_executor(executor, meta: dict, site: str, folder, split: str, change=shuffled):
+    """A `tiny_executor()` reading a copy, in `folder`, of the data `executor` gives `site` for the task `meta`, with
+    `site`'s `split` datalist changed by `change` (default: `shuffled`); checked to read the copy."""
+    import shutil
+
+    read = site_task(meta, site)
+    root = Path(executor._data_root(read))
+    shutil.copytree(root, folder)
+    datalist = json.loads((root / f"{site}.json").read_text())
+    datalist[split] = change(datalist[split])
+    (Path(folder) / f"{site}.json").write_text(json.dumps(datalist))
+    reordered = tiny_executor(data_root=str(folder))
+    assert reordered._data_root(read) == str(folder)
+    return reordered
+
+
+def site_dice(executor, meta: dict, site: str, state: dict, split: str = "testing") -> float:
+    """The Dice of the task's network with the torch `state` on `site`'s `split`, as the executor evaluates."""
+    from fairfl.flare import protocol
+    from fairfl.models import build_model
+
+    read = site_task(meta, site)
+    model = build_model(meta[protocol.MODEL_SPEC])
+    model.load_state_dict(state)
+    return executor._evaluate(model, executor._loader(read, split, train=False, seed=executor.seed), read)["dice"]
 
 
 def kept_local_model(state_dir, name: str = "") -> dict:
@@ -184,6 +283,36 @@ def site_train(executor, site: str, meta: dict, params: dict, state_dir, round_n
 
     task = FLModel(params_type=ParamsType.FULL, params=params, current_round=round_num, meta=meta)
     return executor._train(SiteTask.of(site, task), str(state_dir))
+
+
+def trained_as_fedavg(
+    executor, site: str, meta: dict, fedavg_meta: dict, params: dict, state_dir, fedavg_dir, round_num
+):
+    """`site`'s train answers to the task `meta` (its state in `state_dir`) and to FedAvg's task `fedavg_meta` (its
+    state in `fedavg_dir`) on the same `params`, after asserting that the first sends back what FedAvg's does, bit for
+    bit: the same weights, the same number of steps."""
+    import numpy as np
+
+    from fairfl.flare import protocol
+
+    answer = site_train(executor, site, meta, params, state_dir, round_num)
+    fedavg = site_train(executor, site, fedavg_meta, params, fedavg_dir, round_num)
+    assert set(answer.params) == set(fedavg.params), round_num
+    assert all(np.array_equal(answer.params[k], fedavg.params[k]) for k in fedavg.params), round_num
+    assert answer.meta[protocol.NUM_STEPS] == fedavg.meta[protocol.NUM_STEPS], round_num
+    return answer, fedavg
+
+
+def refused_by_both_tasks(tasks, site: str, path, problem: str) -> None:
+    """Each of `tasks` (callables running a site's tasks, validate and train) raises a DataError naming `site` and the
+    file `path` and saying `problem`."""
+    from fairfl.errors import DataError
+
+    for task in tasks:
+        with pytest.raises(DataError) as error:
+            task()
+        message = str(error.value)
+        assert f"[{site}]" in message and str(path) in message and problem in message, message
 
 
 def site_validate(executor, site: str, meta: dict, params: dict, state_dir, round_num: int = 0, **extra):

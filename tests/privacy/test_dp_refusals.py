@@ -1,6 +1,8 @@
 """DP-SGD asked for where it cannot hold is refused, never run without DP: by the server at job start (a method whose
 local training has a loop or an objective of its own, batch norm, cross-site evaluation) and by a site reading such a
-task. The arguments' own hostile values are in tests/core/test_arguments.py (HOSTILE)."""
+task; where it holds, the server starts and its sites accept the task. Every unit with a training loop of its own:
+tests/methods/test_own_training_loops.py. The arguments' own hostile values are in tests/core/test_arguments.py
+(HOSTILE)."""
 
 import importlib
 import json
@@ -26,19 +28,27 @@ def controller(job: str, **arguments):
     return getattr(importlib.import_module(module), name)(**{**workflow["args"], **arguments})
 
 
-def start_refusal(job: str, **arguments):
-    """What the server says at job start (fairfl.flare.engine: the check before round 0), from the run's real meta."""
+def private_task(job: str, **arguments) -> tuple:
+    """The server of jobs/<job> asked for DP-SGD, and the meta of its run's first train task."""
     server = controller(job, dp_epsilon=8, **arguments)
     meta = {**server.common_task_meta(["site-1", "site-2"]), **server.train_meta(0)}
     assert meta[protocol.PRIVACY] == {"epsilon": 8.0, "delta": 1e-5, "clip": 1.0, "rounds": server.settings.num_rounds}
+    return server, meta
+
+
+def start_refusal(job: str, **arguments):
+    """What the server says at job start (fairfl.flare.engine: the check before round 0), from the run's real meta."""
+    server, meta = private_task(job, **arguments)
     return job_refusal(server.method, meta)
 
 
 @pytest.mark.parametrize(
-    "job", ["fedavg", "fedprox", "ditto", "fedfloor", "qfedavg", "fedce", "fedlwr", "solo", "cffl", "cgsv"]
+    "job", ["fedavg", "fedprox", "ditto", "fedfloor", "qfedavg", "fedce", "fedlwr", "solo", "cffl", "cgsv", "fedsoup"]
 )
-def test_the_methods_whose_local_training_dp_sgd_covers_start(job):
-    assert start_refusal(job) is None
+def test_the_methods_whose_local_training_dp_sgd_covers_start_and_their_sites_accept_the_task(job):
+    server, meta = private_task(job)
+    assert job_refusal(server.method, meta) is None
+    check_meta("site-2", meta)
 
 
 @pytest.mark.parametrize(

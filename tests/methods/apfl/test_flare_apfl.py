@@ -1,21 +1,18 @@
 """APFL's FLARE parts on tiny data: the controller's settings, and the site's executor training the model sent (sent
 back as FedAvg's), its personal model and alpha (kept across rounds, a repeated round included) and scoring the mix;
-its limits (alpha 0 and 1 held fixed), the order of the test split, broken state and bad task fields."""
+its limits (alpha 0 and 1 held fixed), the order of the test split, broken state and bad task fields (DP-SGD refused:
+tests/methods/test_own_training_loops.py)."""
 
-import json
 import math
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from fairfl.errors import DataError
 from fairfl.flare import protocol
-from fairfl.flare.executor import FairflExecutor
-from fairfl.flare.site_task import SiteTask, check_meta
+from fairfl.flare.site_task import check_meta
 from fairfl.methods.apfl.controller import APFLController
 from fairfl.methods.apfl.mixing import mixed_state
 from fairfl.methods.apfl.protocol import (
@@ -48,25 +45,21 @@ def test_controller_settings_and_refusal():
 
 @pytest.fixture
 def site(cache_dir):
-    controller = APFLController(**TINY)
-    meta = {**segmentation_task_meta(controller.model_spec()), **controller.site_meta()}
-    executor = helpers.tiny_executor()
-    return controller, meta, executor
+    return helpers.unit_site(APFLController(**TINY))
+
+
+def task_meta(meta, **apfl) -> dict:
+    """The meta of a train task; with `apfl` (APFL's task fields) APFL's, without FedAvg's."""
+    return {**{k: v for k, v in meta.items() if k != APFL_ALPHA_INIT}, **apfl}
 
 
 def train(executor, meta, params, state_dir, round_num, **apfl):
-    """site-2's train task of `round_num`; with `apfl` (APFL's task fields) APFL's, without FedAvg's."""
-    task_meta = {k: v for k, v in meta.items() if k != APFL_ALPHA_INIT}
-    task_meta.update(apfl)
-    task = FLModel(params_type=ParamsType.FULL, params=params, current_round=round_num, meta=task_meta)
-    return executor._train(SiteTask.of(SITE, task), str(state_dir))
+    """site-2's train task of `round_num` (`task_meta`)."""
+    return helpers.site_train(executor, SITE, task_meta(meta, **apfl), params, state_dir, round_num)
 
 
 def validate(executor, meta, params, state_dir, **extra):
-    task_meta = {**meta, protocol.EVALUATE: protocol.FROM_PERSONAL, **extra}
-    return executor._validate(
-        SiteTask.of(SITE, FLModel(params_type=ParamsType.FULL, params=params, meta=task_meta)), str(state_dir)
-    )
+    return helpers.site_validate(executor, SITE, meta, params, state_dir, **extra)
 
 
 def kept(state_dir, name=PERSONAL_MODEL_FILE):
@@ -75,10 +68,7 @@ def kept(state_dir, name=PERSONAL_MODEL_FILE):
 
 def score(executor, meta, state) -> float:
     """The Dice of the job's network with `state` on site-2's test split."""
-    read = helpers.site_task(meta, SITE)
-    model = build_model(meta[protocol.MODEL_SPEC])
-    model.load_state_dict(state)
-    return executor._evaluate(model, executor._loader(read, "testing", train=False, seed=executor.seed), read)["dice"]
+    return helpers.site_dice(executor, meta, SITE, state)
 
 
 def apfl_fields(alpha_init=0.5, alpha_lr=None):
@@ -90,14 +80,10 @@ def test_the_model_sent_back_is_fedavgs_and_v_and_alpha_persist_and_a_repeated_r
     site, tmp_path
 ):
     controller, meta, executor = site
-    spec = controller.model_spec()
-    w0, w1 = initial_state(spec, 0), initial_state(spec, 1)
+    w0, w1 = helpers.initial_states(controller)
     apfl_dir = tmp_path / "apfl"
-    result = train(executor, meta, w0, apfl_dir, 0, **apfl_fields())
-    plain = train(executor, meta, w0, tmp_path / "plain", 0)
-    assert set(result.params) == set(plain.params)
-    assert all(np.array_equal(result.params[k], plain.params[k]) for k in plain.params)  # FedAvg's, bit for bit
-    assert result.meta[protocol.NUM_STEPS] == plain.meta[protocol.NUM_STEPS]
+    apfl_meta, plain = task_meta(meta, **apfl_fields()), task_meta(meta)
+    result, _ = helpers.trained_as_fedavg(executor, SITE, apfl_meta, plain, w0, apfl_dir, tmp_path / "plain", 0)
     first = kept(apfl_dir)
     assert first["round"] == 0 and 0.0 <= first["alpha"] <= 1.0 and first["alpha"] != 0.5  # learned, moved
     assert result.metrics["apfl_alpha"] == first["alpha"] and math.isfinite(result.metrics["personal_train_loss"])
@@ -166,19 +152,7 @@ def test_the_score_does_not_depend_on_the_order_of_the_site_s_test_split(site, t
     controller, meta, executor = site
     w0 = initial_state(controller.model_spec(), 0)
     train(executor, meta, w0, tmp_path / "state", 0, **apfl_fields())
-    read = helpers.site_task(meta, SITE)
-    root = Path(executor._data_root(read))
-    shuffled = tmp_path / "shuffled"
-    shutil.copytree(root, shuffled)
-    datalist = json.loads((root / f"{SITE}.json").read_text())
-    order = np.random.default_rng(0).permutation(len(datalist["testing"]))
-    assert len(order) > 2 and list(order) != sorted(order)
-    datalist["testing"] = [datalist["testing"][i] for i in order]
-    (shuffled / f"{SITE}.json").write_text(json.dumps(datalist))
-    reordered = FairflExecutor(
-        image_size=32, batch_size=8, lr=1e-3, weight_decay=1e-4, synthetic_size_scale=0.5, data_root=str(shuffled)
-    )
-    assert reordered._data_root(read) == str(shuffled)
+    reordered = helpers.reordered_executor(executor, meta, SITE, tmp_path / "shuffled", "testing")
     scores = validate(executor, meta, w0, tmp_path / "state").metrics
     again = validate(reordered, meta, w0, tmp_path / "state").metrics
     assert again["apfl_alpha"] == scores["apfl_alpha"] and again["dice"] == pytest.approx(scores["dice"], abs=1e-9)
@@ -203,20 +177,18 @@ def test_a_broken_personal_state_is_an_error_naming_site_and_file(site, tmp_path
             del saved["alpha"]
         torch.save(saved, path)
     w0 = initial_state(controller.model_spec(), 0)
-    for task in (
+    problem = {
+        "garbage": "unreadable",
+        "other_network": "shape mismatch",
+        "nan": "NaN",
+        "alpha_out_of_range": "alpha must be a number in [0, 1], got 1.5",
+        "no_alpha": "alpha must be a number in [0, 1], got None",
+    }[damage]
+    tasks = (
         lambda: validate(executor, meta, w0, tmp_path),
         lambda: train(executor, meta, w0, tmp_path, 1, **apfl_fields()),
-    ):
-        with pytest.raises(DataError) as error:
-            task()
-        assert f"[{SITE}]" in str(error.value) and str(path) in str(error.value)
-        assert {
-            "garbage": "unreadable",
-            "other_network": "shape mismatch",
-            "nan": "NaN",
-            "alpha_out_of_range": "alpha must be a number in [0, 1], got 1.5",
-            "no_alpha": "alpha must be a number in [0, 1], got None",
-        }[damage] in str(error.value)
+    )
+    helpers.refused_by_both_tasks(tasks, SITE, path, problem)
 
 
 @pytest.mark.parametrize(
@@ -235,23 +207,3 @@ def test_a_site_refuses_bad_apfl_fields_naming_them(field, bad):
     check_meta(SITE, meta)
     with pytest.raises(DataError, match=f"task field {field}"):
         check_meta(SITE, {**meta, field: bad})
-
-
-def test_a_site_refuses_dp_sgd_for_apfl_s_own_loop():
-    meta = {
-        **segmentation_task_meta(APFLController(**TINY).model_spec()),
-        **apfl_fields(),
-        protocol.PRIVACY: {"epsilon": 8.0, "delta": 1e-5, "clip": 1.0, "rounds": 2},
-    }
-    with pytest.raises(
-        DataError, match="asks for DP-SGD, but its site step MixedTraining trains with a loop of its own"
-    ):
-        check_meta(SITE, meta)
-
-
-def test_a_controller_asked_for_dp_refuses_at_job_start():
-    from fairfl.privacy.settings import job_refusal
-
-    server = APFLController(dp_epsilon=8, **TINY)
-    meta = {**server.common_task_meta(["site-1", "site-2"]), **server.train_meta(0)}
-    assert job_refusal(server.method, meta).startswith("dp_epsilon: apfl cannot train with DP-SGD: its site step")

@@ -1,9 +1,8 @@
 """FedALA's FLARE parts on tiny data: the controller's settings and refusals, and the site's executor: its first round
 FedAvg's, later rounds trained from theta_hat (W learned first, kept; a repeated round the same), scored with the
 theta_hat its next round starts from; eta 0 is FedAvg; W independent of the order of the site's training datalist;
-broken kept weights, bad task fields, DP-SGD and too many layers refused."""
+broken kept weights, bad task fields and too many layers refused (DP-SGD: tests/methods/test_own_training_loops.py)."""
 
-import json
 import math
 import shutil
 from pathlib import Path
@@ -14,7 +13,6 @@ import torch
 
 from fairfl.errors import DataError
 from fairfl.flare import protocol
-from fairfl.flare.executor import FairflExecutor
 from fairfl.flare.site_task import check_meta
 from fairfl.methods.fedala.adaptive import personalised_state
 from fairfl.methods.fedala.controller import FedALAController
@@ -28,10 +26,11 @@ from fairfl.methods.fedala.protocol import (
     PREVIOUS_WEIGHTS_FILE,
     WEIGHTS_FILE,
 )
-from fairfl.models import build_model, initial_state, state_to_numpy
+from fairfl.models import initial_state, state_to_numpy
 
 import helpers
-from helpers import segmentation_task_meta, trained_weights
+from helpers import kept_local_model as local_model
+from helpers import torch_state, trained_weights
 
 TINY = {"model_channels": [8, 16, 32], "model_strides": [2, 2], "num_rounds": 2}
 FAST = {"fedala_window": 2, "fedala_max_passes": 3}  # a short start phase
@@ -69,10 +68,7 @@ def test_controller_settings_and_refusal():
 
 @pytest.fixture
 def site(cache_dir):
-    controller = FedALAController(**FAST, **TINY)
-    meta = {**segmentation_task_meta(controller.model_spec()), **controller.site_meta()}
-    executor = helpers.tiny_executor()
-    return controller, meta, executor
+    return helpers.unit_site(FedALAController(**FAST, **TINY))
 
 
 def train(executor, meta, params, state_dir, round_num):
@@ -92,31 +88,19 @@ def kept(state_dir, name=WEIGHTS_FILE):
     return torch.load(Path(state_dir) / name)
 
 
-local_model = helpers.kept_local_model
-
-
-torch_state = helpers.torch_state
-
-
 def score(executor, meta, state) -> float:
     """The Dice of the job's network with `state` on site-2's test split."""
-    read = helpers.site_task(meta, SITE)
-    model = build_model(meta[protocol.MODEL_SPEC])
-    model.load_state_dict(state)
-    return executor._evaluate(model, executor._loader(read, "testing", train=False, seed=executor.seed), read)["dice"]
+    return helpers.site_dice(executor, meta, SITE, state)
 
 
 def test_the_first_round_is_fedavgs_and_later_rounds_train_from_theta_hat_and_a_repeat_starts_where_it_did(
     site, tmp_path
 ):
     controller, meta, executor = site
-    spec = controller.model_spec()
-    w0, w1 = initial_state(spec, 0), initial_state(spec, 1)
+    w0, w1 = helpers.initial_states(controller)
     state = tmp_path / "fedala"
     # round 0: no local model yet, so theta_hat is the model sent: FedAvg's round bit for bit, no W
-    first = train(executor, meta, w0, state, 0)
-    fedavg = train(executor, plain(meta), w0, tmp_path / "plain", 0)
-    assert all(np.array_equal(first.params[k], fedavg.params[k]) for k in fedavg.params)
+    first, _ = helpers.trained_as_fedavg(executor, SITE, meta, plain(meta), w0, state, tmp_path / "plain", 0)
     assert first.metrics["fedala_passes"] == 0.0 and not (state / WEIGHTS_FILE).exists()
     theta_i = local_model(state)
 
@@ -148,20 +132,18 @@ def test_the_first_round_is_fedavgs_and_later_rounds_train_from_theta_hat_and_a_
 
 def test_eta_zero_is_fedavg_in_every_round(site, tmp_path):
     controller, meta, executor = site
-    spec = controller.model_spec()
-    w0, w1 = initial_state(spec, 0), initial_state(spec, 1)
+    w0, w1 = helpers.initial_states(controller)
     frozen = {**meta, FEDALA_ETA: 0.0}
     for round_num, sent in ((0, w0), (1, w1)):
-        result = train(executor, frozen, sent, tmp_path / "frozen", round_num)
-        fedavg = train(executor, plain(meta), sent, tmp_path / "plain", round_num)
-        assert all(np.array_equal(result.params[k], fedavg.params[k]) for k in fedavg.params), round_num
+        helpers.trained_as_fedavg(
+            executor, SITE, frozen, plain(meta), sent, tmp_path / "frozen", tmp_path / "plain", round_num
+        )
     assert all(bool((w == 1).all()) for w in kept(tmp_path / "frozen")["weights"].values())
 
 
 def test_the_site_is_scored_with_the_start_of_its_next_round_and_with_the_model_sent_before_it_has_one(site, tmp_path):
     controller, meta, executor = site
-    spec = controller.model_spec()
-    w0, w1 = initial_state(spec, 0), initial_state(spec, 1)
+    w0, w1 = helpers.initial_states(controller)
     on_sent = score(executor, meta, torch_state(meta, w1))
     # before its first round: the model sent
     fresh = validate(executor, meta, w1, tmp_path / "never_trained").metrics
@@ -195,19 +177,7 @@ def test_w_does_not_depend_on_the_order_of_the_site_s_training_datalist(site, tm
     spec = controller.model_spec()
     state = tmp_path / "state"
     train(executor, meta, initial_state(spec, 0), state, 0)
-    read = helpers.site_task(meta, SITE)
-    root = Path(executor._data_root(read))
-    shuffled = tmp_path / "shuffled"
-    shutil.copytree(root, shuffled)
-    datalist = json.loads((root / f"{SITE}.json").read_text())
-    order = np.random.default_rng(0).permutation(len(datalist["training"]))
-    assert len(order) > 2 and list(order) != sorted(order)
-    datalist["training"] = [datalist["training"][i] for i in order]
-    (shuffled / f"{SITE}.json").write_text(json.dumps(datalist))
-    reordered = FairflExecutor(
-        image_size=32, batch_size=8, lr=1e-3, weight_decay=1e-4, synthetic_size_scale=0.5, data_root=str(shuffled)
-    )
-    assert reordered._data_root(read) == str(shuffled)
+    reordered = helpers.reordered_executor(executor, meta, SITE, tmp_path / "shuffled", "training")
     copy = tmp_path / "copy"
     shutil.copytree(state, copy)  # the same local model theta_i at both
     w1 = initial_state(spec, 1)
@@ -237,18 +207,16 @@ def test_broken_kept_weights_are_an_error_naming_site_and_file(site, tmp_path, d
         elif damage == "out_of_range":
             weights[TOP[1]][0] = 1.5
         torch.save({"round": 0} if damage == "no_weights" else {"round": 0, "weights": weights}, path)
-    for task in (lambda: validate(executor, meta, w0, tmp_path, 0), lambda: train(executor, meta, w0, tmp_path, 1)):
-        with pytest.raises(DataError) as error:
-            task()
-        assert f"[{SITE}]" in str(error.value) and str(path) in str(error.value)
-        assert {
-            "garbage": "unreadable FedALA aggregation weights",
-            "other_layers": "missing keys",
-            "shape": "shape mismatch",
-            "nan": "NaN in",
-            "out_of_range": "outside [0, 1]",
-            "no_weights": "are a NoneType, not a dict of tensors",
-        }[damage] in str(error.value)
+    problem = {
+        "garbage": "unreadable FedALA aggregation weights",
+        "other_layers": "missing keys",
+        "shape": "shape mismatch",
+        "nan": "NaN in",
+        "out_of_range": "outside [0, 1]",
+        "no_weights": "are a NoneType, not a dict of tensors",
+    }[damage]
+    tasks = (lambda: validate(executor, meta, w0, tmp_path, 0), lambda: train(executor, meta, w0, tmp_path, 1))
+    helpers.refused_by_both_tasks(tasks, SITE, path, problem)
 
 
 def test_more_layers_than_the_network_has_fail_the_site_s_task_naming_the_setting(site, tmp_path):
@@ -275,27 +243,7 @@ def test_more_layers_than_the_network_has_fail_the_site_s_task_naming_the_settin
     ],
 )
 def test_a_site_refuses_bad_fedala_fields_naming_them(field, bad):
-    meta = {**segmentation_task_meta(FedALAController(**TINY).model_spec()), **FedALAController(**TINY).site_meta()}
+    meta = helpers.unit_meta(FedALAController(**TINY))
     check_meta(SITE, meta)
     with pytest.raises(DataError, match=f"task field {field}"):
         check_meta(SITE, {**meta, field: bad})
-
-
-def test_a_site_refuses_dp_sgd_for_fedala():
-    meta = {
-        **segmentation_task_meta(FedALAController(**TINY).model_spec()),
-        **FedALAController(**TINY).site_meta(),
-        protocol.PRIVACY: {"epsilon": 8.0, "delta": 1e-5, "clip": 1.0, "rounds": 2},
-    }
-    with pytest.raises(
-        DataError, match="asks for DP-SGD, but its site step AdaptiveStart trains with a loop of its own"
-    ):
-        check_meta(SITE, meta)
-
-
-def test_a_controller_asked_for_dp_refuses_at_job_start():
-    from fairfl.privacy.settings import job_refusal
-
-    server = FedALAController(dp_epsilon=8, **TINY)
-    meta = {**server.common_task_meta(["site-1", "site-2"]), **server.train_meta(0)}
-    assert job_refusal(server.method, meta).startswith("dp_epsilon: fedala cannot train with DP-SGD: its site step")

@@ -1,6 +1,7 @@
 """FedRDN's FLARE parts: the controller gathering and sending the sites' statistics (hostile ones rejected for the
 round naming the site, never sent; a missing site's kept), the site training on batches normalised with a drawn
-site's statistics and scored with its own, DP-SGD refused, and one short run through NVFlare's simulator."""
+site's statistics and scored with its own, and one short run through NVFlare's simulator (DP-SGD refused:
+tests/methods/test_own_training_loops.py)."""
 
 import json
 import math
@@ -20,7 +21,6 @@ from fairfl.methods.fedrdn.controller import FedRDNController
 from fairfl.methods.fedrdn.normalization import channel_statistics, normalising, record_of, statistics_record, table
 from fairfl.methods.fedrdn.protocol import FEDRDN, FEDRDN_STATISTICS, SITE_STATISTICS
 from fairfl.models import build_model, initial_state, load_numpy_state
-from fairfl.privacy.settings import job_refusal
 from fairfl.simulate import run_simulator
 
 from helpers import make_job, segmentation_task_meta, variant_controller
@@ -119,15 +119,6 @@ def test_a_site_rejected_or_missing_from_its_first_round_is_sent_to_no_one_until
     restored.load_method_state(controller.method_state())
     assert restored.train_meta(2) == controller.train_meta(2) and restored.final_extras() == controller.final_extras()
     assert controller.final_extras()["statistics"]["site-1"] == statistics(0, 0)
-
-
-def test_dp_sgd_is_refused_at_job_start_because_the_site_trains_with_a_loop_of_its_own():
-    server = FedRDNController(dp_epsilon=8, **SEG)
-    meta = {**server.common_task_meta(["site-1", "site-2"]), **server.train_meta(0)}
-    problem = job_refusal(server.method, meta)
-    assert problem is not None and problem.startswith(
-        "dp_epsilon: fedrdn cannot train with DP-SGD: its site step RandomDomainNormalization trains with a loop"
-    )
 
 
 # -------------------------------------------------------------------------------------------------- the site

@@ -3,11 +3,10 @@ back is FedAvg's, bit for bit; from the soup's start the model sent joins the so
 split scores the patched model no worse (kept, a repeated round the same); the site is scored with its local model
 patched with its soup (its local model alone before the soup starts; the model sent before it has trained); a
 validation split that scores nothing adds every model offered, an empty one is refused; the soup independent of the
-order of the validation datalist; a broken kept soup and bad task fields refused; DP-SGD allowed."""
+order of the validation datalist; a broken kept soup and bad task fields refused (DP-SGD allowed:
+tests/privacy/test_dp_refusals.py)."""
 
-import json
 import math
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,6 @@ import torch
 
 from fairfl.errors import DataError
 from fairfl.flare import protocol
-from fairfl.flare.executor import FairflExecutor
 from fairfl.flare.site_task import check_meta
 from fairfl.methods.fedsoup.controller import FedSoupController
 from fairfl.methods.fedsoup.protocol import FEDSOUP_START_ROUND, PREVIOUS_SOUP_FILE, SOUP_FILE
@@ -24,7 +22,8 @@ from fairfl.methods.fedsoup.soup import joins, patched_state, with_ingredient
 from fairfl.models import build_model, initial_state, state_to_numpy
 
 import helpers
-from helpers import segmentation_task_meta, trained_weights
+from helpers import kept_local_model as local_model
+from helpers import torch_state, trained_weights
 
 TINY = {"model_channels": [8, 16, 32], "model_strides": [2, 2], "num_rounds": 2}
 SITE = "site-2"
@@ -48,10 +47,7 @@ def test_controller_settings_and_refusal():
 @pytest.fixture
 def site(cache_dir):
     """The soup from round 0 on (fedsoup_start 0), so that two rounds show it grow."""
-    controller = FedSoupController(fedsoup_start=0, **TINY)
-    meta = {**segmentation_task_meta(controller.model_spec()), **controller.site_meta()}
-    executor = helpers.tiny_executor()
-    return controller, meta, executor
+    return helpers.unit_site(FedSoupController(fedsoup_start=0, **TINY))
 
 
 def train(executor, meta, params, state_dir, round_num):
@@ -71,25 +67,13 @@ def kept(state_dir, name=SOUP_FILE):
     return torch.load(Path(state_dir) / name)
 
 
-local_model = helpers.kept_local_model
-
-
-torch_state = helpers.torch_state
-
-
-def network(meta, state):
-    model = build_model(meta[protocol.MODEL_SPEC])
-    model.load_state_dict(state)
-    return model
-
-
 def score(executor, meta, state, split="testing") -> float | None:
     """The Dice of the job's network with `state` on site-2's `split` (validation: as the site's soup step scores)."""
-    read = helpers.site_task(meta, SITE)
     if split == "validation":
-        return executor._validation_score(read, network(meta, state), CPU)
-    loader = executor._loader(read, split, train=False, seed=executor.seed)
-    return executor._evaluate(network(meta, state), loader, read)["dice"]
+        model = build_model(meta[protocol.MODEL_SPEC])
+        model.load_state_dict(state)
+        return executor._validation_score(helpers.site_task(meta, SITE), model, CPU)
+    return helpers.site_dice(executor, meta, SITE, state, split)
 
 
 def greedy_step(executor, meta, local, soup, ingredients, offered, round_num):
@@ -112,13 +96,9 @@ def test_what_goes_back_is_fedavgs_and_the_soup_grows_by_the_greedy_test_and_a_r
     site, tmp_path
 ):
     controller, meta, executor = site
-    spec = controller.model_spec()
-    w0, w1 = initial_state(spec, 0), initial_state(spec, 1)
+    w0, w1 = helpers.initial_states(controller)
     state = tmp_path / "fedsoup"
-    first = train(executor, meta, w0, state, 0)
-    fedavg = train(executor, plain(meta), w0, tmp_path / "plain", 0)
-    assert set(first.params) == set(fedavg.params)
-    assert all(np.array_equal(first.params[k], fedavg.params[k]) for k in fedavg.params)  # bit for bit
+    first, fedavg = helpers.trained_as_fedavg(executor, SITE, meta, plain(meta), w0, state, tmp_path / "plain", 0)
     assert not (tmp_path / "plain" / SOUP_FILE).exists() and "fedsoup_added" not in fedavg.metrics
     # round 0: the soup is empty, so the test is the local model against it averaged with w0
     soup, ingredients = greedy_step(executor, meta, local_model(state), {}, [], torch_state(meta, w0), 0)
@@ -159,8 +139,7 @@ def test_the_site_is_scored_with_its_local_model_patched_with_its_soup_and_with_
     site, tmp_path
 ):
     controller, meta, executor = site
-    spec = controller.model_spec()
-    w0, w1 = initial_state(spec, 0), initial_state(spec, 1)
+    w0, w1 = helpers.initial_states(controller)
     on_sent = score(executor, meta, torch_state(meta, w1))
     fresh = validate(executor, meta, w1, tmp_path / "never_trained").metrics
     assert fresh["personal_model"] == 0.0 and fresh["dice"] == pytest.approx(on_sent, abs=1e-9)
@@ -205,8 +184,7 @@ def test_a_worse_score_keeps_the_model_out_and_a_split_that_scores_nothing_adds_
     site, tmp_path, monkeypatch
 ):
     controller, meta, executor = site
-    spec = controller.model_spec()
-    w0, w1 = initial_state(spec, 0), initial_state(spec, 1)
+    w0, w1 = helpers.initial_states(controller)
     fake_validation(monkeypatch, executor, [0.6, 0.5])  # the soup with w0 scores worse than without
     refused = train(executor, meta, w0, tmp_path / "worse", 0)
     assert refused.metrics["fedsoup_added"] == 0.0 and kept(tmp_path / "worse")["ingredients"] == []
@@ -219,24 +197,12 @@ def test_a_worse_score_keeps_the_model_out_and_a_split_that_scores_nothing_adds_
     assert same_soup(kept(state), expected, [0, 1])
 
 
-def reordered_site(executor, meta, tmp_path, split, change) -> FairflExecutor:
-    """An executor whose data root is site-2's with its `split` datalist changed by `change`."""
-    read = helpers.site_task(meta, SITE)
-    root = Path(executor._data_root(read))
-    copy = tmp_path / "data"
-    shutil.copytree(root, copy)
-    datalist = json.loads((root / f"{SITE}.json").read_text())
-    datalist[split] = change(datalist[split])
-    (copy / f"{SITE}.json").write_text(json.dumps(datalist))
-    return FairflExecutor(
-        image_size=32, batch_size=8, lr=1e-3, weight_decay=1e-4, synthetic_size_scale=0.5, data_root=str(copy)
-    )
-
-
 def test_the_soup_does_not_depend_on_the_order_of_the_site_s_validation_datalist(site, tmp_path):
     controller, meta, executor = site
     w0 = initial_state(controller.model_spec(), 0)
-    reordered = reordered_site(executor, meta, tmp_path, "validation", lambda entries: entries[::-1])
+    reordered = helpers.reordered_executor(
+        executor, meta, SITE, tmp_path / "data", "validation", lambda entries: entries[::-1]
+    )
     first = train(executor, meta, w0, tmp_path / "state", 0)
     second = train(reordered, meta, w0, tmp_path / "copy", 0)
     assert first.metrics["fedsoup_added"] == second.metrics["fedsoup_added"]
@@ -246,7 +212,7 @@ def test_the_soup_does_not_depend_on_the_order_of_the_site_s_validation_datalist
 
 def test_an_empty_validation_split_is_refused_before_anything_trains(site, tmp_path):
     controller, meta, executor = site
-    empty = reordered_site(executor, meta, tmp_path, "validation", lambda entries: [])
+    empty = helpers.reordered_executor(executor, meta, SITE, tmp_path / "data", "validation", lambda entries: [])
     with pytest.raises(DataError, match="split 'validation' is empty"):
         train(empty, meta, initial_state(controller.model_spec(), 0), tmp_path / "state", 0)
 
@@ -272,31 +238,20 @@ def test_a_broken_kept_soup_is_an_error_naming_site_and_file(site, tmp_path, dam
         else:
             del saved["soup"]
         torch.save(saved, path)
-    for task in (lambda: validate(executor, meta, w0, tmp_path, 0), lambda: train(executor, meta, w0, tmp_path, 1)):
-        with pytest.raises(DataError) as error:
-            task()
-        assert f"[{SITE}]" in str(error.value) and str(path) in str(error.value)
-        assert {
-            "garbage": "unreadable FedSoup soup",
-            "other_network": "shape mismatch",
-            "nan": "NaN in",
-            "ingredients": "not distinct rounds in ascending order",
-            "no_soup": "is a NoneType, not a dict of tensors",
-        }[damage] in str(error.value)
+    problem = {
+        "garbage": "unreadable FedSoup soup",
+        "other_network": "shape mismatch",
+        "nan": "NaN in",
+        "ingredients": "not distinct rounds in ascending order",
+        "no_soup": "is a NoneType, not a dict of tensors",
+    }[damage]
+    tasks = (lambda: validate(executor, meta, w0, tmp_path, 0), lambda: train(executor, meta, w0, tmp_path, 1))
+    helpers.refused_by_both_tasks(tasks, SITE, path, problem)
 
 
 @pytest.mark.parametrize("bad", [-1, 1.0, None, "1", True, 10**6 + 1])
 def test_a_site_refuses_a_bad_start_round_naming_it(bad):
-    meta = {**segmentation_task_meta(FedSoupController(**TINY).model_spec()), **FedSoupController(**TINY).site_meta()}
+    meta = helpers.unit_meta(FedSoupController(**TINY))
     check_meta(SITE, meta)
     with pytest.raises(DataError, match=f"task field {FEDSOUP_START_ROUND}"):
         check_meta(SITE, {**meta, FEDSOUP_START_ROUND: bad})
-
-
-def test_dp_sgd_covers_fedsoup_s_training_the_executor_s_own_loop():
-    from fairfl.privacy.settings import job_refusal
-
-    server = FedSoupController(dp_epsilon=8, **TINY)
-    meta = {**server.common_task_meta(["site-1", "site-2"]), **server.train_meta(0)}
-    assert job_refusal(server.method, meta) is None
-    check_meta(SITE, {**meta, protocol.PRIVACY: {"epsilon": 8.0, "delta": 1e-5, "clip": 1.0, "rounds": 2}})
