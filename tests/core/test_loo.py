@@ -120,7 +120,7 @@ def fake_simulator(monkeypatch):
             json.dump(data, f)
         for record in [{"round": r, "seconds": 1.0} for r in range(args["num_rounds"])] if on_round else []:
             on_round(record, {**data, "rounds": [record]}, 2.0)
-        return SimpleNamespace(ok=True, seconds=1.0)
+        return SimpleNamespace(ok=True, seconds=1.0, errors={})
 
     monkeypatch.setattr(simulate, "run_simulator", run)
     return calls
