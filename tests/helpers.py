@@ -388,3 +388,12 @@ def trained_weights(result, sent: dict) -> dict:
     if result.params_type != ParamsType.DIFF:
         return dict(result.params)
     return {k: v if v.dtype == bool else sent[k] + v for k, v in result.params.items()}
+
+
+def server_round(controller, state: dict, answers: list, round_num: int):
+    """One train round of `controller` on these answers through its real screening (`_train_round`, the sending
+    replaced) and aggregation (`_server_step`): (new state, rejected, the round's record fields)."""
+    controller._ask_models = lambda *args, **kwargs: list(answers)
+    updates, rejected, _ = controller._train_round(round_num, state)
+    new_state, extras = controller._server_step(round_num, state, updates, rejected)
+    return new_state, rejected, extras

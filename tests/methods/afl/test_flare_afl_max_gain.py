@@ -18,6 +18,7 @@ from fairfl.methods.fedfloor.controller import FedFloorController
 from fairfl.methods.qfedavg.protocol import GLOBAL_LOSS
 from fairfl.models import initial_state
 
+import helpers
 from helpers import variant_controller
 
 SITES = ["site-1", "site-2", "site-3", "site-4"]
@@ -39,10 +40,7 @@ def play(controller, state, round_num, losses):
         }
         meta = {"client_name": site, protocol.NUM_SAMPLES: SAMPLES[site], GLOBAL_LOSS: losses[site]}
         answers.append(FLModel(params_type=ParamsType.FULL, params=params, metrics={"train_loss": 0.5}, meta=meta))
-    controller._ask_models = lambda *args, **kwargs: list(answers)
-    updates, rejected, _ = controller._train_round(round_num, state)
-    new_state, extras = controller._server_step(round_num, state, updates, rejected)
-    return new_state, rejected, extras
+    return helpers.server_round(controller, state, answers, round_num)
 
 
 HOSTILE = {

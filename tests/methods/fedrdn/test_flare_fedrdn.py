@@ -23,6 +23,7 @@ from fairfl.methods.fedrdn.protocol import FEDRDN, FEDRDN_STATISTICS, SITE_STATI
 from fairfl.models import build_model, initial_state, load_numpy_state
 from fairfl.simulate import run_simulator
 
+import helpers
 from helpers import make_job, segmentation_task_meta, variant_controller
 
 SEG = {"model_channels": [4, 8], "model_strides": [2], "num_rounds": 3}
@@ -69,10 +70,7 @@ def play(controller, state, round_num, changed=None, missing=()):
         meta.update({} if record is None else {SITE_STATISTICS: record})
         params = trained(state, 10 * round_num + i)
         answers.append(FLModel(params_type=ParamsType.FULL, params=params, metrics={"train_loss": 0.5}, meta=meta))
-    controller._ask_models = lambda *args, **kwargs: list(answers)
-    updates, rejected, _ = controller._train_round(round_num, state)
-    new_state, extras = controller._server_step(round_num, state, updates, rejected)
-    return new_state, rejected, extras
+    return helpers.server_round(controller, state, answers, round_num)
 
 
 HOSTILE = {
