@@ -23,6 +23,9 @@ site (`per_site_barrier`, a federation of one-machine sites sharing this machine
 
     python benchmarks/cost.py --repeats 2 --rounds 6 --out benchmarks/results/cost
     python benchmarks/cost.py --methods fedavg --repeats 3   # FedAvg, NVFlare's FedAvg and the floors only
+    python benchmarks/cost.py --methods ditto fedfloor_minimax apfl --fedavg-only --out /tmp/cost  # arms vs FedAvg
+
+`--methods` takes any variant `fairfl benchmark` runs (its job with the variant's arguments, on the job's dataset).
 
 Resumable: finished runs are kept in OUT/runs.json and not run again; SUMMARY.md and summary.json are rewritten from
 them after every run.
@@ -61,7 +64,9 @@ from cost_floor import (  # noqa: E402  (benchmarks/cost_floor.py)
     round_periods,
 )
 
-METHODS = ("fedprox", "ditto", "fedlwr", "fedce", "fedism_plus", "fednpr", "fedfloor")
+from fairfl.methods import VARIANTS  # noqa: E402
+
+METHODS = ("fedprox", "ditto", "fedlwr", "fedce", "fedism_plus", "fednpr", "fedfloor")  # the default; any variant runs
 FEDAVG, PEER = "fedavg", "nvflare_fedavg"  # fairfl's FedAvg job and NVFlare's own FedAvg (FedAvgRecipe, Client API)
 # round time / FedAvg's: the cost issue's targets, and FedFloor's goal (at most twice FedAvg's round)
 TARGETS = {"fedprox": 1.05, "ditto": 2.05, "fedlwr": 1.3, "fedce": 1.2, "fedfloor": 2.0}
@@ -103,14 +108,27 @@ def round_costs(results: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------ the runs
-def run_job(job: str, dataset: str, rounds: int, sites: int, tmp: str) -> dict:
-    """fairfl's `job` on `dataset` through `nvflare simulator`: its round costs, CPU seconds a round and whole time."""
+def run_job(method: str, dataset: str, rounds: int, sites: int, tmp: str) -> dict:
+    """fairfl's `method` (a variant: its job with its arguments) on `dataset` through `nvflare simulator`: its round
+    costs, CPU seconds a round and whole time."""
     from fairfl.jobconfig import customize_job
 
-    folder = os.path.join(tmp, f"{job}-{dataset}")
-    args = {"num_rounds": rounds, "eval_every": rounds, "dataset": dataset}  # FedAvg on the method's dataset
-    customize_job(os.path.join(JOBS, job), folder + "-job", args)
-    return measure_job(folder + "-job", folder + "-ws", sites, f"{job} on {dataset}")
+    variant = VARIANTS[method]
+    folder = os.path.join(tmp, f"{method}-{dataset}")
+    args = {
+        **variant.arguments,
+        **variant.dataset_arguments.get(dataset, {}),
+        "num_rounds": rounds,
+        "eval_every": rounds,
+        "dataset": dataset,  # FedAvg on the method's dataset
+    }
+    customize_job(os.path.join(JOBS, variant.job), folder + "-job", args)
+    return measure_job(folder + "-job", folder + "-ws", sites, f"{method} on {dataset}")
+
+
+def method_dataset(method: str) -> str:
+    """The dataset the method's job runs by default."""
+    return job_args(VARIANTS[method].job)[0]["dataset"]
 
 
 def measure_job(job_folder: str, workspace: str, sites: int, name: str) -> dict:
@@ -274,7 +292,8 @@ ROW_NAMES = {
 
 def summarize(runs: dict, floors: dict, command: str = "", versions_text: str = "") -> tuple[dict, str]:
     table = {}
-    for method in METHODS:
+    ran = dict.fromkeys(k.split("@")[1].split("#")[0] for k in runs)  # the default methods first, then any variant
+    for method in [m for m in METHODS if m in ran] + [m for m in ran if m not in METHODS and m != FEDAVG]:
         partners = {k: k.replace(f"{method}@", f"{FEDAVG}@", 1) for k in runs if k.startswith(f"{method}@")}
         pairs = [(runs[k], runs[p]) for k, p in partners.items() if p in runs]  # a repeat may be half done
         pairs = [(m, f) for m, f in pairs if m.get("round") and f.get("round")]
@@ -283,6 +302,7 @@ def summarize(runs: dict, floors: dict, command: str = "", versions_text: str = 
         ratios = [m["round"] / f["round"] for m, f in pairs]
         cpu_ratios = [r for r in (ratio(m.get("cpu"), f.get("cpu")) for m, f in pairs) if r is not None]
         table[method] = {
+            "dataset": pairs[0][0].get("dataset"),
             "pairs": len(pairs),
             "ratio": round(statistics.median(ratios), 3),
             "ratios": [round(r, 3) for r in ratios],
@@ -370,7 +390,16 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--methods", nargs="+", default=list(METHODS), choices=[FEDAVG, *METHODS], help="fedavg: no method besides"
+        "--methods",
+        nargs="+",
+        default=list(METHODS),
+        choices=[FEDAVG, *sorted(v for v in VARIANTS if v != FEDAVG)],
+        help="variants (fairfl benchmark's names, e.g. fedfloor_minimax); fedavg: no method besides",
+    )
+    parser.add_argument(
+        "--fedavg-only",
+        action="store_true",
+        help="pair each method with fairfl's FedAvg only: no NVFlare FedAvg, no floors (an arm's cost against FedAvg)",
     )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=6)
@@ -400,8 +429,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             for method in args.methods:
-                dataset = job_args(method)[0]["dataset"]
-                jobs = [FEDAVG, *([method] if method != FEDAVG else []), PEER]
+                dataset = method_dataset(method)
+                jobs = [FEDAVG, *([method] if method != FEDAVG else []), *([] if args.fedavg_only else [PEER])]
                 for job in jobs if repeat % 2 == 0 else reversed(jobs):  # A B C, then C B A
                     key = f"{job}@{method}#{repeat}"
                     if key in state["runs"]:
@@ -413,7 +442,8 @@ def main(argv=None) -> int:
                         record = run_job(job, dataset, args.rounds, args.sites, tmp)
                     state["runs"][key] = {**record, "dataset": dataset}
                     save()
-            for dataset in sorted({job_args(m)[0]["dataset"] for m in args.methods}):  # beside this repeat's runs
+            floor_datasets = set() if args.fedavg_only else {method_dataset(m) for m in args.methods}
+            for dataset in sorted(floor_datasets):  # beside this repeat's runs
                 layouts = None
                 for layout in (BALANCED, PER_SITE):
                     key = f"{dataset}#{layout}#{repeat}"

@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -236,3 +237,33 @@ def test_the_summary_renders_with_pieces_missing(cost):
     assert "per_core#" not in text and "1.05" in text
     empty, text = cost.summarize({}, {})
     assert empty["methods"] == {} and empty["floor_table"] == {} and "| dataset | run |" in text
+
+
+def test_a_variant_runs_as_its_job_with_its_arguments_and_gets_its_own_row(cost, tmp_path, monkeypatch):
+    """`--methods fedfloor_minimax`: jobs/fedfloor with minimax_aggregation on, the round count and dataset asked for;
+    its row beside FedFloor's (the same job, another variant) and none for FedAvg itself."""
+    from fairfl.jobconfig import SERVER_CONFIG
+
+    measured = []
+    monkeypatch.setattr(cost, "measure_job", lambda job, workspace, sites, name: measured.append(job) or {})
+    cost.run_job("fedfloor_minimax", "fundus", 5, 6, str(tmp_path))
+
+    def controller_args(job):
+        return json.loads(Path(job, SERVER_CONFIG).read_text())["workflows"][0]["args"]
+
+    controller = controller_args(measured[0])
+    assert controller["minimax_aggregation"] is True and controller["dataset"] == "fundus"
+    assert controller["num_rounds"] == 5 and controller["eval_every"] == 5
+    cost.run_job("fedfloor", "prostate", 5, 6, str(tmp_path))
+    assert not controller_args(measured[1]).get("minimax_aggregation")
+    runs = {
+        "fedavg@fedfloor_minimax#0": run("prostate", 2.0, cpu=4.0),
+        "fedfloor_minimax@fedfloor_minimax#0": run("prostate", 3.0, cpu=7.0),
+        "fedavg@fedfloor#0": run("prostate", 2.0, cpu=4.0),
+        "fedfloor@fedfloor#0": run("prostate", 2.5, cpu=5.0),
+        "fedavg@fedavg#0": run("prostate", 2.0, cpu=4.0),
+    }
+    methods = cost.summarize(runs, {})[0]["methods"]
+    assert list(methods) == ["fedfloor", "fedfloor_minimax"]  # the default methods first, then the variants
+    assert methods["fedfloor_minimax"]["ratio"] == 1.5 and methods["fedfloor_minimax"]["cpu_ratio"] == 1.75
+    assert methods["fedfloor_minimax"]["dataset"] == "prostate"

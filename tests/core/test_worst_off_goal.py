@@ -4,6 +4,7 @@ say "seeds only" when not; an arm that did not train and fewer than 3 seeds are 
 
 import json
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -104,3 +105,46 @@ def test_without_influences_it_says_seeds_only_and_two_seeds_judge_nothing(tmp_p
     lifted = worst_off.goal(str(tmp_path))["arms"]["lifted"]
     assert lifted["worst_vs_fedavg"]["noise"] == "seeds only"
     assert lifted["worst_vs_fedavg"]["verdict"] == "not judged" and "worst_vs_solo" not in lifted
+
+
+def test_a_task_whose_runs_are_gone_keeps_its_committed_goal_and_one_never_judged_is_refused(
+    tmp_path, worst_off, monkeypatch, capsys
+):
+    rerun, kept, never = tmp_path / "rerun", tmp_path / "kept", tmp_path / "never"
+    for folder, shift in ((rerun, 0.12), (kept, 0.20), (never, 0.12)):
+        folder.mkdir()
+        benchmark(folder, {"fedavg": NONE, "lifted": {**NONE, "site-4": shift}})
+    monkeypatch.setattr(sys, "argv", ["worst_off.py", str(kept)])
+    worst_off.main()  # judged while its runs are here: writes its goal.json
+    committed = json.loads((kept / "goal.json").read_text())
+    shutil.rmtree(kept / "runs")  # a fresh clone: the runs are not committed
+    table = tmp_path / "GOAL.md"
+    monkeypatch.setattr(sys, "argv", ["worst_off.py", str(rerun), str(kept), "--table", str(table)])
+    worst_off.main()
+    assert json.loads((kept / "goal.json").read_text()) == committed  # not rewritten
+    assert "keeping its" in capsys.readouterr().err
+    text = table.read_text()
+    rerun_goal = json.loads((rerun / "goal.json").read_text())
+    cells = [g["arms"]["lifted"]["worst_vs_fedavg"]["text"] for g in (rerun_goal, committed)]
+    assert cells[0] != cells[1] and all(c in text for c in cells)  # both sections, each its own runs' figures
+    shutil.rmtree(never / "runs")
+    monkeypatch.setattr(sys, "argv", ["worst_off.py", str(never)])
+    with pytest.raises(SystemExit, match="no goal.json was kept"):
+        worst_off.main()
+
+
+def test_the_interleaved_cost_judges_an_arm_on_its_own_dataset_by_the_larger_of_wall_and_cpu(tmp_path, worst_off):
+    benchmark(tmp_path, {"fedavg": NONE, "lifted": {**NONE, "site-4": 0.12}, "twin": NONE})
+    # the benchmark's own rounds: lifted 2.0x (missed only at > 2); the alternated runs say otherwise
+    interleaved = {
+        "lifted": {"dataset": "prostate", "ratio": 1.4, "cpu_ratio": 2.3},  # CPU over the goal: missed
+        "twin": {"dataset": "fundus", "ratio": 1.0, "cpu_ratio": 1.0},  # another dataset: not used here
+    }
+    arms = worst_off.goal(str(tmp_path), interleaved)["arms"]
+    assert arms["lifted"]["cost"] == {"ratio": 1.4, "cpu_ratio": 2.3, "source": "interleaved", "verdict": "missed"}
+    assert arms["twin"]["cost"]["source"] == "one after another" and arms["twin"]["cost"]["ratio"] == 1.0
+    interleaved["lifted"]["cpu_ratio"] = 1.9
+    arms = worst_off.goal(str(tmp_path), interleaved)["arms"]
+    assert arms["lifted"]["cost"]["verdict"] == "met"
+    table = worst_off.tables([{**worst_off.goal(str(tmp_path), interleaved), "folder": "f"}], "cost/summary.json")
+    assert "1.40, CPU 1.90: met (interleaved)" in table and "--cost cost/summary.json" in table
