@@ -51,12 +51,20 @@ class RunsNotHere(Exception):
     """The benchmark's runs/ folder (not committed) is not on this machine."""
 
 
+def relocated(path: str, folder: str) -> str:
+    """A run's results file as results.csv names it (the absolute path it was written at) or, where the benchmark
+    folder has moved since (a fresh clone, the committed run records), the same file under this folder's runs/."""
+    if os.path.exists(path) or "/runs/" not in path:
+        return path
+    return os.path.join(folder, "runs", path.rsplit("/runs/", 1)[1])
+
+
 def runs_by_method(folder: str, metric: str) -> dict:
     """{method: [the runs' results, as fairfl report loads them]} from the benchmark's <metric>/results.csv."""
     files: dict = {}
     with open(os.path.join(folder, metric, "results.csv")) as f:
         for row in csv.DictReader(f):
-            files.setdefault(row["method"], {})[row["file"]] = None
+            files.setdefault(row["method"], {})[relocated(row["file"], folder)] = None
     missing = [p for paths in files.values() for p in paths if not os.path.exists(p)]
     if missing:
         raise RunsNotHere(f"{folder}: the runs' results files are not here (first: {missing[0]})")

@@ -148,3 +148,18 @@ def test_the_interleaved_cost_judges_an_arm_on_its_own_dataset_by_the_larger_of_
     assert arms["lifted"]["cost"]["verdict"] == "met"
     table = worst_off.tables([{**worst_off.goal(str(tmp_path), interleaved), "folder": "f"}], "cost/summary.json")
     assert "1.40, CPU 1.90: met (interleaved)" in table and "--cost cost/summary.json" in table
+
+
+def test_a_benchmark_folder_moved_elsewhere_is_judged_from_its_own_runs(tmp_path, worst_off):
+    """results.csv names each run's file by the absolute path it was written at; a fresh clone has the committed run
+    records under the folder's runs/ at another path."""
+    written = tmp_path / "written"
+    written.mkdir()
+    benchmark(written, {"fedavg": NONE, "lifted": {**NONE, "site-4": 0.12}})
+    before = worst_off.goal(str(written))
+    clone = tmp_path / "clone" / "worst_off"
+    shutil.move(str(written), str(clone))
+    assert worst_off.goal(str(clone)) == before
+    shutil.rmtree(clone / "runs" / "lifted-1")  # one record missing: refused, not judged without it
+    with pytest.raises(worst_off.RunsNotHere, match="lifted-1"):
+        worst_off.goal(str(clone))
