@@ -64,7 +64,7 @@ from cost_floor import (  # noqa: E402  (benchmarks/cost_floor.py)
     round_periods,
 )
 
-from fairfl.methods import VARIANTS  # noqa: E402
+from fairfl.methods import VARIANTS, variant_job  # noqa: E402
 
 METHODS = ("fedprox", "ditto", "fedlwr", "fedce", "fedism_plus", "fednpr", "fedfloor")  # the default; any variant runs
 FEDAVG, PEER = "fedavg", "nvflare_fedavg"  # fairfl's FedAvg job and NVFlare's own FedAvg (FedAvgRecipe, Client API)
@@ -113,22 +113,27 @@ def run_job(method: str, dataset: str, rounds: int, sites: int, tmp: str) -> dic
     costs, CPU seconds a round and whole time."""
     from fairfl.jobconfig import customize_job
 
-    variant = VARIANTS[method]
+    job, arguments = job_of(method, dataset)
     folder = os.path.join(tmp, f"{method}-{dataset}")
     args = {
-        **variant.arguments,
-        **variant.dataset_arguments.get(dataset, {}),
+        **arguments,
         "num_rounds": rounds,
         "eval_every": rounds,
         "dataset": dataset,  # FedAvg on the method's dataset
     }
-    customize_job(os.path.join(JOBS, variant.job), folder + "-job", args)
+    customize_job(os.path.join(JOBS, job), folder + "-job", args)
     return measure_job(folder + "-job", folder + "-ws", sites, f"{method} on {dataset}")
+
+
+def job_of(method: str, dataset: str = "") -> tuple[str, dict]:
+    """(job, arguments) of `method`: a variant's (fairfl.methods.variant_job), else the job of that name as it is
+    (jobs/fedce, jobs/fedism_plus: the default methods)."""
+    return variant_job(method, dataset) if method in VARIANTS else (method, {})
 
 
 def method_dataset(method: str) -> str:
     """The dataset the method's job runs by default."""
-    return job_args(VARIANTS[method].job)[0]["dataset"]
+    return job_args(job_of(method)[0])[0]["dataset"]
 
 
 def measure_job(job_folder: str, workspace: str, sites: int, name: str) -> dict:
@@ -137,6 +142,9 @@ def measure_job(job_folder: str, workspace: str, sites: int, name: str) -> dict:
     from fairfl.results import SIMULATOR_RESULTS
     from fairfl.simulate import run_simulator
 
+    # a workspace used before still holds that run's results file, whose rounds the sampler would take for this
+    # run's (every round ending at once: no CPU a round)
+    shutil.rmtree(workspace, ignore_errors=True)
     started = time.time()
     with TreeCPU(watch=os.path.join(workspace, SIMULATOR_RESULTS)) as tree:
         run = run_simulator(job_folder, workspace, n_clients=sites, timeout=3600)
@@ -393,7 +401,7 @@ def main(argv=None) -> int:
         "--methods",
         nargs="+",
         default=list(METHODS),
-        choices=[FEDAVG, *sorted(v for v in VARIANTS if v != FEDAVG)],
+        choices=[FEDAVG, *sorted({*METHODS, *VARIANTS} - {FEDAVG})],
         help="variants (fairfl benchmark's names, e.g. fedfloor_minimax); fedavg: no method besides",
     )
     parser.add_argument(

@@ -267,3 +267,30 @@ def test_a_variant_runs_as_its_job_with_its_arguments_and_gets_its_own_row(cost,
     assert list(methods) == ["fedfloor", "fedfloor_minimax"]  # the default methods first, then the variants
     assert methods["fedfloor_minimax"]["ratio"] == 1.5 and methods["fedfloor_minimax"]["cpu_ratio"] == 1.75
     assert methods["fedfloor_minimax"]["dataset"] == "prostate"
+
+
+def test_a_reused_workspace_does_not_hand_its_old_rounds_to_the_cpu_sampler(cost, tmp_path, monkeypatch):
+    """Every FedAvg run of a dataset uses one workspace: the sampler, watching the results file, must not start on
+    the previous run's file (its rounds would all end at once: no CPU a round, as the first runs here recorded)."""
+    from fairfl.results import SIMULATOR_RESULTS
+
+    workspace = tmp_path / "fedavg-prostate-ws"
+    stale = workspace / SIMULATOR_RESULTS
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"rounds": [{"round": 0}, {"round": 1}]}))
+    seen = []
+
+    class Sampler:
+        def __init__(self, watch):
+            seen.append(os.path.exists(watch))
+
+        def __enter__(self):
+            raise RuntimeError("stop here")
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(cost, "TreeCPU", Sampler)
+    with pytest.raises(RuntimeError, match="stop here"):
+        cost.measure_job(str(tmp_path / "job"), str(workspace), 2, "fedavg on prostate")
+    assert seen == [False]

@@ -127,6 +127,12 @@ def test_a_task_whose_runs_are_gone_keeps_its_committed_goal_and_one_never_judge
     rerun_goal = json.loads((rerun / "goal.json").read_text())
     cells = [g["arms"]["lifted"]["worst_vs_fedavg"]["text"] for g in (rerun_goal, committed)]
     assert cells[0] != cells[1] and all(c in text for c in cells)  # both sections, each its own runs' figures
+    assert text.count(worst_off.KEPT_NOTE) == 1  # the kept section says so
+    with open(kept / "dice" / "results.csv", "a") as f:  # a run added since it was judged: its goal.json is stale
+        f.write("lifted,,3,site-1,dice,50.0,/elsewhere/runs/lifted-3/results.json\n")
+    monkeypatch.setattr(sys, "argv", ["worst_off.py", str(kept)])
+    with pytest.raises(SystemExit, match="was not judged from the runs"):
+        worst_off.main()
     shutil.rmtree(never / "runs")
     monkeypatch.setattr(sys, "argv", ["worst_off.py", str(never)])
     with pytest.raises(SystemExit, match="no goal.json was kept"):
@@ -146,6 +152,9 @@ def test_the_interleaved_cost_judges_an_arm_on_its_own_dataset_by_the_larger_of_
     interleaved["lifted"]["cpu_ratio"] = 1.9
     arms = worst_off.goal(str(tmp_path), interleaved)["arms"]
     assert arms["lifted"]["cost"]["verdict"] == "met"
+    interleaved["lifted"]["cpu_ratio"] = None  # wall time alone, on a shared machine, judges nothing
+    assert worst_off.goal(str(tmp_path), interleaved)["arms"]["lifted"]["cost"]["verdict"] == "not judged"
+    interleaved["lifted"]["cpu_ratio"] = 1.9
     table = worst_off.tables([{**worst_off.goal(str(tmp_path), interleaved), "folder": "f"}], "cost/summary.json")
     assert "1.40, CPU 1.90: met (interleaved)" in table and "--cost cost/summary.json" in table
 
