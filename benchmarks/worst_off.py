@@ -54,7 +54,8 @@ VERDICT_TEXT = {HOLDS: "met", FAILS: "missed"}
 
 
 class RunsNotHere(Exception):
-    """The benchmark's runs/ folder (not committed) is not on this machine."""
+    """Some of the run records its results.csv lists are not on this machine (a folder whose runs predate committed
+    records, or a record missing)."""
 
 
 def relocated(path: str, folder: str) -> str:

@@ -397,3 +397,41 @@ def server_round(controller, state: dict, answers: list, round_num: int):
     updates, rejected, _ = controller._train_round(round_num, state)
     new_state, extras = controller._server_step(round_num, state, updates, rejected)
     return new_state, rejected, extras
+
+
+def loss_answers(state: dict, round_num: int, samples: dict, losses: dict) -> list:
+    """Every site's train answer, in `samples`' order: the sent model moved by a step seeded by the round and the
+    site, its training-set size, and, where `losses` has one, the loss it reports for the model it was sent (AFL's
+    and FedFloor (minimax)'s `GLOBAL_LOSS`)."""
+    import numpy as np
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+    from fairfl.flare import protocol
+    from fairfl.methods.qfedavg.protocol import GLOBAL_LOSS
+
+    answers = []
+    for i, site in enumerate(samples):
+        rng = np.random.default_rng(10 * round_num + i)
+        params = {
+            k: v + 0.01 * rng.standard_normal(v.shape).astype(v.dtype) if v.dtype.kind == "f" else v
+            for k, v in state.items()
+        }
+        meta = {"client_name": site, protocol.NUM_SAMPLES: samples[site]}
+        if site in losses:
+            meta[GLOBAL_LOSS] = losses[site]
+        answers.append(FLModel(params_type=ParamsType.FULL, params=params, metrics={"train_loss": 0.5}, meta=meta))
+    return answers
+
+
+def minimax_in_every_order(mixture: dict, fedavg: dict, losses: dict, *args, **kwargs) -> list:
+    """AFL's `minimax_round` on one round with its sites in every order: the mixture reversed, the round's FedAvg
+    weights and losses in each permutation of the round's sites (`args`, `kwargs`: the round's settings)."""
+    import itertools
+
+    from fairfl.methods.afl.minimax import minimax_round
+
+    reversed_mixture = {s: mixture[s] for s in reversed(list(mixture))}
+    return [
+        minimax_round(reversed_mixture, {s: fedavg[s] for s in order}, {s: losses[s] for s in order}, *args, **kwargs)
+        for order in itertools.permutations(fedavg)
+    ]

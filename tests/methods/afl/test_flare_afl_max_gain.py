@@ -8,14 +8,11 @@ import math
 
 import numpy as np
 import pytest
-from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from fairfl.aggregation import cap_shares
-from fairfl.flare import protocol
 from fairfl.methods.afl.controller import AFLController
 from fairfl.methods.afl.minimax import minimax_round, uniform_mixture
 from fairfl.methods.fedfloor.controller import FedFloorController
-from fairfl.methods.qfedavg.protocol import GLOBAL_LOSS
 from fairfl.models import initial_state
 
 import helpers
@@ -31,15 +28,7 @@ LIAR = {**HONEST, "site-4": 1e5}  # below the screen's 1e6: counted, at afl_loss
 def play(controller, state, round_num, losses):
     """One train round through the real screening and aggregation, every site answering with its loss of `losses`.
     Returns (new state, rejected, the round's record fields)."""
-    answers = []
-    for i, site in enumerate(SITES):
-        rng = np.random.default_rng(10 * round_num + i)
-        params = {
-            k: v + 0.01 * rng.standard_normal(v.shape).astype(v.dtype) if v.dtype.kind == "f" else v
-            for k, v in state.items()
-        }
-        meta = {"client_name": site, protocol.NUM_SAMPLES: SAMPLES[site], GLOBAL_LOSS: losses[site]}
-        answers.append(FLModel(params_type=ParamsType.FULL, params=params, metrics={"train_loss": 0.5}, meta=meta))
+    answers = helpers.loss_answers(state, round_num, SAMPLES, losses)
     return helpers.server_round(controller, state, answers, round_num)
 
 

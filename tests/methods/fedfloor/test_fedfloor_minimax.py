@@ -5,7 +5,6 @@ AFL rejects it, and the mixture survives a resume."""
 
 import numpy as np
 import pytest
-from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from fairfl.flare import protocol
 from fairfl.methods.afl.controller import MinimaxAggregation
@@ -14,6 +13,7 @@ from fairfl.methods.fedfloor.controller import FedFloorController
 from fairfl.methods.qfedavg.protocol import GLOBAL_LOSS, MEASURE_LOSS
 from fairfl.models import initial_state
 
+import helpers
 from helpers import variant_controller
 
 SITES = ["site-1", "site-2", "site-3", "site-4"]
@@ -22,29 +22,10 @@ SAMPLES = {"site-1": 40, "site-2": 30, "site-3": 20, "site-4": 10}
 LOSSES = {"site-1": 0.3, "site-2": 0.5, "site-3": 0.4, "site-4": 0.6}
 
 
-def answers(state, round_num, losses=LOSSES):
-    """Every site's answer: its model (the sent one moved by a seeded step) and, where `losses` has one, its loss."""
-    out = []
-    for i, site in enumerate(SITES):
-        rng = np.random.default_rng(10 * round_num + i)
-        params = {
-            k: v + 0.01 * rng.standard_normal(v.shape).astype(v.dtype) if v.dtype.kind == "f" else v
-            for k, v in state.items()
-        }
-        meta = {"client_name": site, protocol.NUM_SAMPLES: SAMPLES[site]}
-        if site in losses:
-            meta[GLOBAL_LOSS] = losses[site]
-        out.append(FLModel(params_type=ParamsType.FULL, params=params, metrics={"train_loss": 0.5}, meta=meta))
-    return out
-
-
 def play(controller, state, round_num, losses=LOSSES):
-    """One train round through the real screening and aggregation (the sending replaced)."""
-    given = answers(state, round_num, losses)
-    controller._ask_models = lambda *args, **kwargs: list(given)
-    updates, rejected, _ = controller._train_round(round_num, state)
-    new_state, extras = controller._server_step(round_num, state, updates, rejected)
-    return new_state, rejected, extras
+    """One train round through the real screening and aggregation (the sending replaced), every site answering with
+    its model and, where `losses` has one, its loss."""
+    return helpers.server_round(controller, state, helpers.loss_answers(state, round_num, SAMPLES, losses), round_num)
 
 
 def test_off_fedfloor_asks_reads_and_aggregates_as_before(tmp_path):
