@@ -24,8 +24,11 @@ site (`per_site_barrier`, a federation of one-machine sites sharing this machine
     python benchmarks/cost.py --repeats 2 --rounds 6 --out benchmarks/results/cost
     python benchmarks/cost.py --methods fedavg --repeats 3   # FedAvg, NVFlare's FedAvg and the floors only
     python benchmarks/cost.py --methods ditto fedfloor_minimax apfl --fedavg-only --out /tmp/cost  # arms vs FedAvg
+    python benchmarks/cost.py --methods fedfloor --fedavg-only --dataset ich_imbalanced --sites 10 --out /tmp/ich
 
-`--methods` takes any variant `fairfl benchmark` runs (its job with the variant's arguments, on the job's dataset).
+`--methods` takes any variant `fairfl benchmark` runs (its job with the variant's arguments, on the job's dataset, or
+on `--dataset`: a built-in dataset of a family every method runs on, with its dataset defaults as `fairfl benchmark`
+applies them). One --out folder a dataset: a folder whose kept runs were on another dataset is refused.
 
 Resumable: finished runs are kept in OUT/runs.json and not run again; SUMMARY.md and summary.json are rewritten from
 them after every run.
@@ -64,6 +67,7 @@ from cost_floor import (  # noqa: E402  (benchmarks/cost_floor.py)
     round_periods,
 )
 
+from fairfl.data.builtin import BUILTIN_DATASETS, builtin_dataset  # noqa: E402
 from fairfl.methods import VARIANTS, variant_job  # noqa: E402
 
 METHODS = ("fedprox", "ditto", "fedlwr", "fedce", "fedism_plus", "fednpr", "fedfloor")  # the default; any variant runs
@@ -134,6 +138,21 @@ def job_of(method: str, dataset: str = "") -> tuple[str, dict]:
 def method_dataset(method: str) -> str:
     """The dataset the method's job runs by default."""
     return job_args(job_of(method)[0])[0]["dataset"]
+
+
+def dataset_problem(dataset: str, methods: list[str], sites: int) -> str | None:
+    """Why `methods` cannot all run on built-in `dataset` with `sites` sites (None: they can). Only variants name the
+    families they run on (fairfl.methods.VARIANTS): a plain job keeps its own dataset."""
+    from fairfl.benchmark.runner import family
+
+    kind = family(dataset)
+    for method in methods:
+        if method not in VARIANTS:
+            return f"--dataset {dataset}: {method} is a job, not a variant: it runs on its own dataset"
+        if kind not in VARIANTS[method].families:
+            return f"--dataset {dataset}: {method} does not run on the {kind} family's datasets"
+    least = builtin_dataset(dataset).min_sites
+    return f"--dataset {dataset} needs --sites {least} or more" if sites < least else None
 
 
 def measure_job(job_folder: str, workspace: str, sites: int, name: str) -> dict:
@@ -409,6 +428,11 @@ def main(argv=None) -> int:
         action="store_true",
         help="pair each method with fairfl's FedAvg only: no NVFlare FedAvg, no floors (an arm's cost against FedAvg)",
     )
+    parser.add_argument(
+        "--dataset",
+        choices=sorted(BUILTIN_DATASETS),
+        help="run every method on this built-in dataset (default: each method's job's own)",
+    )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--sites", type=int, default=6)
@@ -417,6 +441,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 3:
         parser.error("--rounds must be at least 3: round 0 starts the sites and the last one evaluates")
+    if args.dataset:
+        problem = dataset_problem(args.dataset, args.methods, args.sites)
+        if problem:
+            parser.error(problem)
     from fairfl.benchmark.runner import versions
 
     command = " ".join(["python", "benchmarks/cost.py", *argv])
@@ -437,11 +465,16 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             for method in args.methods:
-                dataset = method_dataset(method)
+                dataset = args.dataset or method_dataset(method)
                 jobs = [FEDAVG, *([method] if method != FEDAVG else []), *([] if args.fedavg_only else [PEER])]
                 for job in jobs if repeat % 2 == 0 else reversed(jobs):  # A B C, then C B A
                     key = f"{job}@{method}#{repeat}"
                     if key in state["runs"]:
+                        if state["runs"][key].get("dataset") != dataset:
+                            raise SystemExit(
+                                f"{saved}: {key} ran on {state['runs'][key].get('dataset')}, not {dataset}: "
+                                "give each dataset its own --out"
+                            )
                         continue
                     print(f"{key}: running ...", flush=True)
                     if job == PEER:
@@ -450,7 +483,7 @@ def main(argv=None) -> int:
                         record = run_job(job, dataset, args.rounds, args.sites, tmp)
                     state["runs"][key] = {**record, "dataset": dataset}
                     save()
-            floor_datasets = set() if args.fedavg_only else {method_dataset(m) for m in args.methods}
+            floor_datasets = set() if args.fedavg_only else {args.dataset or method_dataset(m) for m in args.methods}
             for dataset in sorted(floor_datasets):  # beside this repeat's runs
                 layouts = None
                 for layout in (BALANCED, PER_SITE):

@@ -7,16 +7,16 @@ The goal, against FedAvg and Solo run with the same seeds on the same data:
 - spread (Std. across sites): at most SPREAD_GOAL times FedAvg's (the mean of the per-seed ratios), with the
   interval of the Std. difference below 0;
 - mean (Avg.): the interval of the difference from FedAvg's not below MEAN_MARGIN;
-- round cost: at most COST_GOAL times FedAvg's round. With `--cost` (benchmarks/cost.py's summary.json), an arm it
-  measured on the folder's dataset is judged there: runs of the arm and FedAvg alternated, wall and CPU seconds a
-  round, and both ratios must be within the goal; otherwise the benchmark's own median rounds (runs made one after
-  another: indicative).
+- round cost: at most COST_GOAL times FedAvg's round. With `--cost` (benchmarks/cost.py's summary.json; once per
+  dataset it was run on, `cost.py --dataset`), an arm it measured on the folder's dataset is judged there: runs of
+  the arm and FedAvg alternated, wall and CPU seconds a round, and both ratios must be within the goal; otherwise
+  the benchmark's own median rounds (runs made one after another: indicative).
 A goal row is met when its whole interval satisfies it, missed when none does, inconclusive otherwise, and not judged
 with fewer than MIN_JUDGED_SEEDS paired seeds or for an arm that did not train. The intervals count the test splits
 where every run recorded its test patients' influences (fairfl.split_noise); otherwise the row says "seeds only".
 
     python benchmarks/worst_off.py benchmarks/results/worst_off/prostate [more folders] \\
-        [--table benchmarks/results/worst_off/GOAL.md]
+        [--cost benchmarks/results/worst_off/cost/summary.json ...] [--table benchmarks/results/worst_off/GOAL.md]
 
 Writes <folder>/goal.json for each folder, and the tables of all of them to --table. Needs the runs' results.json
 files (the benchmark's runs/ folder: each run's results.json is committed beside the outputs) for the test-split
@@ -71,7 +71,7 @@ def results_digest(folder: str, metric: str) -> str:
     return hashlib.sha256(Path(folder, metric, "results.csv").read_bytes()).hexdigest()
 
 
-def kept_goal(folder: str, interleaved: dict) -> dict:
+def kept_goal(folder: str, interleaved: list[dict]) -> dict:
     """The committed goal.json of a folder whose runs are not on this machine, if it was judged from the runs its
     results.csv lists now (else a SystemExit); its cost rows judged again (they need only summary.json)."""
     path = Path(folder, "goal.json")
@@ -134,11 +134,11 @@ def site_rows(arm: dict, baseline: dict, errors: dict) -> dict:
     return found
 
 
-def cost_row(arm: str, dataset: str, seconds: dict, interleaved: dict) -> dict:
+def cost_row(arm: str, dataset: str, seconds: dict, interleaved: list[dict]) -> dict:
     """The arm's round cost against FedAvg's: from benchmarks/cost.py's alternated runs on this dataset where they
     measured it (wall and CPU ratios, the larger judged), else from the benchmark's own median rounds."""
-    measured = interleaved.get(arm)
-    if measured and measured.get("dataset") == dataset and measured.get("ratio") is not None:
+    measured = next((t[arm] for t in interleaved if t.get(arm, {}).get("dataset") == dataset), None)
+    if measured and measured.get("ratio") is not None:
         wall, cpu = measured["ratio"], measured.get("cpu_ratio")
         return {
             "ratio": round(wall, 2),
@@ -155,9 +155,24 @@ def cost_row(arm: str, dataset: str, seconds: dict, interleaved: dict) -> dict:
     }
 
 
-def goal(folder: str, interleaved: dict | None = None) -> dict:
+def cost_tables(files: list[str]) -> list[dict]:
+    """The per-method tables of benchmarks/cost.py's summary.json files (its "methods"), one per file: an arm measured
+    on the same dataset in two of them is refused (which would judge it?)."""
+    tables, seen = [], {}
+    for file in files:
+        table = json.loads(Path(file).read_text())["methods"]
+        for arm, row in table.items():
+            key = (arm, row.get("dataset"))
+            if key in seen:
+                raise SystemExit(f"{arm} on {key[1]}: its round cost is in both {seen[key]} and {file}: pass one")
+            seen[key] = file
+        tables.append(table)
+    return tables
+
+
+def goal(folder: str, interleaved: list[dict] | None = None) -> dict:
     """The goal's rows for every arm of the benchmark in `folder`; `interleaved`: benchmarks/cost.py's per-method
-    table (its summary.json's "methods")."""
+    tables (cost_tables), each arm's row on this folder's dataset used."""
     summary = json.loads(Path(folder, "summary.json").read_text())
     metric = summary["metrics"][0]
     written_from = results_digest(folder, metric)
@@ -197,7 +212,7 @@ def goal(folder: str, interleaved: dict | None = None) -> dict:
                 "sites": per_site,
                 "verdict": ("met" if within else "missed") if judged else NOT_JUDGED,
             }
-        rows["cost"] = cost_row(arm, summary["dataset"], seconds, interleaved or {})
+        rows["cost"] = cost_row(arm, summary["dataset"], seconds, interleaved or [])
         found["arms"][arm] = {"seeds": seeds, **rows}
     return found
 
@@ -217,12 +232,12 @@ def cost_cell(cost: dict) -> str:
     return f"{cost['ratio']:.2f}: {cost['verdict']}"
 
 
-def tables(goals: list[dict], cost_file: str | None = None) -> str:
+def tables(goals: list[dict], cost_files: list[str] | None = None) -> str:
     lines = [
         "# The worst-off hospital's goal, task by task",
         "",
         f"`python benchmarks/worst_off.py {' '.join(g['folder'] for g in goals)}"
-        f"{f' --cost {cost_file}' if cost_file else ''} --table ...`. Each row: the arm's "
+        f"{''.join(f' --cost {f}' for f in cost_files or [])} --table ...`. Each row: the arm's "
         "final score minus the baseline's, paired per seed, mean and 95% interval in points; 'seeds and test "
         "splits' where the interval counts the test patients' redraw too (docs/benchmarks.md). Goals: worst site "
         f"≥ FedAvg's + {WORST_GAIN:g} and ≥ Solo's; no site below FedAvg's or Solo's by more than its test "
@@ -264,9 +279,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folders", nargs="+")
     parser.add_argument("--table", help="write every folder's tables to this Markdown file")
-    parser.add_argument("--cost", help="benchmarks/cost.py's summary.json: the arms' round cost, runs alternated")
+    parser.add_argument(
+        "--cost",
+        action="append",
+        default=[],
+        help="benchmarks/cost.py's summary.json: the arms' round cost, runs alternated (repeat for other datasets)",
+    )
     args = parser.parse_args()
-    interleaved = json.loads(Path(args.cost).read_text())["methods"] if args.cost else {}
+    interleaved = cost_tables(args.cost)
     goals = []
     for folder in args.folders:
         try:

@@ -165,3 +165,39 @@ def test_fedfloors_goal_is_not_judged_below_three_paired_seeds(tmp_path):
     assert found["spread_goal_met"] is None and found["mean_goal_met"] is None
     table = tables([{**found, "folder": "x"}])
     assert "| not judged | +" in table and "| met |" not in table
+
+
+def test_the_suite_cpu_plugin_counts_a_tests_waited_child_and_ranks_its_file_first(tmp_path):
+    """benchmarks/suite_cpu.py in a real pytest session: a test whose child burns 0.3 CPU seconds is counted with
+    them (and as process-starting), one that only sleeps uses almost none, and the summary ranks their file."""
+    import subprocess
+    import sys
+
+    from helpers import benchmark_module
+
+    suite_cpu = benchmark_module("suite_cpu")
+    (tmp_path / "test_inner.py").write_text(
+        "import subprocess, sys, time\n"
+        "def test_child():\n"
+        "    burn = 'import time\\nwhile time.process_time() < 0.3: pass'\n"
+        "    subprocess.run([sys.executable, '-S', '-c', burn], check=True)\n"
+        "def test_sleep():\n"
+        "    time.sleep(0.2)\n"
+    )
+    folder = tmp_path / "cpu"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.path.join(REPO, "benchmarks"),
+        suite_cpu.FOLDER_ENV: str(folder),
+    }
+    inner = [sys.executable, "-m", "pytest", "-q", "-p", "suite_cpu", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    done = subprocess.run([*inner, str(tmp_path / "test_inner.py")], cwd=tmp_path, env=env, capture_output=True)
+    assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+    records = {r["test"].split("::")[1]: r for r in suite_cpu.load(str(folder))}
+    assert records["test_child"]["children"] >= 0.25 and records["test_sleep"]["children"] < 0.05
+    assert records["test_sleep"]["wall"] >= 0.2 and records["test_sleep"]["own"] < 0.15
+    text = suite_cpu.summary(list(records.values()))
+    assert "2 tests" in text and "0 start processes" in text  # the child's 0.3 s is under the one-second mark
+    assert text.splitlines()[-1].endswith("test_inner.py")
+    with pytest.raises(SystemExit, match="no records"):
+        suite_cpu.load(str(tmp_path / "empty"))

@@ -177,7 +177,9 @@ def test_the_sampler_counts_a_child_process_and_its_results_file(floor, tmp_path
         for rounds in ([0], [0, 1]):
             (tmp_path / "tmp.json").write_text(json.dumps({"rounds": [{"round": r, "seconds": 1.0} for r in rounds]}))
             os.replace(tmp_path / "tmp.json", results)
-            time.sleep(0.1)
+            deadline = time.time() + 30  # until the sampler saw this rewrite: a loaded machine delays its thread
+            while len(tree.changes) < len(rounds) and time.time() < deadline:
+                time.sleep(0.01)
     assert tree.samples[-1][1] >= 0.08
     assert [rounds for _, rounds in tree.changes] == [[0], [0, 1]]
     assert tree.own_cpu >= 0
@@ -267,6 +269,35 @@ def test_a_variant_runs_as_its_job_with_its_arguments_and_gets_its_own_row(cost,
     assert list(methods) == ["fedfloor", "fedfloor_minimax"]  # the default methods first, then the variants
     assert methods["fedfloor_minimax"]["ratio"] == 1.5 and methods["fedfloor_minimax"]["cpu_ratio"] == 1.75
     assert methods["fedfloor_minimax"]["dataset"] == "prostate"
+
+
+def test_dataset_runs_every_method_and_fedavg_there_and_refuses_what_cannot_run_or_mixes_datasets(
+    cost, tmp_path, monkeypatch, capsys
+):
+    ran = []
+    monkeypatch.setattr(cost, "run_job", lambda job, dataset, *rest: ran.append((job, dataset)) or {"round": 1.0})
+    out = str(tmp_path / "ich")
+    common = ["--fedavg-only", "--repeats", "1", "--rounds", "3", "--out", out]
+    assert cost.main(["--methods", "fedfloor", "ditto", "--dataset", "ich_imbalanced", "--sites", "10", *common]) == 0
+    assert ran == [("fedavg", "ich_imbalanced"), ("fedfloor", "ich_imbalanced")] + [
+        ("fedavg", "ich_imbalanced"),
+        ("ditto", "ich_imbalanced"),
+    ]
+    summary = json.loads(Path(out, "summary.json").read_text())["methods"]
+    assert {row["dataset"] for row in summary.values()} == {"ich_imbalanced"}
+    for argv, message in (
+        (["--methods", "fedce", "--dataset", "fundus"], "fedce is a job, not a variant"),
+        (["--methods", "fedce_sum", "--dataset", "skin_imbalanced"], "does not run on the imbalanced family"),
+        (["--methods", "fedfloor", "--dataset", "ich_imbalanced", "--sites", "6"], "needs --sites 10 or more"),
+        (["--methods", "fedfloor", "--dataset", "nowhere"], "invalid choice"),
+    ):
+        with pytest.raises(SystemExit):
+            cost.main([*argv, *common])
+        assert message in capsys.readouterr().err
+    ran.clear()  # the same folder on another dataset: refused before anything runs
+    with pytest.raises(SystemExit, match="ran on ich_imbalanced, not ich: give each dataset its own --out"):
+        cost.main(["--methods", "fedfloor", "--dataset", "ich", "--sites", "10", *common])
+    assert ran == []
 
 
 def test_a_reused_workspace_does_not_hand_its_old_rounds_to_the_cpu_sampler(cost, tmp_path, monkeypatch):

@@ -146,17 +146,31 @@ def test_the_interleaved_cost_judges_an_arm_on_its_own_dataset_by_the_larger_of_
         "lifted": {"dataset": "prostate", "ratio": 1.4, "cpu_ratio": 2.3},  # CPU over the goal: missed
         "twin": {"dataset": "fundus", "ratio": 1.0, "cpu_ratio": 1.0},  # another dataset: not used here
     }
-    arms = worst_off.goal(str(tmp_path), interleaved)["arms"]
+    elsewhere = {"lifted": {"dataset": "fundus", "ratio": 9.0, "cpu_ratio": 9.0}}  # a second file, another dataset
+    arms = worst_off.goal(str(tmp_path), [elsewhere, interleaved])["arms"]
     assert arms["lifted"]["cost"] == {"ratio": 1.4, "cpu_ratio": 2.3, "source": "interleaved", "verdict": "missed"}
     assert arms["twin"]["cost"]["source"] == "one after another" and arms["twin"]["cost"]["ratio"] == 1.0
     interleaved["lifted"]["cpu_ratio"] = 1.9
-    arms = worst_off.goal(str(tmp_path), interleaved)["arms"]
+    arms = worst_off.goal(str(tmp_path), [elsewhere, interleaved])["arms"]
     assert arms["lifted"]["cost"]["verdict"] == "met"
     interleaved["lifted"]["cpu_ratio"] = None  # wall time alone, on a shared machine, judges nothing
-    assert worst_off.goal(str(tmp_path), interleaved)["arms"]["lifted"]["cost"]["verdict"] == "not judged"
+    assert worst_off.goal(str(tmp_path), [elsewhere, interleaved])["arms"]["lifted"]["cost"]["verdict"] == "not judged"
     interleaved["lifted"]["cpu_ratio"] = 1.9
-    table = worst_off.tables([{**worst_off.goal(str(tmp_path), interleaved), "folder": "f"}], "cost/summary.json")
-    assert "1.40, CPU 1.90: met (interleaved)" in table and "--cost cost/summary.json" in table
+    judged = {**worst_off.goal(str(tmp_path), [elsewhere, interleaved]), "folder": "f"}
+    table = worst_off.tables([judged], ["cost/summary.json", "c2.json"])
+    assert "1.40, CPU 1.90: met (interleaved)" in table and "--cost cost/summary.json --cost c2.json" in table
+
+
+def test_two_cost_files_measuring_an_arm_on_the_same_dataset_are_refused(tmp_path, worst_off):
+    row = {"dataset": "prostate", "ratio": 1.4, "cpu_ratio": 1.5}
+    files = []
+    for name, table in (("a.json", {"lifted": row}), ("b.json", {"lifted": {**row, "dataset": "fundus"}})):
+        (tmp_path / name).write_text(json.dumps({"methods": table}))
+        files.append(str(tmp_path / name))
+    assert [t["lifted"]["dataset"] for t in worst_off.cost_tables(files)] == ["prostate", "fundus"]
+    (tmp_path / "c.json").write_text(json.dumps({"methods": {"lifted": row}}))
+    with pytest.raises(SystemExit, match="lifted on prostate: its round cost is in both .*a.json and .*c.json"):
+        worst_off.cost_tables([*files, str(tmp_path / "c.json")])
 
 
 def test_a_benchmark_folder_moved_elsewhere_is_judged_from_its_own_runs(tmp_path, worst_off):
