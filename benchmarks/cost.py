@@ -28,7 +28,10 @@ site (`per_site_barrier`, a federation of one-machine sites sharing this machine
 
 `--methods` takes any variant `fairfl benchmark` runs (its job with the variant's arguments, on the job's dataset, or
 on `--dataset`: a built-in dataset of a family every method runs on, with its dataset defaults as `fairfl benchmark`
-applies them). One --out folder a dataset: a folder whose kept runs were on another dataset is refused.
+applies them; its --out folder must hold no run on another dataset). A kept run is refused before anything runs if
+it was on another dataset or with other --sites than this call would run it with (without --dataset the default
+methods' jobs span several datasets, each kept pair on its own). Each run and summary row records its dataset and
+sites, which benchmarks/worst_off.py matches against a benchmark's.
 
 Resumable: finished runs are kept in OUT/runs.json and not run again; SUMMARY.md and summary.json are rewritten from
 them after every run.
@@ -153,6 +156,31 @@ def dataset_problem(dataset: str, methods: list[str], sites: int) -> str | None:
             return f"--dataset {dataset}: {method} does not run on the {kind} family's datasets"
     least = builtin_dataset(dataset).min_sites
     return f"--dataset {dataset} needs --sites {least} or more" if sites < least else None
+
+
+def planned_datasets(args) -> dict:
+    """{run key: the dataset it runs on} of every run this call would make (kept ones included)."""
+    planned = {}
+    for repeat in range(args.repeats):
+        for method in args.methods:
+            jobs = [FEDAVG, *([method] if method != FEDAVG else []), *([] if args.fedavg_only else [PEER])]
+            for job in jobs:
+                planned[f"{job}@{method}#{repeat}"] = args.dataset or method_dataset(method)
+    return planned
+
+
+def kept_elsewhere(kept: dict, planned: dict, dataset: str | None, sites: int) -> str | None:
+    """Why the runs kept in an --out folder may not be joined by this call's (None: they may): a kept run this call
+    would keep on another dataset or with other sites, or, with --dataset, any kept run on another dataset (a pair's
+    FedAvg on one dataset and its method on another would be compared)."""
+    for key, run in kept.items():
+        if dataset and run.get("dataset") != dataset:
+            return f"{key} ran on {run.get('dataset')}, not {dataset}"
+        if key in planned and run.get("dataset") != planned[key]:
+            return f"{key} ran on {run.get('dataset')}, not {planned[key]}"
+        if key in planned and run.get("sites", sites) != sites:  # runs before `sites` was recorded: not known
+            return f"{key} ran with {run['sites']} sites, not {sites}"
+    return None
 
 
 def measure_job(job_folder: str, workspace: str, sites: int, name: str) -> dict:
@@ -330,6 +358,7 @@ def summarize(runs: dict, floors: dict, command: str = "", versions_text: str = 
         cpu_ratios = [r for r in (ratio(m.get("cpu"), f.get("cpu")) for m, f in pairs) if r is not None]
         table[method] = {
             "dataset": pairs[0][0].get("dataset"),
+            "sites": pairs[0][0].get("sites"),
             "pairs": len(pairs),
             "ratio": round(statistics.median(ratios), 3),
             "ratios": [round(r, 3) for r in ratios],
@@ -452,6 +481,9 @@ def main(argv=None) -> int:
     saved = os.path.join(args.out, "runs.json")
     state = json.loads(Path(saved).read_text()) if os.path.exists(saved) else {"runs": {}, "floors": {}}
 
+    problem = kept_elsewhere(state["runs"], planned_datasets(args), args.dataset, args.sites)
+    if problem:
+        raise SystemExit(f"{saved}: {problem}: give these runs their own --out")
     versions_text = versions()
 
     def save():
@@ -470,18 +502,13 @@ def main(argv=None) -> int:
                 for job in jobs if repeat % 2 == 0 else reversed(jobs):  # A B C, then C B A
                     key = f"{job}@{method}#{repeat}"
                     if key in state["runs"]:
-                        if state["runs"][key].get("dataset") != dataset:
-                            raise SystemExit(
-                                f"{saved}: {key} ran on {state['runs'][key].get('dataset')}, not {dataset}: "
-                                "give each dataset its own --out"
-                            )
                         continue
                     print(f"{key}: running ...", flush=True)
                     if job == PEER:
                         record = run_nvflare_fedavg(dataset, args.rounds, args.sites, tmp)
                     else:
                         record = run_job(job, dataset, args.rounds, args.sites, tmp)
-                    state["runs"][key] = {**record, "dataset": dataset}
+                    state["runs"][key] = {**record, "dataset": dataset, "sites": args.sites}
                     save()
             floor_datasets = set() if args.fedavg_only else {args.dataset or method_dataset(m) for m in args.methods}
             for dataset in sorted(floor_datasets):  # beside this repeat's runs

@@ -60,6 +60,10 @@ def load(folder: str) -> list[dict]:
         records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if not records:
         raise SystemExit(f"{folder}: no records (run pytest with -p suite_cpu and {FOLDER_ENV}={folder})")
+    tests = collections.Counter(r["test"] for r in records)
+    twice = [test for test, n in tests.items() if n > 1]
+    if twice:  # two sessions into one folder would add up
+        raise SystemExit(f"{folder}: {len(twice)} tests recorded more than once ({twice[0]}...): one session a folder")
     return records
 
 
@@ -67,13 +71,15 @@ def summary(records: list[dict], top: int = 20) -> str:
     """The total, the process-starting tests' share and the `top` files by CPU, as text."""
     cpu = [r["own"] + r["children"] for r in records]
     total = sum(cpu)
-    starting = [c for r, c in zip(records, cpu, strict=True) if r["children"] >= 1.0]  # a second of a child at least
+    # tests whose waited-for processes used a CPU second or more (the simulator's); detached ones are not counted
+    starting = [c for r, c in zip(records, cpu, strict=True) if r["children"] >= 1.0]
     by_file: collections.Counter = collections.Counter()
     for r, c in zip(records, cpu, strict=True):
         by_file[r["test"].split("::")[0]] += c
     lines = [
-        f"{len(records)} tests, {total:.0f} CPU seconds; {len(starting)} start processes and used "
-        f"{sum(starting):.0f} ({100 * sum(starting) / total:.0f}%); two cores need at least {total / 2 / 60:.1f} min",
+        f"{len(records)} tests, {total:.0f} CPU seconds; {len(starting)} waited for processes that used a CPU second "
+        f"or more, and used {sum(starting):.0f} ({100 * sum(starting) / max(total, 1e-9):.0f}%); "
+        f"{total / 2 / 60:.1f} min of two cores' CPU",
         "",
         "CPU s  file",
     ]

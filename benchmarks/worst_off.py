@@ -80,9 +80,10 @@ def kept_goal(folder: str, interleaved: list[dict]) -> dict:
     kept = json.loads(path.read_text())
     if kept.get("results_csv_sha256") != results_digest(folder, kept["metric"]):
         raise SystemExit(f"{path} was not judged from the runs {folder}/{kept['metric']}/results.csv lists now")
-    seconds = json.loads(Path(folder, "summary.json").read_text()).get("round_seconds") or {}
+    summary = json.loads(Path(folder, "summary.json").read_text())
+    seconds = summary.get("round_seconds") or {}
     for arm, rows in kept["arms"].items():
-        rows["cost"] = cost_row(arm, kept["dataset"], seconds, interleaved)
+        rows["cost"] = cost_row(arm, kept["dataset"], summary.get("sites"), seconds, interleaved)
     return {**kept, "kept": True}
 
 
@@ -134,10 +135,18 @@ def site_rows(arm: dict, baseline: dict, errors: dict) -> dict:
     return found
 
 
-def cost_row(arm: str, dataset: str, seconds: dict, interleaved: list[dict]) -> dict:
-    """The arm's round cost against FedAvg's: from benchmarks/cost.py's alternated runs on this dataset where they
-    measured it (wall and CPU ratios, the larger judged), else from the benchmark's own median rounds."""
-    measured = next((t[arm] for t in interleaved if t.get(arm, {}).get("dataset") == dataset), None)
+def cost_row(arm: str, dataset: str, sites: int | None, seconds: dict, interleaved: list[dict]) -> dict:
+    """The arm's round cost against FedAvg's: from benchmarks/cost.py's alternated runs on this dataset and number of
+    sites where they measured it (wall and CPU ratios, the larger judged; a row from before cost.py recorded its
+    sites is taken as it is), else from the benchmark's own median rounds."""
+    measured = next(
+        (
+            t[arm]
+            for t in interleaved
+            if t.get(arm, {}).get("dataset") == dataset and t[arm].get("sites", sites) in (sites, None)
+        ),
+        None,
+    )
     if measured and measured.get("ratio") is not None:
         wall, cpu = measured["ratio"], measured.get("cpu_ratio")
         return {
@@ -160,9 +169,14 @@ def cost_tables(files: list[str]) -> list[dict]:
     on the same dataset in two of them is refused (which would judge it?)."""
     tables, seen = [], {}
     for file in files:
-        table = json.loads(Path(file).read_text())["methods"]
+        try:
+            table = json.loads(Path(file).read_text())["methods"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"--cost {file}: not a benchmarks/cost.py summary.json ({e!r})") from e
+        if not isinstance(table, dict) or not all(isinstance(row, dict) for row in table.values()):
+            raise SystemExit(f'--cost {file}: its "methods" is not a table of rows')
         for arm, row in table.items():
-            key = (arm, row.get("dataset"))
+            key = (arm, row.get("dataset"), row.get("sites"))
             if key in seen:
                 raise SystemExit(f"{arm} on {key[1]}: its round cost is in both {seen[key]} and {file}: pass one")
             seen[key] = file
@@ -212,7 +226,7 @@ def goal(folder: str, interleaved: list[dict] | None = None) -> dict:
                 "sites": per_site,
                 "verdict": ("met" if within else "missed") if judged else NOT_JUDGED,
             }
-        rows["cost"] = cost_row(arm, summary["dataset"], seconds, interleaved or [])
+        rows["cost"] = cost_row(arm, summary["dataset"], summary.get("sites"), seconds, interleaved or [])
         found["arms"][arm] = {"seeds": seeds, **rows}
     return found
 

@@ -168,8 +168,9 @@ def test_fedfloors_goal_is_not_judged_below_three_paired_seeds(tmp_path):
 
 
 def test_the_suite_cpu_plugin_counts_a_tests_waited_child_and_ranks_its_file_first(tmp_path):
-    """benchmarks/suite_cpu.py in a real pytest session: a test whose child burns 0.3 CPU seconds is counted with
-    them (and as process-starting), one that only sleeps uses almost none, and the summary ranks their file."""
+    """benchmarks/suite_cpu.py in a real pytest session: a test whose child burns 1.1 CPU seconds is counted with
+    them (and as one that waited for processes), one that only sleeps uses almost none, the summary ranks their file
+    above a file of a test doing nothing, and a second session into the same folder is refused."""
     import subprocess
     import sys
 
@@ -179,11 +180,12 @@ def test_the_suite_cpu_plugin_counts_a_tests_waited_child_and_ranks_its_file_fir
     (tmp_path / "test_inner.py").write_text(
         "import subprocess, sys, time\n"
         "def test_child():\n"
-        "    burn = 'import time\\nwhile time.process_time() < 0.3: pass'\n"
+        "    burn = 'import time\\nwhile time.process_time() < 1.1: pass'\n"
         "    subprocess.run([sys.executable, '-S', '-c', burn], check=True)\n"
         "def test_sleep():\n"
         "    time.sleep(0.2)\n"
     )
+    (tmp_path / "test_other.py").write_text("def test_nothing():\n    pass\n")
     folder = tmp_path / "cpu"
     env = {
         **os.environ,
@@ -191,13 +193,19 @@ def test_the_suite_cpu_plugin_counts_a_tests_waited_child_and_ranks_its_file_fir
         suite_cpu.FOLDER_ENV: str(folder),
     }
     inner = [sys.executable, "-m", "pytest", "-q", "-p", "suite_cpu", "-p", "no:cacheprovider", "-p", "no:xdist"]
-    done = subprocess.run([*inner, str(tmp_path / "test_inner.py")], cwd=tmp_path, env=env, capture_output=True)
+    files = [str(tmp_path / "test_other.py"), str(tmp_path / "test_inner.py")]
+    done = subprocess.run([*inner, *files], cwd=tmp_path, env=env, capture_output=True)
     assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
     records = {r["test"].split("::")[1]: r for r in suite_cpu.load(str(folder))}
-    assert records["test_child"]["children"] >= 0.25 and records["test_sleep"]["children"] < 0.05
+    assert records["test_child"]["children"] >= 1.0 and records["test_sleep"]["children"] < 0.05
     assert records["test_sleep"]["wall"] >= 0.2 and records["test_sleep"]["own"] < 0.15
     text = suite_cpu.summary(list(records.values()))
-    assert "2 tests" in text and "0 start processes" in text  # the child's 0.3 s is under the one-second mark
-    assert text.splitlines()[-1].endswith("test_inner.py")
+    assert "3 tests" in text and "; 1 waited for processes" in text
+    assert text.splitlines()[-2:][0].endswith("test_inner.py") and text.splitlines()[-1].endswith("test_other.py")
+    assert "0 CPU seconds" in suite_cpu.summary([{**r, "own": 0, "children": 0} for r in records.values()])
     with pytest.raises(SystemExit, match="no records"):
         suite_cpu.load(str(tmp_path / "empty"))
+    done = subprocess.run([*inner, files[0]], cwd=tmp_path, env=env, capture_output=True)  # a second session
+    assert done.returncode == 0
+    with pytest.raises(SystemExit, match="1 tests recorded more than once .*test_nothing"):
+        suite_cpu.load(str(folder))

@@ -294,10 +294,16 @@ def test_dataset_runs_every_method_and_fedavg_there_and_refuses_what_cannot_run_
         with pytest.raises(SystemExit):
             cost.main([*argv, *common])
         assert message in capsys.readouterr().err
-    ran.clear()  # the same folder on another dataset: refused before anything runs
-    with pytest.raises(SystemExit, match="ran on ich_imbalanced, not ich: give each dataset its own --out"):
-        cost.main(["--methods", "fedfloor", "--dataset", "ich", "--sites", "10", *common])
+    ran.clear()  # the same folder on another dataset, whichever method comes first: refused before anything runs
+    for methods in (["fedfloor"], ["ditto", "fedfloor"], ["apfl"]):
+        with pytest.raises(SystemExit, match="ran on ich_imbalanced, not ich: give these runs their own --out"):
+            cost.main(["--methods", *methods, "--dataset", "ich", "--sites", "10", *common])
+    with pytest.raises(SystemExit, match="ran on ich_imbalanced, not prostate"):  # the job's own dataset, kept key
+        cost.main(["--methods", "fedfloor", "--sites", "10", *common])
+    with pytest.raises(SystemExit, match="ran with 10 sites, not 12"):
+        cost.main(["--methods", "fedfloor", "--dataset", "ich_imbalanced", "--sites", "12", *common])
     assert ran == []
+    assert {row["sites"] for row in summary.values()} == {10}
 
 
 def test_a_reused_workspace_does_not_hand_its_old_rounds_to_the_cpu_sampler(cost, tmp_path, monkeypatch):

@@ -67,6 +67,7 @@ def benchmark(folder, arms: dict, seeds=(0, 1, 2), influences=True):
     (folder / "dice" / "results.csv").write_text("\n".join(rows) + "\n")
     summary = {
         "dataset": "prostate",
+        "sites": len(SITES),
         "metrics": ["dice"],
         "methods": list(arms),
         "round_seconds": {m: 2.0 if m == "lifted" else 1.0 for m in arms},
@@ -171,6 +172,22 @@ def test_two_cost_files_measuring_an_arm_on_the_same_dataset_are_refused(tmp_pat
     (tmp_path / "c.json").write_text(json.dumps({"methods": {"lifted": row}}))
     with pytest.raises(SystemExit, match="lifted on prostate: its round cost is in both .*a.json and .*c.json"):
         worst_off.cost_tables([*files, str(tmp_path / "c.json")])
+    (tmp_path / "d.json").write_text(json.dumps({"methods": {"lifted": {**row, "sites": 20}}}))  # other sites: both
+    assert len(worst_off.cost_tables([files[0], str(tmp_path / "d.json")])) == 2
+    for name, text in (("gone.json", None), ("bad.json", "{"), ("plain.json", "{}"), ("list.json", '{"methods": [1]}')):
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        with pytest.raises(SystemExit, match=f"--cost .*{name}: "):
+            worst_off.cost_tables([str(tmp_path / name)])
+
+
+def test_a_cost_row_judges_only_a_benchmark_with_as_many_sites(tmp_path, worst_off):
+    benchmark(tmp_path, {"fedavg": NONE, "lifted": {**NONE, "site-4": 0.12}})
+    sites = json.loads((tmp_path / "summary.json").read_text())["sites"]
+    for measured_sites, source in ((sites, "interleaved"), (None, "interleaved"), (sites + 14, "one after another")):
+        row = {"dataset": "prostate", "ratio": 1.4, "cpu_ratio": 1.5, "sites": measured_sites}
+        cost = worst_off.goal(str(tmp_path), [{"lifted": row}])["arms"]["lifted"]["cost"]
+        assert cost["source"] == source, measured_sites
 
 
 def test_a_benchmark_folder_moved_elsewhere_is_judged_from_its_own_runs(tmp_path, worst_off):
