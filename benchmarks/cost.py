@@ -28,8 +28,8 @@ site (`per_site_barrier`, a federation of one-machine sites sharing this machine
 
 `--methods` takes any variant `fairfl benchmark` runs (its job with the variant's arguments, on the job's dataset, or
 on `--dataset`: a built-in dataset of a family every method runs on, with its dataset defaults as `fairfl benchmark`
-applies them; its --out folder must hold no run on another dataset). A kept run is refused before anything runs if
-it was on another dataset or with other --sites than this call would run it with (without --dataset the default
+applies them; its --out folder must hold no run on another dataset). Before anything runs, a folder is refused that
+keeps a run with other --sites, or a run this call would keep on another dataset (without --dataset the default
 methods' jobs span several datasets, each kept pair on its own). Each run and summary row records its dataset and
 sites, which benchmarks/worst_off.py matches against a benchmark's.
 
@@ -158,28 +158,33 @@ def dataset_problem(dataset: str, methods: list[str], sites: int) -> str | None:
     return f"--dataset {dataset} needs --sites {least} or more" if sites < least else None
 
 
+def paired_jobs(method: str, fedavg_only: bool) -> list[str]:
+    """The runs a repeat of `method` makes, in their first order: FedAvg, the method, NVFlare's FedAvg."""
+    return [FEDAVG, *([method] if method != FEDAVG else []), *([] if fedavg_only else [PEER])]
+
+
 def planned_datasets(args) -> dict:
     """{run key: the dataset it runs on} of every run this call would make (kept ones included)."""
     planned = {}
     for repeat in range(args.repeats):
         for method in args.methods:
-            jobs = [FEDAVG, *([method] if method != FEDAVG else []), *([] if args.fedavg_only else [PEER])]
-            for job in jobs:
+            for job in paired_jobs(method, args.fedavg_only):
                 planned[f"{job}@{method}#{repeat}"] = args.dataset or method_dataset(method)
     return planned
 
 
 def kept_elsewhere(kept: dict, planned: dict, dataset: str | None, sites: int) -> str | None:
-    """Why the runs kept in an --out folder may not be joined by this call's (None: they may): a kept run this call
-    would keep on another dataset or with other sites, or, with --dataset, any kept run on another dataset (a pair's
-    FedAvg on one dataset and its method on another would be compared)."""
+    """Why the runs kept in an --out folder may not be joined by this call's (None: they may): any kept run with other
+    sites (the summary pairs every kept run of a method), a kept run this call would keep on another dataset, or,
+    with --dataset, any kept run on another dataset (a pair's FedAvg on one dataset and its method on another would
+    be compared)."""
     for key, run in kept.items():
+        if run.get("sites", sites) != sites:  # runs before `sites` was recorded: not known
+            return f"{key} ran with {run['sites']} sites, not {sites}"
         if dataset and run.get("dataset") != dataset:
             return f"{key} ran on {run.get('dataset')}, not {dataset}"
         if key in planned and run.get("dataset") != planned[key]:
             return f"{key} ran on {run.get('dataset')}, not {planned[key]}"
-        if key in planned and run.get("sites", sites) != sites:  # runs before `sites` was recorded: not known
-            return f"{key} ran with {run['sites']} sites, not {sites}"
     return None
 
 
@@ -498,7 +503,7 @@ def main(argv=None) -> int:
         for repeat in range(args.repeats):
             for method in args.methods:
                 dataset = args.dataset or method_dataset(method)
-                jobs = [FEDAVG, *([method] if method != FEDAVG else []), *([] if args.fedavg_only else [PEER])]
+                jobs = paired_jobs(method, args.fedavg_only)
                 for job in jobs if repeat % 2 == 0 else reversed(jobs):  # A B C, then C B A
                     key = f"{job}@{method}#{repeat}"
                     if key in state["runs"]:

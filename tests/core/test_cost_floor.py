@@ -300,8 +300,9 @@ def test_dataset_runs_every_method_and_fedavg_there_and_refuses_what_cannot_run_
             cost.main(["--methods", *methods, "--dataset", "ich", "--sites", "10", *common])
     with pytest.raises(SystemExit, match="ran on ich_imbalanced, not prostate"):  # the job's own dataset, kept key
         cost.main(["--methods", "fedfloor", "--sites", "10", *common])
-    with pytest.raises(SystemExit, match="ran with 10 sites, not 12"):
-        cost.main(["--methods", "fedfloor", "--dataset", "ich_imbalanced", "--sites", "12", *common])
+    for methods in (["fedfloor"], ["apfl"]):  # other sites: refused even where no kept run is this call's
+        with pytest.raises(SystemExit, match="ran with 10 sites, not 12"):
+            cost.main(["--methods", *methods, "--dataset", "ich_imbalanced", "--sites", "12", *common])
     assert ran == []
     assert {row["sites"] for row in summary.values()} == {10}
 
