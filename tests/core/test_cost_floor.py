@@ -271,6 +271,29 @@ def test_a_variant_runs_as_its_job_with_its_arguments_and_gets_its_own_row(cost,
     assert methods["fedfloor_minimax"]["dataset"] == "prostate"
 
 
+def test_dataset_reaches_the_job_with_the_variants_arguments_for_that_dataset(cost, tmp_path, monkeypatch):
+    """`--dataset ich_imbalanced --methods fedprox_npr`: the job gets the variant's per-dataset arguments for ICH (K=2,
+    not skin's 4), its own (mu) and the dataset, as `fairfl benchmark` would run it; FedAvg, its partner, gets the
+    dataset and no FedNPR argument."""
+    from fairfl.jobconfig import CLIENT_CONFIG, SERVER_CONFIG
+
+    measured = []
+    monkeypatch.setattr(cost, "measure_job", lambda job, workspace, sites, name: measured.append(job) or {})
+
+    def arguments(job):  # the controller's arguments and the executor's, as the job folder holds them
+        server = json.loads(Path(job, SERVER_CONFIG).read_text())["workflows"][0]["args"]
+        client = json.loads(Path(job, CLIENT_CONFIG).read_text())["executors"][0]["executor"]["args"]
+        return {**client, **server}
+
+    for dataset, k in (("ich_imbalanced", 2), ("skin_imbalanced", 4)):
+        cost.run_job("fedprox_npr", dataset, 3, 10, str(tmp_path))
+        job = arguments(measured[-1])
+        assert (job["dataset"], job["num_subclusters"], job["mu"]) == (dataset, k, 0.01)
+    cost.run_job("fedavg", "ich_imbalanced", 3, 10, str(tmp_path))
+    fedavg = arguments(measured[-1])
+    assert fedavg["dataset"] == "ich_imbalanced" and "num_subclusters" not in fedavg
+
+
 def test_dataset_runs_every_method_and_fedavg_there_and_refuses_what_cannot_run_or_mixes_datasets(
     cost, tmp_path, monkeypatch, capsys
 ):
