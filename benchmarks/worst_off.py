@@ -36,6 +36,7 @@ from pathlib import Path
 from fairfl.benchmark.checks import untrained_methods
 from fairfl.benchmark.claims import MIN_JUDGED_SEEDS, NOT_JUDGED, scored_runs
 from fairfl.benchmark.run_statistics import test_split_errors
+from fairfl.data.builtin import shared_test_set
 from fairfl.methods import display_name
 from fairfl.paired import FAILS, HOLDS, mean_interval, paired_differences, verdict
 from fairfl.report.runs import load_runs
@@ -191,7 +192,8 @@ def goal(folder: str, interleaved: list[dict] | None = None) -> dict:
     metric = summary["metrics"][0]
     written_from = results_digest(folder, metric)
     runs = runs_by_method(folder, metric)
-    scored = {method: scored_runs(method_runs, metric) for method, method_runs in runs.items()}
+    shared = shared_test_set(summary["dataset"], summary.get("data_root"))
+    scored = {method: scored_runs(method_runs, metric, shared) for method, method_runs in runs.items()}
     untrained = untrained_methods(runs, metric)
     errors = test_split_errors(runs, metric)
     seconds = summary.get("round_seconds") or {}

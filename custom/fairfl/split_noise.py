@@ -7,7 +7,8 @@ the differences judged, and it does not average out over seeds. This module meas
 The difference judged is D = mean over paired seeds s of [S(x_A,s) - S(x_B,s)], where S is a statistic of the
 per-site scores x (the mean over sites, their spread, the worst site, one site) and A, B the two methods. A cluster
 bootstrap redraws each site's test patients (sites independent, patients the clusters, the same redraw for every run
-scored on that split) and recomputes D. Each site's score is redrawn through its patients' influences (fairfl.
+scored on that split; where every site is scored on one shared test set, `ScoredRun.shared_test`, one redraw of it for
+every site and run) and recomputes D. Each site's score is redrawn through its patients' influences (fairfl.
 uncertainty: the score moves by sum_g e_g (w_g - 1) when patient g is drawn w_g times, exact to first order for a mean
 of per-image values); the statistic S itself (a spread, a minimum) is computed exactly on the redrawn scores, so its
 curvature counts. The redraws' deviations are scaled by sqrt(G / (G - 1)), so that for a single score the variance is
@@ -54,6 +55,9 @@ class ScoredRun:
     scores: Mapping[str, float]
     influences: Mapping[str, Mapping]
     scale: float = 100.0
+    # every site scored on the same test patients in the same order (the built-in quality-shift data's one shared
+    # test set, clean or corrupted): one redraw moves every site's score, so the sites' noise is not independent
+    shared_test: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,14 @@ class SplitNoise:
 
 
 DRAWS = 4000  # redraws of the test patients: the variance's own Monte Carlo error is about 2%
+
+
+SHARED_TEST = ""  # the patient group of a shared test set, in place of a site's name (no site is named "")
+
+
+def _patients(run: ScoredRun, site: str, record: Mapping) -> tuple[str, str]:
+    """The group of test patients `site`'s record was scored on: its own split's, or the run's shared test set's."""
+    return (SHARED_TEST if run.shared_test else site, record["cases"])
 
 
 def statistic_columns(scores, sites: list, statistic: str):
@@ -99,7 +111,7 @@ def split_noise(method: Mapping, baseline: Mapping, statistic: str, seeds: Itera
             record = run.influences.get(site)
             if not record or site not in run.scores:
                 return None
-            key, size = (site, record["cases"]), len(record["values"])
+            key, size = _patients(run, site, record), len(record["values"])
             if size < 2 or groups.setdefault(key, size) != size:
                 return None
     rng = np.random.default_rng(0)
@@ -113,7 +125,7 @@ def split_noise(method: Mapping, baseline: Mapping, statistic: str, seeds: Itera
         redrawn = np.tile(np.array([run.scores[s] for s in sites], dtype=np.float64), (DRAWS, 1))
         for j, site in enumerate(sites):
             record = run.influences.get(site)
-            key = (site, record["cases"]) if record else None
+            key = _patients(run, site, record) if record else None
             if key in deviations:
                 redrawn[:, j] += run.scale * (deviations[key] @ np.asarray(record["values"], dtype=np.float64))
         total += sign * statistic_columns(redrawn, sites, statistic)

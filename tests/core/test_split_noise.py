@@ -4,6 +4,7 @@ both), independent for splits drawn anew, the statistics' gradients against fini
 invariant to the order of its images, hostile records refused, and the claims' intervals widened by it."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -231,6 +232,10 @@ def test_claims_count_the_split_noise_where_the_runs_recorded_it():
     }
     claim = Claim("Ditto", "ditto", "fedavg", "dice", "avg")
     [counted] = check_claims([claim], runs)
+    # the same records taken as one shared test set (the same patients at every site): one redraw for all sites
+    [shared] = check_claims([claim], runs, shared_test=True)
+    assert shared["difference"] == counted["difference"]
+    assert shared["interval"]["split_se"] != pytest.approx(counted["interval"]["split_se"], rel=0.05)
     for run_list in runs.values():
         for run in run_list:
             del run["final"]["test_influence"]
@@ -242,3 +247,47 @@ def test_claims_count_the_split_noise_where_the_runs_recorded_it():
     table = "\n".join(claims_markdown([counted]))
     assert "(test splits: se " in table and "patients as clusters" in table
     assert "test splits" not in "\n".join(claims_markdown([seeds_only]))
+
+
+@pytest.mark.parametrize("statistic", ["avg", "std", "worst"])
+def test_a_shared_test_set_is_redrawn_once_for_every_site(statistic):
+    """The quality-shift data scores every site on one shared test set: a redraw of its images moves every site's
+    score together. split_noise with `shared_test` agrees with a bootstrap that redraws the images once for all sites
+    (within 20%, both Monte Carlo); taking the sites as independent misses the shared part, here most of the mean's."""
+    rng = np.random.default_rng(3)
+    images, seeds = 60, range(3)
+    cases = np.arange(images)
+    difficulty = rng.normal(0.0, 0.25, images)  # an image hard for one site is hard for all of them
+    values = {
+        (method, seed): {
+            # method a gains most on the hard images, at every site: the paired differences share the image's part
+            site: np.clip(0.6 + difficulty + rng.normal(0.0, 0.1, images) - (method == "a") * 0.3 * difficulty, 0, 1)
+            for site in SITES
+        }
+        for method in ("a", "b")
+        for seed in seeds
+    }
+
+    def runs(method, shared):
+        return {s: replace(scored(values[method, s], cases), shared_test=shared) for s in seeds}
+
+    shared = split_noise(runs("a", True), runs("b", True), statistic, seeds)
+    independent = split_noise(runs("a", False), runs("b", False), statistic, seeds)
+    drawn = rng.multinomial(images, np.full(images, 1 / images), size=4000)  # one redraw of the images, every site
+    total = np.zeros(len(drawn))
+    for seed in seeds:
+        for sign, method in ((1, "a"), (-1, "b")):
+            redrawn = np.stack([100 * drawn @ values[method, seed][site] / images for site in SITES], axis=1)
+            total += sign * statistic_columns(redrawn, list(SITES), statistic)
+    truth = images / (images - 1) * np.var(total / len(seeds))
+    assert shared.variance == pytest.approx(truth, rel=0.2)
+    if statistic == "avg":
+        assert independent.variance < 0.6 * truth
+
+
+def test_a_shared_test_set_is_the_built_in_quality_shift_data_and_never_a_data_roots():
+    from fairfl.data.builtin import BUILTIN_DATASETS, shared_test_set
+
+    assert {name for name in BUILTIN_DATASETS if shared_test_set(name, "")} == {"skin", "skin_blur", "ich", "ich_blur"}
+    assert shared_test_set("skin", None) and not shared_test_set("skin", "/data/hospitals")
+    assert not shared_test_set("skin_imbalanced", "") and not shared_test_set("my_own", "")

@@ -32,8 +32,9 @@ def stat_by_seed(runs: list, metric: str, statistic: str) -> dict:
     return values
 
 
-def scored_runs(runs: list, metric: str) -> dict:
-    """{seed: ScoredRun} of the runs' final per-site `metric` (%) and their test patients' influences on it."""
+def scored_runs(runs: list, metric: str, shared_test: bool = False) -> dict:
+    """{seed: ScoredRun} of the runs' final per-site `metric` (%) and their test patients' influences on it;
+    `shared_test`: every site scored on one shared test set (fairfl.data.builtin.shared_test_set)."""
     found = {}
     for run in runs:
         final = run.get("final") or {}
@@ -42,15 +43,16 @@ def scored_runs(runs: list, metric: str) -> dict:
             for site, records in (final.get("test_influence") or {}).items()
             if isinstance(records, dict) and metric in records
         }
-        found[run.get("seed")] = ScoredRun(site_scores(final, metric), influences)
+        found[run.get("seed")] = ScoredRun(site_scores(final, metric), influences, shared_test=shared_test)
     return found
 
 
-def check_claims(claims: list, runs_by_method: dict) -> list[dict]:
+def check_claims(claims: list, runs_by_method: dict, shared_test: bool = False) -> list[dict]:
     """Each claim whose two methods have finished runs: both values (mean ± sd over seeds), the paired per-seed
     differences method - baseline with the 95% interval of their mean, the verdict, and the per-site difference
     (mean over seeds) that shows where it did or did not hold. The verdict is NOT_JUDGED, with its `reason`, below
-    MIN_JUDGED_SEEDS paired seeds or when either method did not train (fairfl.benchmark.checks)."""
+    MIN_JUDGED_SEEDS paired seeds or when either method did not train (fairfl.benchmark.checks). `shared_test`: the
+    runs' sites were scored on one shared test set (its redraw moves them all)."""
     checked, untrained = [], {}
     for claim in claims:
         a, b = runs_by_method.get(claim.method), runs_by_method.get(claim.baseline)
@@ -61,7 +63,8 @@ def check_claims(claims: list, runs_by_method: dict) -> list[dict]:
             continue
         # rounded to 1e-9 points: float noise (equal results summed in another order) decides nothing
         differences = {seed: round(d, 9) for seed, d in paired_differences(*values).items()}
-        split = split_noise(scored_runs(a, claim.metric), scored_runs(b, claim.metric), claim.statistic, differences)
+        scored = [scored_runs(runs, claim.metric, shared_test) for runs in (a, b)]
+        split = split_noise(*scored, claim.statistic, differences)
         interval = mean_interval(differences.values(), split=split)
         sites_a, sites_b = per_site_mean(a, claim.metric), per_site_mean(b, claim.metric)
         if claim.metric not in untrained:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fairfl.benchmark.checks import training_checks, warnings_section, with_warnings
 from fairfl.benchmark.claims import CLAIMS_HEADING, NOT_JUDGED, check_claims, claims_section, judged
+from fairfl.data.builtin import shared_test_set
 from fairfl.methods import VARIANTS, family_claims
 from fairfl.paired import Interval
 from fairfl.report.runs import group_name_markdown, variant_of
@@ -93,6 +94,7 @@ def rejudge(out) -> dict:
         raise ValueError(f"{out}: no benchmark outputs to judge ({e})") from e
     runs = runs_from_csv(out / metric / "results.csv" for metric in summary["metrics"])
     summary["warnings"] = training_checks(runs, summary["metrics"])
+    shared = shared_test_set(summary.get("dataset", ""), summary.get("data_root"))
     key = lambda c: (c["method"], c["baseline"], c["metric"], c["statistic"])  # noqa: E731
     registry = {(c.method, c.baseline, c.metric, c.statistic): c for c in family_claims(summary["family"])}
     untrained = summary["warnings"]["did_not_train"]
@@ -102,7 +104,7 @@ def rejudge(out) -> dict:
         kept(committed[key(c)], registry.get(key(c)), untrained)
         if c["interval"].get("split_se") is None and (committed.get(key(c), {}).get("interval") or {}).get("split_se")
         else c
-        for c in check_claims(family_claims(summary["family"]), runs)
+        for c in check_claims(family_claims(summary["family"]), runs, shared)
     ]
     judged_now = {key(c) for c in claims}
     claims += [kept(c, registry.get(key(c)), untrained) for c in summary.get("claims", []) if key(c) not in judged_now]

@@ -21,7 +21,7 @@ from fairfl.benchmark.run_statistics import (
     train_diagnostics,
 )
 from fairfl.benchmark.summary import summary_markdown
-from fairfl.data.builtin import builtin_dataset
+from fairfl.data.builtin import builtin_dataset, shared_test_set
 from fairfl.jobconfig import JOBS
 from fairfl.methods import FAMILY_METRICS, VARIANTS, family_claims, variant_job
 from fairfl.report.document import make_report
@@ -187,7 +187,7 @@ def run_benchmark(
         "mean_weights": {m: mean_weights(runs) for m, runs in runs_by_method.items()},
         "diagnostics": {m: train_diagnostics(runs) for m, runs in runs_by_method.items()},
         "warnings": training_checks(runs_by_method, metrics),
-        "claims": check_claims(family_claims(kind), runs_by_method),
+        "claims": check_claims(family_claims(kind), runs_by_method, shared_test_set(dataset, extra.get("data_root"))),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "SUMMARY.md").write_text(summary_markdown(summary, reports))

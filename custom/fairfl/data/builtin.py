@@ -31,6 +31,7 @@ class BuiltinDataset:
     ensure: str  # "module:function" with the signature of `ensure_builtin`'s arguments
     min_sites: int = 6  # the data is generated for at least this many sites (the prostate generator's six scanners)
     spatial_dims: int = 2  # 2: images (slices), 3: volumes; the server builds a network of as many dimensions
+    shared_test: bool = False  # every site is scored on one shared test set (the same images, in the same order)
 
     def ensure_function(self) -> Callable[..., Path]:
         module, function = self.ensure.split(":")
@@ -57,6 +58,7 @@ BUILTIN_DATASETS = {
             classes,
             f"fairfl.data.synthetic_classification:ensure_builtin_{name}",
             min_sites=2,
+            shared_test=True,
         )
         for name, channels, classes in (("skin", 3, 8), ("skin_blur", 3, 8), ("ich", 1, 5), ("ich_blur", 1, 5))
     },
@@ -69,6 +71,12 @@ BUILTIN_DATASETS = {
         "ich_imbalanced", "classification", 1, 5, "fairfl.data.imbalanced:ensure_builtin_ich_imbalanced", min_sites=10
     ),
 }
+
+
+def shared_test_set(dataset: str, data_root: str | None) -> bool:
+    """Whether every site of a run on `dataset` was scored on one shared test set: the built-in data's own layout;
+    a data root's test sets count as each site's own."""
+    return not data_root and dataset in BUILTIN_DATASETS and BUILTIN_DATASETS[dataset].shared_test
 
 
 def builtin_dataset(name: str) -> BuiltinDataset:
