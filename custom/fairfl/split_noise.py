@@ -105,9 +105,12 @@ def split_noise(method: Mapping, baseline: Mapping, statistic: str, seeds: Itera
     if not runs:
         return None
     groups: dict[tuple[str, str], int] = {}
+
+    def needed(run: ScoredRun) -> list[str]:  # the sites the statistic reads: only their records are checked and used
+        return list(run.scores) if statistic in STATISTICS else [_site(statistic)]
+
     for _, run in runs:
-        needed = list(run.scores) if statistic in STATISTICS else [_site(statistic)]
-        for site in needed:
+        for site in needed(run):
             record = run.influences.get(site)
             if not record or site not in run.scores:
                 return None
@@ -124,7 +127,7 @@ def split_noise(method: Mapping, baseline: Mapping, statistic: str, seeds: Itera
         sites = list(run.scores)
         redrawn = np.tile(np.array([run.scores[s] for s in sites], dtype=np.float64), (DRAWS, 1))
         for j, site in enumerate(sites):
-            record = run.influences.get(site)
+            record = run.influences.get(site) if site in needed(run) else None
             key = _patients(run, site, record) if record else None
             if key in deviations:
                 redrawn[:, j] += run.scale * (deviations[key] @ np.asarray(record["values"], dtype=np.float64))

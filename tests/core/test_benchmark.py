@@ -270,3 +270,33 @@ def test_a_call_naming_some_methods_keeps_the_folders_other_finished_methods(tmp
     text = (out / "SUMMARY.md").read_text()
     assert "Also covers the finished runs of Solo, Fed-LWR from earlier calls into this folder" in text
     assert "Left out, run with other settings: runs/prostate-fedprox-seed0" in text
+
+
+def test_a_data_root_in_the_environment_is_the_benchmarks_and_never_contradicts_data_root(
+    tmp_path, monkeypatch, capsys
+):
+    """Every simulated site reads FAIRFL_DATA_ROOT over the job's data_root: the benchmark takes it as its data root
+    (so its outputs, its recorded command and the shared-test judgement say what the sites read), and refuses a
+    --data-root that the sites would not read."""
+    import fairfl.benchmark.command as command
+    from fairfl.cli import main as cli_main
+
+    called = []
+    monkeypatch.setattr(command, "run_benchmark", lambda *args, **kwargs: called.append(args) or {})
+    root = tmp_path / "isic"
+    root.mkdir()
+    monkeypatch.setenv("FAIRFL_DATA_ROOT", str(root))
+    out = ["--out", str(tmp_path / "out"), "--methods", "fedavg", "--seeds", "0"]
+    assert cli_main(["benchmark", "skin", *out]) == 0
+    (dataset, _, _, _, _, _, _, extra, _, recorded) = called[-1]
+    assert dataset == "skin" and extra["data_root"] == str(root) and "test_scale" not in extra
+    assert f"--data-root {root}" in recorded
+    assert cli_main(["benchmark", "skin", "--data-root", str(root), *out]) == 0  # the same root: fine
+    other = tmp_path / "other"
+    other.mkdir()
+    called.clear()
+    assert cli_main(["benchmark", "skin", "--data-root", str(other), *out]) == 2
+    assert not called and "every site would read FAIRFL_DATA_ROOT" in capsys.readouterr().err
+    monkeypatch.delenv("FAIRFL_DATA_ROOT")
+    assert cli_main(["benchmark", "skin", *out]) == 0
+    assert "data_root" not in called[-1][7] and called[-1][7]["test_scale"] == 4.0

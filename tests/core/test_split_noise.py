@@ -291,3 +291,18 @@ def test_a_shared_test_set_is_the_built_in_quality_shift_data_and_never_a_data_r
     assert {name for name in BUILTIN_DATASETS if shared_test_set(name, "")} == {"skin", "skin_blur", "ich", "ich_blur"}
     assert shared_test_set("skin", None) and not shared_test_set("skin", "/data/hospitals")
     assert not shared_test_set("skin_imbalanced", "") and not shared_test_set("my_own", "")
+
+
+def test_one_sites_statistic_reads_only_that_sites_record_even_on_a_shared_test_set():
+    """`site:site-1` on a shared test set: another site's record under the shared fingerprint but of another length
+    (a hostile or broken site) is neither read nor a crash; the noise is site-1's alone."""
+    rng = np.random.default_rng(5)
+    cases = np.arange(30)
+    values = {site: rng.uniform(0, 1, cases.size) for site in SITES}
+    honest = replace(scored(values, cases), shared_test=True)
+    longer = dict(honest.influences["site-1"], values=[0.5] * (cases.size + 1))
+    broken = replace(honest, influences={**honest.influences, "site-2": longer})
+    base = {0: replace(scored({site: rng.uniform(0, 1, cases.size) for site in SITES}, cases), shared_test=True)}
+    alone = split_noise({0: honest}, base, "site:site-1", [0])
+    assert alone is not None and alone.variance > 1.0  # points²: 30 images, scores spread over [0, 100]
+    assert split_noise({0: broken}, base, "site:site-1", [0]).variance == alone.variance

@@ -24,6 +24,7 @@ from fairfl.cli_arguments import at_least
 from fairfl.data.builtin import BUILTIN_DATASETS, builtin_dataset
 from fairfl.jobconfig import JOBS, parse_assignments
 from fairfl.methods import VARIANTS, family_methods
+from fairfl.site_settings import DATA_ROOT_ENV
 
 # the built-in data's test splits in a benchmark: 4 times their size (training and validation unchanged), so that a
 # site's score is measured on enough patients to compare methods by (a split of 2 to 6 patients has a standard error
@@ -105,6 +106,19 @@ def canonical_command(dataset, methods, seeds, rounds, eval_every, sites, data_r
 
 def run(args) -> int:
     extra = parse_assignments(args.set)
+    # a site reads FAIRFL_DATA_ROOT over the job's data_root (fairfl.site_settings), and in the simulator every site
+    # has this process's environment: taken as the benchmark's data root, so that the outputs say what was read
+    environment_root = os.environ.get(DATA_ROOT_ENV, "")
+    if environment_root and args.data_root and os.path.abspath(environment_root) != os.path.abspath(args.data_root):
+        print(
+            f"fairfl benchmark: --data-root {args.data_root}, but every site would read {DATA_ROOT_ENV}="
+            f"{environment_root} (a site's own setting, over the job's): unset it or give the same root",
+            file=sys.stderr,
+        )
+        return 2
+    if environment_root and not args.data_root:
+        print(f"data root: {environment_root} ({DATA_ROOT_ENV})", flush=True)
+        args.data_root = environment_root
     if args.data_root:
         extra["data_root"] = os.path.abspath(args.data_root)
     elif "test_scale" not in extra:
